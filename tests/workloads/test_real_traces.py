@@ -1,0 +1,93 @@
+"""Real traces from ../shared/data: importer fidelity and calibration of the agent-coding preset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.workloads.conftest import need_data
+from workloads.generate import generate
+from workloads.importers import import_kvcache_tester, import_mooncake, read_kvcache_tester, read_mooncake
+from workloads.spec import load_spec
+from workloads.stats import block_request_stats, format_stats, ideal_hit_ratio, ideal_hit_ratio_blocks, trace_stats
+
+
+@pytest.fixture(scope="module")
+def cc_blocks():
+    return read_kvcache_tester(need_data("weka_cc_traces.tar.gz"), include_subagents=False)
+
+
+def test_mooncake_ideal_hit_ratio():
+    path = need_data("mooncake_conversation_trace.jsonl")
+    trace = import_mooncake(path)
+    assert trace.num_requests == 12031
+    distinct = len({x for r in read_mooncake(path) for x in r.block_ids.tolist()})
+    assert distinct <= trace.num_segments < 2 * distinct  # one segment per id (+ partial-length variants)
+    assert trace.meta["block_size_hint"] == 512
+    assert abs(trace.requests.prompt_tokens.mean() - 12035) < 1
+    token_level = ideal_hit_ratio(trace, 512)
+    block_level = ideal_hit_ratio_blocks(read_mooncake(path))
+    print(f"\nMooncake conversation ideal hit (B=512): tokens {100 * token_level:.3f} %, blocks {100 * block_level:.3f} %")
+    assert abs(100 * token_level - 37.36) <= 0.05
+    assert abs(token_level - block_level) < 1e-12
+
+
+def test_kvcache_tester_import_keeps_block_structure(cc_blocks):
+    src = need_data("weka_cc_traces.tar.gz")
+    trace = import_kvcache_tester(src, limit=15)
+    reqs = read_kvcache_tester(src, limit=15)
+    assert trace.num_requests == len(reqs)
+    assert (trace.requests.prompt_tokens.to_numpy() == np.array(sorted_inputs(trace, reqs))).all()
+    # equal block ids <=> equal token blocks, at 64-token granularity, for every parent/child pair
+    by_key = {(r.session_id, r.step): r for r in reqs}
+    for row in trace.iter_requests():
+        if row.parent_request_id < 0:
+            continue
+        r = by_key[(row.session_id, row.step)]
+        p = by_key[(row.session_id, row.step - 1)]
+        a, b = trace.prompt_token_ids(row.parent_request_id), trace.prompt_token_ids(row.request_id)
+        n = min(len(p.block_ids), len(r.block_ids))
+        same = (a[: n * 64].reshape(n, 64) == b[: n * 64].reshape(n, 64)).all(axis=1)
+        assert np.array_equal(same, p.block_ids[:n] == r.block_ids[:n])
+    # per-session ideal hit from tokens equals the block-level figure (tails are fresh tokens, never hit)
+    tok = ideal_hit_ratio(trace, 64, per_session=True)
+    blk = ideal_hit_ratio_blocks(reqs, per_session=True)
+    assert abs(tok - blk) < 1e-9
+
+
+def sorted_inputs(trace, reqs):
+    by_key = {(r.session_id, r.step): r.input_length for r in reqs}
+    return [by_key[(s, k)] for s, k in zip(trace.requests.session_id, trace.requests.step)]
+
+
+def test_kvcache_tester_published_figures(cc_blocks):
+    st = block_request_stats(cc_blocks)
+    assert st["sessions"] == 710 and st["calls_per_session"]["p50"] == 45
+    assert st["appended_tokens"]["tool_output"]["p50"] == pytest.approx(292, abs=3)
+    assert st["appended_tokens"]["tool_output"]["p90"] == pytest.approx(2896, rel=0.01)
+    assert st["appended_tokens"]["user"]["p50"] == pytest.approx(203, abs=3)
+    t = st["transitions"]
+    assert t["append"] == pytest.approx(0.972, abs=0.002) and t["edit"] == pytest.approx(0.010, abs=0.002)
+    assert t["reset"] == pytest.approx(0.018, abs=0.002)
+    assert st["ideal_hit"]["per_session"] == pytest.approx(0.964, abs=0.005)
+
+
+def test_agent_coding_preset_matches_real_traces(cc_blocks, source):
+    real = block_request_stats(cc_blocks, hit=False)
+    trace = generate(load_spec("agent-coding"), source, sessions=400)  # full scale
+    gen = trace_stats(trace, hit=False)
+    rows = [
+        ("median calls per conversation", real["calls_per_session"]["p50"], gen["calls_per_session"]["p50"]),
+        ("median tools+system prefix", real["static_prefix_tokens"]["p50"], gen["static_prefix_tokens"]["p50"]),
+        ("median tool-output append", real["appended_tokens"]["tool_output"]["p50"],
+         gen["appended_tokens"]["tool_output"]["p50"]),
+        ("p90 tool-output append", real["appended_tokens"]["tool_output"]["p90"],
+         gen["appended_tokens"]["tool_output"]["p90"]),
+        ("median user-message append", real["appended_tokens"]["user"]["p50"], gen["appended_tokens"]["user"]["p50"]),
+    ]
+    print("\n" + f"{'figure':<32}{'real traces':>14}{'agent-coding':>14}{'diff':>8}")
+    for name, r, g in rows:
+        print(f"{name:<32}{r:>14,.0f}{g:>14,.0f}{100 * (g - r) / r:>7.1f}%")
+    print(format_stats(gen))
+    for name, r, g in rows[:4]:
+        assert abs(g - r) <= 0.15 * r, name

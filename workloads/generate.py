@@ -1,0 +1,341 @@
+"""Turn a :class:`~workloads.spec.WorkloadSpec` into a token-exact :class:`~workloads.trace.Trace`.
+
+Sessions are generated one by one from independent random streams derived from ``(seed, session index)``, so
+adding sessions or changing one session's parameters does not reshuffle the others. Each request's prompt is
+built from the session's history after the history policies ran, as a list of segment references; tokens are
+drawn once per segment. The cost is therefore proportional to the distinct tokens (not the sum of prompt
+lengths), which keeps 100k-token agent sessions cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from workloads.policies import Item, VolatilePrefix
+from workloads.spec import WorkloadSpec, spec_to_dict
+from workloads.tokens import TokenSource
+from workloads.trace import CREATED_BY, Trace, TraceBuilder
+
+
+@dataclass
+class _Tenant:
+    system: int
+    tools: list[int]
+    split_cache: dict = field(default_factory=dict)
+
+
+class _Context:
+    """What all sessions share: the segment store, the token source, tenants, documents, counters."""
+
+    def __init__(self, spec: WorkloadSpec, source: TokenSource, seed: int, scale: float) -> None:
+        self.spec, self.source, self.seed, self.scale = spec, source, seed, scale
+        self.builder = TraceBuilder()
+        self.tenants: dict[int, _Tenant] = {}
+        self.documents: dict[int, int] = {}
+        self.volatile_counter = 0
+
+    def tenant(self, t: int) -> _Tenant:
+        if t not in self.tenants:
+            rng = np.random.default_rng([self.seed, 2, t])
+            p = self.spec.prefix
+            n_sys = int(p.system_tokens.sample_int(rng, 1, self.scale, low=1)[0])
+            system = self.builder.add_segment(self.source.draw("system", n_sys, rng), "system")
+            n_tools = int(p.tools_tokens.sample_int(rng, 1, self.scale, low=0)[0])
+            tools = []
+            if n_tools > 0:
+                k = min(p.tool_count, n_tools)
+                shares = rng.dirichlet(np.full(k, 4.0))
+                sizes = np.maximum(1, np.floor(shares * n_tools).astype(np.int64))
+                sizes[-1] += n_tools - sizes.sum()
+                if sizes[-1] < 1:  # rounding pushed the last one below 1: rebalance evenly
+                    sizes = np.full(k, n_tools // k)
+                    sizes[: n_tools % k] += 1
+                tools = [self.builder.add_segment(self.source.draw("tools", int(s), rng), "tools") for s in sizes]
+            self.tenants[t] = _Tenant(system, tools)
+        return self.tenants[t]
+
+    def document(self, d: int) -> int:
+        if d not in self.documents:
+            rng = np.random.default_rng([self.seed, 4, d])
+            doc = self.spec.prefix.documents
+            assert doc is not None
+            n = int(doc.tokens.sample_int(rng, 1, self.scale, low=1)[0])
+            self.documents[d] = self.builder.add_segment(self.source.draw("document", n, rng), "document")
+        return self.documents[d]
+
+    def split_system(self, tenant: _Tenant, position: int) -> tuple[int | None, int | None]:
+        """System prompt cut at ``position`` into two shared segments (head, tail), cached per tenant."""
+        if position not in tenant.split_cache:
+            toks = self.builder.segment(tenant.system)
+            p = min(position, len(toks))
+            head = self.builder.add_segment(toks[:p], "system") if p > 0 else None
+            tail = self.builder.add_segment(toks[p:], "system") if p < len(toks) else None
+            tenant.split_cache[position] = (head, tail)
+        return tenant.split_cache[position]
+
+
+class SessionState:
+    """Mutable view of one session that history policies edit before each prompt is built."""
+
+    def __init__(self, ctx: _Context, tenant: _Tenant, document: int | None, rng: np.random.Generator) -> None:
+        self.ctx, self.tenant, self.document, self.rng = ctx, tenant, document, rng
+        self.scale = ctx.scale
+        self.tools: list[int] = list(tenant.tools)
+        self.history: list[Item] = []
+        self.step = 0
+        self.volatile: tuple[int, int] | None = None  # (segment id, position)
+
+    # -------------------------------------------------------------- building blocks used by policies
+    def _len(self, sid: int) -> int:
+        return self.ctx.builder.segment_len(sid)
+
+    def new_segment(self, kind: str, n: int) -> Item:
+        sid = self.ctx.builder.add_segment(self.ctx.source.draw(kind, n, self.rng), kind)
+        return Item(sid, kind, n, self.step)
+
+    def rewrite(self, item: Item, k: int, rng: np.random.Generator) -> Item:
+        toks = self.ctx.builder.segment(item.segment_id).copy()
+        off = int(rng.integers(0, len(toks) - k + 1))
+        new = self.ctx.source.draw(item.kind, k, rng)
+        same = new == toks[off:off + k]
+        if same.all():  # make sure the edit really changes a token
+            new[0] = self.ctx.source.plain_ids[(np.searchsorted(self.ctx.source.plain_ids, toks[off]) + 1)
+                                               % len(self.ctx.source.plain_ids)]
+        toks[off:off + k] = new
+        sid = self.ctx.builder.add_segment(toks, item.kind)
+        return Item(sid, item.kind, len(toks), item.step, item.reasoning_tokens, {**item.meta, "edited_at": off})
+
+    def truncate(self, item: Item, limit: int) -> Item:
+        toks = self.ctx.builder.segment(item.segment_id)[:limit]
+        sid = self.ctx.builder.add_segment(toks, item.kind)
+        return Item(sid, item.kind, len(toks), item.step, 0, {**item.meta, "truncated": True})
+
+    def strip(self, item: Item) -> Item:
+        if item.reasoning_tokens <= 0:
+            return item
+        toks = self.ctx.builder.segment(item.segment_id)[item.reasoning_tokens:]
+        sid = self.ctx.builder.add_segment(toks, item.kind)
+        return Item(sid, item.kind, len(toks), item.step, 0, {**item.meta, "stripped": True})
+
+    def new_volatile(self, policy: VolatilePrefix) -> None:
+        n = max(1, round(policy.tokens * self.scale))
+        toks = self.ctx.source.volatile(n, self.ctx.volatile_counter, self.rng)
+        self.ctx.volatile_counter += 1
+        self.volatile = (self.ctx.builder.add_segment(toks, "volatile"), round(policy.position * self.scale))
+
+    # -------------------------------------------------------------- prompt
+    def prefix_segments(self) -> list[int]:
+        if self.volatile is None:
+            segs = [self.tenant.system]
+        else:
+            vol, pos = self.volatile
+            head, tail = self.ctx.split_system(self.tenant, pos)
+            segs = [s for s in (head, vol, tail) if s is not None]
+        segs += self.tools
+        if self.document is not None:
+            segs.append(self.document)
+        return segs
+
+    def prompt_segments(self) -> list[int]:
+        return self.prefix_segments() + [it.segment_id for it in self.history]
+
+    def prompt_tokens(self) -> int:
+        return sum(self._len(s) for s in self.prefix_segments()) + sum(it.n_tokens for it in self.history)
+
+
+def common_prefix_tokens(builder: TraceBuilder, a: list[int], b: list[int]) -> int:
+    """Token-exact longest common prefix of two prompts given as segment lists."""
+    n = 0
+    i = 0
+    while i < len(a) and i < len(b) and a[i] == b[i]:
+        n += builder.segment_len(a[i])
+        i += 1
+    if i == len(a) or i == len(b):
+        return n
+    ra = np.concatenate([builder.segment(s) for s in a[i:]])
+    rb = np.concatenate([builder.segment(s) for s in b[i:]])
+    m = min(len(ra), len(rb))
+    diff = np.nonzero(ra[:m] != rb[:m])[0]
+    return n + (int(diff[0]) if len(diff) else m)
+
+
+def classify(lcp: int, parent_len: int, hint: str | None) -> str:
+    """Transition of a prompt relative to its parent's prompt (see docs/workloads.md)."""
+    if hint == "compaction":
+        return "compaction"
+    if lcp >= parent_len:
+        return "append"
+    return "edit" if lcp * 2 >= parent_len else "reset"
+
+
+def _session_starts(spec: WorkloadSpec, durations: np.ndarray, seed: int) -> np.ndarray:
+    a, n = spec.arrival, len(durations)
+    rng = np.random.default_rng([seed, 3])
+    if a.kind == "all_at_once":
+        return np.zeros(n)
+    if a.kind == "closed_loop":
+        slots = [0.0] * min(a.concurrency, n)
+        heapq.heapify(slots)
+        starts = np.empty(n)
+        for i in range(n):
+            t = heapq.heappop(slots)
+            starts[i] = t
+            heapq.heappush(slots, t + float(durations[i]))
+        return starts
+    if a.kind == "poisson":
+        gaps = rng.exponential(1.0 / a.rate, n)
+    else:
+        shape = 1.0 / a.cv**2
+        gaps = rng.gamma(shape, 1.0 / (a.rate * shape), n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def _zipf_choice(rng: np.random.Generator, n: int, a: float) -> int:
+    if n == 1:
+        return 0
+    p = np.arange(1, n + 1, dtype=np.float64) ** -a
+    return int(rng.choice(n, p=p / p.sum()))
+
+
+def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) -> list[dict]:
+    """Per-request sizes and delays of one session, before any tokens exist."""
+    s = spec.sessions
+    steps = []
+    if s.kind == "chat":
+        c = s.chat
+        n = max(1, int(c.turns.sample_int(rng, 1)[0]))
+        user = c.user_tokens.sample_int(rng, n, scale, low=1)
+        out = c.output_tokens.sample_int(rng, n, scale, low=1)
+        reas = c.reasoning_tokens.sample_int(rng, n, scale, low=0)
+        think = np.maximum(c.think_time_s.sample(rng, n), 0.0)
+        for i in range(n):
+            steps.append({"input_kind": "user", "input_tokens": int(user[i]), "output_kind": "assistant",
+                          "output_tokens": int(out[i] + reas[i]), "reasoning": int(reas[i]),
+                          "think": float(think[i]) if i else 0.0, "tool": 0.0})
+        return steps
+    a = s.agent
+    n = max(1, int(a.calls.sample_int(rng, 1)[0]))
+    is_user = rng.random(n) < a.user_turn_probability
+    is_user[0] = True
+    task = int(a.task_tokens.sample_int(rng, 1, scale, low=1)[0])
+    user = a.user_tokens.sample_int(rng, n, scale, low=1)
+    call = a.tool_call_tokens.sample_int(rng, n, scale, low=1)
+    final = a.final_answer_tokens.sample_int(rng, n, scale, low=1)
+    reas = a.reasoning_tokens.sample_int(rng, n, scale, low=0)
+    tool_out = a.tool_output_tokens.sample_int(rng, n, scale, low=1)
+    lat = np.maximum(a.tool_latency_s.sample(rng, n), 0.0)
+    think = np.maximum(a.think_time_s.sample(rng, n), 0.0)
+    for i in range(n):
+        ends_turn = i == n - 1 or bool(is_user[i + 1])
+        if i == 0:
+            inp = ("task", task, 0.0, 0.0)
+        elif is_user[i]:
+            inp = ("user", int(user[i]), float(think[i]), 0.0)
+        else:
+            inp = ("tool_output", int(tool_out[i]), 0.0, float(lat[i]))
+        o = int(final[i]) if ends_turn else int(call[i])
+        steps.append({"input_kind": inp[0], "input_tokens": inp[1], "think": inp[2], "tool": inp[3],
+                      "output_kind": "assistant" if ends_turn else "tool_call",
+                      "output_tokens": o + int(reas[i]), "reasoning": int(reas[i])})
+    return steps
+
+
+def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, scale: float | None = None,
+             sessions: int | None = None, progress: bool = False, max_context: int | None = None) -> Trace:
+    """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions`` and ``max_context`` (the server's
+    max_model_len) override the spec's values."""
+    if max_context is not None:
+        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
+    seed = spec.seed if seed is None else seed
+    scale = spec.scale if scale is None else scale
+    if sessions is not None:
+        spec = spec.model_copy(update={"sessions": spec.sessions.model_copy(update={"count": sessions})})
+    ctx = _Context(spec, source, seed, scale)
+    b = ctx.builder
+    limits = [x for x in (spec.limits.max_context_tokens,
+                          round(spec.limits.context_window_tokens * scale) if spec.limits.context_window_tokens
+                          else None) if x is not None]
+    limit = min(limits) if limits else None
+    n_sessions = spec.sessions.count
+    width = len(str(n_sessions - 1))
+    per_session: list[list[dict]] = []
+    truncated = 0
+    it = range(n_sessions)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc=f"generating {spec.name}", unit="session")
+    for si in it:
+        rng = np.random.default_rng([seed, 1, si])
+        t = _zipf_choice(rng, spec.prefix.tenants, spec.prefix.tenant_popularity_a)
+        doc = None
+        d = spec.prefix.documents
+        if d is not None and rng.random() < d.probability:
+            doc = ctx.document(_zipf_choice(rng, d.count, d.popularity_a))
+        plan = _plan_session(spec, rng, scale)
+        state = SessionState(ctx, ctx.tenant(t), doc, rng)
+        sid = f"s{si:0{width}d}"
+        salt = {"none": None, "session": f"kvscope-{sid}", "tenant": f"kvscope-t{t}"}[spec.sessions.cache_salt]
+        rows: list[dict] = []
+        prev_segments: list[int] = []
+        prev_len = 0
+        offset = 0.0
+        for step, p in enumerate(plan):
+            state.step = step
+            if step > 0:
+                last = rows[-1]
+                state.history.append(Item(last["output_segment_id"], plan[step - 1]["output_kind"],
+                                          last["output_tokens"], step - 1, plan[step - 1]["reasoning"]))
+            inp = state.new_segment(p["input_kind"], p["input_tokens"])
+            state.history.append(inp)
+            hint = None
+            for policy in spec.sessions.policies:
+                h = policy.apply(state, rng)
+                hint = h if h == "compaction" else hint
+            segs = state.prompt_segments()
+            n_prompt = state.prompt_tokens()
+            if limit is not None and n_prompt + p["output_tokens"] > limit:
+                truncated += 1
+                break
+            out_seg = b.add_segment(source.draw(p["output_kind"], p["output_tokens"], rng), p["output_kind"])
+            if step == 0:
+                transition = "first"
+            else:
+                transition = classify(common_prefix_tokens(b, prev_segments, segs), prev_len, hint)
+            offset += p["think"] + p["tool"]
+            static = sum(b.segment_len(x) for x in state.prefix_segments())
+            rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
+                         "tool_latency_s": p["tool"], "prompt_segment_ids": segs, "output_segment_id": out_seg,
+                         "output_tokens": p["output_tokens"], "output_reasoning_tokens": p["reasoning"],
+                         "max_tokens": p["output_tokens"], "cache_salt": salt, "tenant": t,
+                         "transition": transition, "input_kind": p["input_kind"], "static_prefix_tokens": static})
+            prev_segments, prev_len = segs, n_prompt
+        per_session.append(rows)
+    durations = np.array([r[-1]["offset"] if r else 0.0 for r in per_session])
+    starts = _session_starts(spec, durations, seed)
+    for si, rows in enumerate(per_session):
+        parent = -1
+        for r in rows:
+            off = r.pop("offset")
+            parent = b.add_request(**r, parent_request_id=parent, session_start_s=float(starts[si]),
+                                   arrival_s=float(starts[si] + off))
+    meta = {"name": spec.name, "spec": spec_to_dict(spec), "seed": seed, "scale": scale,
+            "tokenizer": source.info, "block_size_hint": None, "created_by": CREATED_BY,
+            "arrival": spec.arrival.model_dump(mode="json"), "truncated_sessions": truncated}
+    return b.build(meta)
+
+
+def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed: int | None = None,
+                       scale: float | None = None, sessions: int | None = None, progress: bool = False,
+                       max_context: int | None = None) -> Trace:
+    """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
+    from workloads.spec import load_spec
+
+    spec = load_spec(spec_path)
+    source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()
+    return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,
+                    max_context=max_context)

@@ -1,0 +1,195 @@
+"""Segment token sources: where the token ids of generated segments come from.
+
+Segments should look like real text to the model (byte-level BPE merges, realistic token frequencies) while
+their *lengths* are exact. We generate a seeded text corpus per segment flavour (prose, code and tool output,
+JSON tool calls), tokenize it once with the model's ``tokenizer.json`` and cut segments as windows of the
+tokenized corpus at random offsets, trimmed to the exact length. Special tokens (BOS, EOS, chat-template
+markers) are removed from the corpus so they never appear inside content.
+
+Windows at different offsets of a varied corpus almost never share a leading run of more than a few tokens,
+so distinct segments do not create accidental prefix-cache hits at block granularity (16+ tokens). This is a
+statistical property, not a guarantee; the volatile segments, whose uniqueness matters for the
+``volatile_prefix`` policy, get a distinct first token per request (see :meth:`TokenSource.volatile`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# Which corpus each segment kind is drawn from.
+FLAVOUR = {
+    "system": "prose", "task": "prose", "user": "prose", "summary": "prose", "reasoning": "prose",
+    "assistant": "prose", "document": "prose", "tools": "json", "tool_call": "json", "tool_output": "code",
+    "volatile": "prose", "imported": "prose",
+}
+
+_WORDS = (
+    "the a to of and in is for that on with as it be by this are from at or an was file function test value "
+    "error return user agent tool call result output input request response cache prefix token block model "
+    "server client session step history context summary please fix update check run build add remove change "
+    "read write list search find open close config path line data table row column index key hash size time "
+    "rate latency throughput memory queue batch worker thread process module class method type string number "
+    "should would could will can must may need want make sure first then next finally because however also"
+).split()
+_IDENTS = (
+    "config request response handler client server cache block token prefix session step trace model record "
+    "metric result output input buffer stream parser writer reader index state queue worker pool manager util "
+    "helper loader store engine router scheduler allocator tensor layer kernel"
+).split()
+_TOOLS = ["read_file", "write_file", "bash", "grep", "glob", "list_dir", "edit_file", "run_tests", "search_code",
+          "web_fetch", "todo_write", "task"]
+_EXTS = ["py", "ts", "rs", "go", "md", "json", "yaml", "toml", "txt", "c", "cpp", "java"]
+
+
+def _ident(rng: np.random.Generator) -> str:
+    return "_".join(str(p) for p in rng.choice(_IDENTS, size=int(rng.integers(1, 4))))
+
+
+def _sentence(rng: np.random.Generator) -> str:
+    words = [str(w) for w in rng.choice(_WORDS, size=int(rng.integers(4, 20)))]
+    if rng.random() < 0.3:
+        words.insert(int(rng.integers(0, len(words))), f"`{_ident(rng)}`")
+    if rng.random() < 0.2:
+        words.insert(int(rng.integers(0, len(words))), str(int(rng.integers(0, 100000))))
+    words[0] = words[0].capitalize()
+    return " ".join(words) + str(rng.choice([".", ".", ".", "?", "!", ":"]))
+
+
+def _code(rng: np.random.Generator) -> str:
+    kind = int(rng.integers(0, 4))
+    if kind == 0:
+        name, arg = _ident(rng), _ident(rng)
+        body = [f"def {name}({arg}, limit={int(rng.integers(1, 4096))}):", f'    """{_sentence(rng)}"""']
+        for _ in range(int(rng.integers(2, 8))):
+            var = _ident(rng)
+            body.append(f"    {var} = {arg}.get('{_ident(rng)}', {int(rng.integers(0, 99999))})")
+            if rng.random() < 0.4:
+                body.append(f"    if {var} is None:\n        raise ValueError('{_sentence(rng)}')")
+        body.append(f"    return {_ident(rng)}")
+        return "\n".join(body)
+    if kind == 1:
+        return "\n".join(f"{'/'.join(_ident(rng) for _ in range(int(rng.integers(1, 4))))}.{rng.choice(_EXTS)}"
+                         f"  {int(rng.integers(10, 999999))} bytes" for _ in range(int(rng.integers(3, 15))))
+    if kind == 2:
+        return "\n".join(f"{int(rng.integers(1, 5000)):5d}\t{_ident(rng)}({_ident(rng)}={int(rng.integers(0, 999))})"
+                         for _ in range(int(rng.integers(3, 12))))
+    return (f"===== {int(rng.integers(1, 900))} passed, {int(rng.integers(0, 9))} failed in "
+            f"{rng.random() * 60:.2f}s =====\nFAILED tests/{_ident(rng)}.py::test_{_ident(rng)} - "
+            f"AssertionError: {_sentence(rng)}")
+
+
+def _json(rng: np.random.Generator) -> str:
+    if rng.random() < 0.5:
+        return json.dumps({"type": "tool_use", "id": f"toolu_{int(rng.integers(1 << 40)):x}",
+                           "name": str(rng.choice(_TOOLS)),
+                           "input": {"path": "/".join(_ident(rng) for _ in range(int(rng.integers(1, 4))))
+                                     + "." + str(rng.choice(_EXTS)),
+                                     "offset": int(rng.integers(0, 2000)), "pattern": _ident(rng)}})
+    return json.dumps({"name": str(rng.choice(_TOOLS)), "description": _sentence(rng),
+                       "input_schema": {"type": "object", "properties": {
+                           _ident(rng): {"type": str(rng.choice(["string", "integer", "boolean", "array"])),
+                                         "description": _sentence(rng)} for _ in range(int(rng.integers(1, 4)))},
+                           "required": [_ident(rng)]}})
+
+
+_MAKERS = {"prose": lambda r: " ".join(_sentence(r) for _ in range(int(r.integers(1, 5)))),
+           "code": _code, "json": _json}
+
+
+def corpus_text(flavour: str, seed: int, num_chars: int) -> list[str]:
+    rng = np.random.default_rng([seed, list(_MAKERS).index(flavour)])
+    out, total = [], 0
+    while total < num_chars:
+        piece = _MAKERS[flavour](rng)
+        out.append(piece + "\n")
+        total += len(piece) + 1
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def _tokenized_corpora(tokenizer_file: str, sha: str, chars: int) -> tuple[dict[str, np.ndarray], int, tuple]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_file)
+    special = _special_ids(Path(tokenizer_file))
+    corpora = {}
+    for flavour in _MAKERS:
+        enc = tok.encode_batch(corpus_text(flavour, 0, chars), add_special_tokens=False)
+        ids = np.fromiter((i for e in enc for i in e.ids), dtype=np.int32)
+        if special:
+            ids = ids[~np.isin(ids, np.asarray(sorted(special), dtype=np.int32))]
+        corpora[flavour] = ids
+    return corpora, tok.get_vocab_size(with_added_tokens=True), tuple(sorted(special))
+
+
+def _special_ids(tokenizer_file: Path) -> set[int]:
+    data = json.loads(Path(tokenizer_file).read_text())
+    return {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special", True)}
+
+
+class TokenSource:
+    """Draws exact-length token windows for segments.
+
+    ``TokenSource.from_tokenizer(model_dir)`` uses the model's tokenizer; ``TokenSource.uniform(vocab_size)``
+    draws uniform ids (used for block-id imports when no tokenizer is given, and in quick tests).
+    """
+
+    def __init__(self, corpora: dict[str, np.ndarray] | None, vocab_size: int, special: tuple[int, ...] = (),
+                 info: dict | None = None) -> None:
+        self.corpora = corpora
+        self.vocab_size = vocab_size
+        self.special = special
+        self.info = info
+        # Ids safe to use for uniform draws and volatile lead tokens: everything that is not special.
+        mask = np.ones(vocab_size, dtype=bool)
+        if special:
+            mask[np.asarray(special)] = False
+        self.plain_ids = np.nonzero(mask)[0].astype(np.int32)
+
+    @classmethod
+    def from_tokenizer(cls, model_dir: str | Path, corpus_chars: int = 400_000) -> "TokenSource":
+        p = Path(model_dir)
+        f = p / "tokenizer.json" if p.is_dir() else p
+        if not f.exists():
+            raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
+        sha = file_sha256(f)
+        corpora, vocab, special = _tokenized_corpora(str(f.resolve()), sha, corpus_chars)
+        return cls(corpora, vocab, special, info={"path": str(p), "sha256": sha, "vocab_size": vocab})
+
+    @classmethod
+    def uniform(cls, vocab_size: int = 4096, special: tuple[int, ...] = ()) -> "TokenSource":
+        return cls(None, vocab_size, special, info=None)
+
+    def draw(self, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` token ids that read like a ``kind`` segment (a window of the tokenized corpus)."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.int32)
+        if self.corpora is None:
+            return self.plain_ids[rng.integers(0, len(self.plain_ids), n)]
+        corpus = self.corpora[FLAVOUR.get(kind, "prose")]
+        if n < len(corpus):
+            off = int(rng.integers(0, len(corpus) - n))
+            return corpus[off:off + n].copy()
+        parts, left = [], n
+        while left > 0:
+            m = min(left, len(corpus) // 2)
+            off = int(rng.integers(0, len(corpus) - m))
+            parts.append(corpus[off:off + m])
+            left -= m
+        return np.concatenate(parts)
+
+    def volatile(self, n: int, counter: int, rng: np.random.Generator) -> np.ndarray:
+        """A changing value (timestamp-like): the first token is distinct for the first
+        ``len(plain_ids)`` requests of a trace, so it never extends a shared prefix."""
+        out = self.draw("volatile", n, rng)
+        out[0] = self.plain_ids[counter % len(self.plain_ids)]
+        return out

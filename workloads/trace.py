@@ -1,0 +1,299 @@
+"""The trace directory (format version 1): ``trace.json``, ``segments.parquet``, ``requests.parquet``.
+
+Prompts are stored as lists of segment ids; a segment's tokens are stored once. An append-only agent session
+whose prompts grow to 100k tokens therefore costs its distinct tokens once, not the sum of its prompts. See
+``docs/architecture.md`` (Trace directory) for the column reference.
+
+In memory the segments live in one flat int32 array plus offsets, so ``segment_tokens`` is a zero-copy view
+and ``prompt_token_ids`` is a single ``np.concatenate``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT = "kvscope-trace"
+VERSION = 1
+CREATED_BY = "kvscope workloads 0.1.0"
+
+SEGMENT_KINDS = ("system", "tools", "document", "task", "user", "assistant", "tool_call", "tool_output",
+                 "reasoning", "summary", "volatile", "template", "imported")
+TRANSITIONS = ("first", "append", "edit", "reset", "compaction")
+
+REQUEST_SCHEMA = pa.schema([
+    ("request_id", pa.int64()),
+    ("session_id", pa.string()),
+    ("step", pa.int32()),
+    ("parent_request_id", pa.int64()),
+    ("arrival_s", pa.float64()),
+    ("session_start_s", pa.float64()),
+    ("think_time_s", pa.float64()),
+    ("tool_latency_s", pa.float64()),
+    ("prompt_segment_ids", pa.list_(pa.int64())),
+    ("prompt_tokens", pa.int32()),
+    ("output_segment_id", pa.int64()),
+    ("output_tokens", pa.int32()),
+    ("output_reasoning_tokens", pa.int32()),
+    ("max_tokens", pa.int32()),
+    ("cache_salt", pa.string()),
+    ("tenant", pa.int32()),
+    ("transition", pa.string()),
+    ("input_kind", pa.string()),
+    ("static_prefix_tokens", pa.int32()),
+    ("messages", pa.string()),
+])
+REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request row, with numpy arrays where the column is a list."""
+
+    request_id: int
+    session_id: str
+    step: int
+    parent_request_id: int
+    arrival_s: float
+    session_start_s: float
+    think_time_s: float
+    tool_latency_s: float
+    prompt_segment_ids: np.ndarray
+    prompt_tokens: int
+    output_segment_id: int
+    output_tokens: int
+    output_reasoning_tokens: int
+    max_tokens: int
+    cache_salt: str | None
+    tenant: int
+    transition: str
+    input_kind: str | None
+    static_prefix_tokens: int
+    messages: str | None
+
+
+class Trace:
+    """A token-exact workload: segments plus requests that reference them.
+
+    Build one with :class:`TraceBuilder` (generators, importers) or :meth:`Trace.read`.
+    """
+
+    def __init__(self, meta: dict, seg_tokens: np.ndarray, seg_offsets: np.ndarray, seg_kinds: Sequence[str],
+                 requests: pd.DataFrame) -> None:
+        self.meta = meta
+        self.seg_tokens = np.ascontiguousarray(seg_tokens, dtype=np.int32)
+        self.seg_offsets = np.ascontiguousarray(seg_offsets, dtype=np.int64)
+        self.seg_kinds = np.asarray(seg_kinds, dtype=object)
+        self.requests = requests.reset_index(drop=True)
+        for c in ("cache_salt", "messages", "input_kind", "transition", "session_id"):
+            col = self.requests[c].astype(object)
+            self.requests[c] = col.where(col.notna(), None)
+        self._prompt_ids: list[np.ndarray] = [np.asarray(x, dtype=np.int64) for x in self.requests["prompt_segment_ids"]]
+        self._out_ids = self.requests["output_segment_id"].to_numpy(np.int64)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.seg_kinds)
+
+    @property
+    def num_sessions(self) -> int:
+        return int(self.requests["session_id"].nunique())
+
+    def segment_lengths(self) -> np.ndarray:
+        return np.diff(self.seg_offsets)
+
+    # ------------------------------------------------------------------ tokens
+    def segment_tokens(self, segment_id: int) -> np.ndarray:
+        """Zero-copy int32 view of one segment's tokens."""
+        return self.seg_tokens[self.seg_offsets[segment_id]:self.seg_offsets[segment_id + 1]]
+
+    def prompt_segment_ids(self, request_id: int) -> np.ndarray:
+        return self._prompt_ids[request_id]
+
+    def prompt_token_ids(self, request_id: int, substitute: Mapping[int, Sequence[int] | np.ndarray] | None = None
+                         ) -> np.ndarray:
+        """The prompt as an int32 array. ``substitute`` maps segment ids to replacement tokens: live replay
+        passes ``{trace.output_segment_id(parent): tokens_the_server_generated}``."""
+        ids = self._prompt_ids[request_id]
+        if not substitute:
+            if len(ids) == 1:
+                return self.segment_tokens(int(ids[0])).copy()
+            off = self.seg_offsets
+            return np.concatenate([self.seg_tokens[off[s]:off[s + 1]] for s in ids]) if len(ids) else \
+                np.zeros(0, np.int32)
+        parts = [np.asarray(substitute[int(s)], dtype=np.int32) if int(s) in substitute
+                 else self.segment_tokens(int(s)) for s in ids]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def output_segment_id(self, request_id: int) -> int:
+        """Segment holding the planned output (-1 if only a length is known). Later prompts of the session
+        reference this id where the history carries this answer."""
+        return int(self._out_ids[request_id])
+
+    def output_token_ids(self, request_id: int) -> np.ndarray | None:
+        """Planned ("recorded") output tokens, or None when the trace only knows the output length."""
+        sid = int(self._out_ids[request_id])
+        return None if sid < 0 else self.segment_tokens(sid).copy()
+
+    def segment_map(self, request_id: int) -> list[tuple[str, int, int, int]]:
+        """``(kind, start, n_tokens, segment_id)`` for each segment of the prompt, in order."""
+        out, pos = [], 0
+        for s in self._prompt_ids[request_id]:
+            n = int(self.seg_offsets[s + 1] - self.seg_offsets[s])
+            out.append((str(self.seg_kinds[s]), pos, n, int(s)))
+            pos += n
+        return out
+
+    def request(self, request_id: int) -> TraceRequest:
+        row = self.requests.iloc[request_id].to_dict()
+        row["prompt_segment_ids"] = self._prompt_ids[request_id]
+        return TraceRequest(**{k: _py(row[k]) if k != "prompt_segment_ids" else row[k] for k in REQUEST_COLUMNS})
+
+    def iter_requests(self) -> Iterator[TraceRequest]:
+        cols = {c: self.requests[c].tolist() for c in REQUEST_COLUMNS if c != "prompt_segment_ids"}
+        for i in range(len(self.requests)):
+            yield TraceRequest(prompt_segment_ids=self._prompt_ids[i], **{c: _py(v[i]) for c, v in cols.items()})
+
+    # ------------------------------------------------------------------ io
+    def write(self, path: str | Path) -> Path:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        lengths = self.segment_lengths()
+        offsets32 = self.seg_offsets.astype(np.int64)
+        tok = pa.array(self.seg_tokens, type=pa.int32())
+        if offsets32[-1] < 2**31:
+            lists = pa.ListArray.from_arrays(pa.array(offsets32.astype(np.int32)), tok)
+        else:
+            lists = pa.LargeListArray.from_arrays(pa.array(offsets32), tok)
+        seg = pa.table({"segment_id": pa.array(np.arange(len(lengths), dtype=np.int64)),
+                        "kind": pa.array(self.seg_kinds.tolist(), type=pa.string()),
+                        "token_ids": lists})
+        pq.write_table(seg, out / "segments.parquet", compression="zstd")
+        pq.write_table(self.requests_table(), out / "requests.parquet", compression="zstd")
+        meta = {**self.meta, "format": FORMAT, "version": VERSION, "num_requests": self.num_requests,
+                "num_sessions": self.num_sessions, "num_segments": self.num_segments,
+                "num_segment_tokens": int(len(self.seg_tokens))}
+        (out / "trace.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return out
+
+    def requests_table(self) -> pa.Table:
+        df = self.requests
+        counts = np.fromiter((len(x) for x in self._prompt_ids), dtype=np.int64, count=len(self._prompt_ids))
+        offs = np.zeros(len(counts) + 1, dtype=np.int32)
+        np.cumsum(counts, out=offs[1:])
+        flat = np.concatenate(self._prompt_ids) if self._prompt_ids else np.zeros(0, np.int64)
+        arrays = []
+        for f in REQUEST_SCHEMA:
+            if f.name == "prompt_segment_ids":
+                arrays.append(pa.ListArray.from_arrays(pa.array(offs), pa.array(flat, type=pa.int64())))
+            else:
+                arrays.append(pa.array(df[f.name].tolist(), type=f.type, from_pandas=True))
+        return pa.Table.from_arrays(arrays, schema=REQUEST_SCHEMA)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Trace":
+        p = Path(path)
+        meta = json.loads((p / "trace.json").read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{p}: not a kvscope trace (trace.json format={meta.get('format')!r})")
+        if int(meta.get("version", 0)) > VERSION:
+            raise ValueError(f"{p}: trace version {meta['version']} is newer than this kvscope ({VERSION})")
+        seg = pq.read_table(p / "segments.parquet")
+        ids = seg.column("segment_id").to_numpy()
+        if not np.array_equal(ids, np.arange(len(ids))):
+            raise ValueError(f"{p}: segment ids must be 0..N-1 in order")
+        lists = seg.column("token_ids").combine_chunks()
+        offsets = lists.offsets.to_numpy().astype(np.int64)
+        tokens = lists.values.to_numpy().astype(np.int32)
+        if offsets[0] != 0:
+            tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
+        req = pq.read_table(p / "requests.parquet")
+        for f in REQUEST_SCHEMA:  # tolerate traces written before optional columns existed
+            if f.name not in req.column_names:
+                req = req.append_column(f.name, pa.nulls(len(req), type=f.type))
+        df = req.select(REQUEST_COLUMNS).to_pandas()
+        return cls(meta, tokens, offsets, seg.column("kind").to_pylist(), df)
+
+    def equals(self, other: "Trace") -> bool:
+        """Same segments and same request rows (metadata other than the spec may differ)."""
+        return (np.array_equal(self.seg_offsets, other.seg_offsets) and np.array_equal(self.seg_tokens, other.seg_tokens)
+                and list(self.seg_kinds) == list(other.seg_kinds)
+                and self.requests_table().equals(other.requests_table()))
+
+
+def _py(v: Any) -> Any:
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None if not isinstance(v, float) else v
+    return v
+
+
+class TraceBuilder:
+    """Accumulates segments and request rows, then sorts requests by arrival and numbers them."""
+
+    def __init__(self) -> None:
+        self._tokens: list[np.ndarray] = []
+        self._kinds: list[str] = []
+        self.rows: list[dict] = []
+
+    def add_segment(self, tokens: np.ndarray, kind: str) -> int:
+        if kind not in SEGMENT_KINDS:
+            raise ValueError(f"unknown segment kind {kind!r}")
+        self._tokens.append(np.asarray(tokens, dtype=np.int32))
+        self._kinds.append(kind)
+        return len(self._kinds) - 1
+
+    def segment_len(self, sid: int) -> int:
+        return len(self._tokens[sid])
+
+    def segment(self, sid: int) -> np.ndarray:
+        return self._tokens[sid]
+
+    def add_request(self, **row: Any) -> int:
+        """Add a row; ``parent_request_id`` refers to the index returned by an earlier ``add_request``."""
+        self.rows.append(row)
+        return len(self.rows) - 1
+
+    def build(self, meta: dict) -> Trace:
+        n = len(self.rows)
+        defaults = {"think_time_s": 0.0, "tool_latency_s": 0.0, "output_segment_id": -1, "cache_salt": None,
+                    "tenant": 0, "messages": None, "input_kind": None, "static_prefix_tokens": -1,
+                    "output_reasoning_tokens": 0, "session_start_s": 0.0}
+        rows = [{**defaults, **r} for r in self.rows]
+        order = sorted(range(n), key=lambda i: (rows[i]["arrival_s"], rows[i]["session_id"], rows[i]["step"]))
+        new_id = np.empty(n, dtype=np.int64)
+        new_id[order] = np.arange(n)
+        out = []
+        for rid, i in enumerate(order):
+            r = dict(rows[i])
+            r["request_id"] = rid
+            p = r.get("parent_request_id", -1)
+            r["parent_request_id"] = int(new_id[p]) if p is not None and p >= 0 else -1
+            ids = np.asarray(r["prompt_segment_ids"], dtype=np.int64)
+            r["prompt_segment_ids"] = ids
+            r["prompt_tokens"] = int(sum(len(self._tokens[s]) for s in ids))
+            r.setdefault("max_tokens", r["output_tokens"])
+            out.append(r)
+        df = pd.DataFrame(out, columns=REQUEST_COLUMNS) if out else pd.DataFrame(columns=REQUEST_COLUMNS)
+        lengths = np.fromiter((len(t) for t in self._tokens), dtype=np.int64, count=len(self._tokens))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.concatenate(self._tokens) if self._tokens else np.zeros(0, np.int32)
+        meta = {"format": FORMAT, "version": VERSION, "created_by": CREATED_BY, "block_size_hint": None,
+                "tokenizer": None, "seed": None, **meta}
+        return Trace(meta, tokens, offsets, self._kinds, df)
