@@ -16,12 +16,19 @@ PYTEST_ARGS   ?=
 VLLM_STAMP    := $(VENV)/.vllm-installed
 KVSCOPE_STAMP := $(VENV)/.kvscope-installed
 
-.PHONY: demo test install venv vllm model lint clean-venv help
+.PHONY: demo smoke test install venv vllm model lint clean-venv help
 
 help:
 	@sed -n '1,6p' Makefile
 
+# The main job: a 30-second smoke check (one 6-turn conversation, cached tokens per turn), then the
+# quickstart experiment (4 server configurations x 4 workloads x 2 loads) and its notebook report.
 demo: install
+	$(VENV)/bin/kvscope demo
+	$(VENV)/bin/kvscope experiment run experiments/quickstart.yaml
+
+# The 6-turn single-conversation smoke check (about 30 s).
+smoke: install
 	$(VENV)/bin/kvscope demo
 
 test: install

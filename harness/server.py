@@ -205,7 +205,12 @@ _CAUSE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def diagnose_log(log_text: str) -> str | None:
-    """The most specific cause of a failed start found in a vLLM log, or None."""
+    """The most specific cause of a failed start found in a vLLM log, or None.
+
+    Warning lines are ignored: vLLM warns about things that are not failures (e.g. the fd ulimit text
+    quotes "OSError: [Errno 24] Too many open files").
+    """
+    log_text = "\n".join(line for line in log_text.splitlines() if " WARNING " not in line and "Warning:" not in line)
     for pattern, template in _CAUSE_PATTERNS:
         matches = list(pattern.finditer(log_text))
         if matches:

@@ -97,6 +97,9 @@ def test_api_key_comes_from_the_environment_and_is_never_recorded(monkeypatch):
         ("Traceback…\nValueError: To serve at least one request with the model's max seq len (8192), (1.0 GiB KV "
          "cache is needed, …\n", "KV cache too small: To serve at least one request with the model's max seq len (8192), (1.0 GiB KV cache is needed, …"),
         ("INFO all fine\n", None),
+        ("(APIServer pid=1) WARNING 11-29 [system_utils.py:255] Found ulimit of 20000 and failed to automatically "
+         "increase with error current limit exceeds maximum limit. This can cause fd limit errors like `OSError: "
+         "[Errno 24] Too many open files`. Consider increasing with ulimit -n\n", None),
     ],
 )
 def test_log_diagnosis_names_the_cause(log, expected):

@@ -51,6 +51,9 @@ def add_subcommands(subparsers) -> None:
     g.add_argument("--sessions", type=int, default=None, help="number of sessions (default: the spec's)")
     g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="end sessions before a request would exceed this many tokens (server max_model_len)")
+    g.add_argument("--text", action="store_true", default=None,
+                   help="text mode: also fill `messages` (rendered through MODEL_DIR's chat template) for "
+                        "`kvscope replay --api chat`; token prompts then include the template tokens")
     g.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     g.set_defaults(func=_cmd_generate)
 
@@ -93,8 +96,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
                                    sessions=args.sessions, progress=not args.no_progress,
-                                   max_context=args.max_context)
-    except SpecError as err:
+                                   max_context=args.max_context, text=args.text)
+    except (SpecError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     trace.write(args.out)

@@ -10,6 +10,7 @@ lengths), which keeps 100k-token agent sessions cheap.
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from workloads.policies import Item, VolatilePrefix
 from workloads.spec import WorkloadSpec, spec_to_dict
+from workloads.text import ROLE, TextMode
 from workloads.tokens import TokenSource
 from workloads.trace import CREATED_BY, Trace, TraceBuilder
 
@@ -31,19 +33,88 @@ class _Tenant:
 class _Context:
     """What all sessions share: the segment store, the token source, tenants, documents, counters."""
 
-    def __init__(self, spec: WorkloadSpec, source: TokenSource, seed: int, scale: float) -> None:
+    def __init__(self, spec: WorkloadSpec, source: TokenSource, seed: int, scale: float,
+                 text: TextMode | None = None) -> None:
         self.spec, self.source, self.seed, self.scale = spec, source, seed, scale
+        self.text = text
         self.builder = TraceBuilder()
         self.tenants: dict[int, _Tenant] = {}
         self.documents: dict[int, int] = {}
         self.volatile_counter = 0
+        self._template_segments: dict[str, int] = {}
+        self._segment_text: dict[int, str] = {}
+        # text mode: the system prompt is drawn in clean parts cut at the volatile positions
+        self.text_cuts = {}
+        if text is not None:
+            for pol in spec.sessions.policies:
+                if isinstance(pol, VolatilePrefix):
+                    p = round(pol.position * scale)
+                    self.text_cuts[p] = max(2, p) if p > 0 else 0
+
+    def draw(self, kind: str, n: int, rng: np.random.Generator, closed: bool = False) -> np.ndarray:
+        """Token-mode window, or stable text content (``closed``: safe to concatenate in one message)."""
+        if self.text is None:
+            return self.source.draw(kind, n, rng)
+        return self.text.closed(kind, n, rng) if closed else self.text.draw(kind, n, rng)
+
+    def _system_tokens(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.text is None:
+            return self.source.draw("system", n, rng)
+        cuts = sorted({c for c in self.text_cuts.values() if 0 < c} | {0})
+        parts, pos = [], 0
+        for c in cuts[1:]:
+            if c - pos >= 2 and n - c >= 2:
+                parts.append(self.text.closed("system", c - pos, rng))
+                pos = c
+        parts.append(self.text.closed("system", n - pos, rng))
+        return np.concatenate(parts)
+
+    # ---------------------------------------------------------------- text mode rendering
+    def template_segment(self, text: str) -> int | None:
+        if not text:
+            return None
+        sid = self._template_segments.get(text)
+        if sid is None:
+            assert self.text is not None
+            sid = self._template_segments[text] = self.builder.add_segment(self.text.template_ids(text), "template")
+        return sid
+
+    def segment_text(self, sid: int) -> str:
+        t = self._segment_text.get(sid)
+        if t is None:
+            assert self.text is not None
+            t = self._segment_text[sid] = self.text.decode(self.builder.segment(sid))
+        return t
+
+    def render(self, state: SessionState) -> tuple[list[int], str, int]:
+        """Text mode: (prompt segments with template segments, messages JSON, static prefix tokens)."""
+        assert self.text is not None
+        msgs = [("system", state.prefix_segments())] + [(ROLE.get(it.kind, "user"), [it.segment_id])
+                                                          for it in state.history]
+        pieces = self.text.template.pieces([r for r, _ in msgs])
+        segs: list[int] = []
+        static = 0
+        out = []
+        for i, ((role, content), piece) in enumerate(zip(msgs, pieces)):
+            t = self.template_segment(piece)
+            if t is not None:
+                segs.append(t)
+            segs += content
+            n = sum(self.builder.segment_len(x) for x in content)
+            if i == 0:
+                static = n + (self.builder.segment_len(t) if t is not None else 0)
+            out.append({"role": role, "content": "".join(self.segment_text(x) for x in content), "n_tokens": n})
+        t = self.template_segment(pieces[-1])
+        if t is not None:
+            segs.append(t)
+        return segs, json.dumps(out, ensure_ascii=False), static
 
     def tenant(self, t: int) -> _Tenant:
         if t not in self.tenants:
             rng = np.random.default_rng([self.seed, 2, t])
             p = self.spec.prefix
             n_sys = int(p.system_tokens.sample_int(rng, 1, self.scale, low=1)[0])
-            system = self.builder.add_segment(self.source.draw("system", n_sys, rng), "system")
+            system = self.builder.add_segment(self._system_tokens(n_sys, rng), "system")
             n_tools = int(p.tools_tokens.sample_int(rng, 1, self.scale, low=0)[0])
             tools = []
             if n_tools > 0:
@@ -54,7 +125,8 @@ class _Context:
                 if sizes[-1] < 1:  # rounding pushed the last one below 1: rebalance evenly
                     sizes = np.full(k, n_tools // k)
                     sizes[: n_tools % k] += 1
-                tools = [self.builder.add_segment(self.source.draw("tools", int(s), rng), "tools") for s in sizes]
+                tools = [self.builder.add_segment(self.draw("tools", int(s), rng, closed=True), "tools")
+                         for s in sizes]
             self.tenants[t] = _Tenant(system, tools)
         return self.tenants[t]
 
@@ -64,14 +136,14 @@ class _Context:
             doc = self.spec.prefix.documents
             assert doc is not None
             n = int(doc.tokens.sample_int(rng, 1, self.scale, low=1)[0])
-            self.documents[d] = self.builder.add_segment(self.source.draw("document", n, rng), "document")
+            self.documents[d] = self.builder.add_segment(self.draw("document", n, rng, closed=True), "document")
         return self.documents[d]
 
     def split_system(self, tenant: _Tenant, position: int) -> tuple[int | None, int | None]:
         """System prompt cut at ``position`` into two shared segments (head, tail), cached per tenant."""
         if position not in tenant.split_cache:
             toks = self.builder.segment(tenant.system)
-            p = min(position, len(toks))
+            p = min(self.text_cuts.get(position, position), len(toks))
             head = self.builder.add_segment(toks[:p], "system") if p > 0 else None
             tail = self.builder.add_segment(toks[p:], "system") if p < len(toks) else None
             tenant.split_cache[position] = (head, tail)
@@ -94,12 +166,20 @@ class SessionState:
         return self.ctx.builder.segment_len(sid)
 
     def new_segment(self, kind: str, n: int) -> Item:
-        sid = self.ctx.builder.add_segment(self.ctx.source.draw(kind, n, self.rng), kind)
-        return Item(sid, kind, n, self.step)
+        toks = self.ctx.draw(kind, n, self.rng)
+        sid = self.ctx.builder.add_segment(toks, kind)
+        return Item(sid, kind, len(toks), self.step)
 
     def rewrite(self, item: Item, k: int, rng: np.random.Generator) -> Item:
         toks = self.ctx.builder.segment(item.segment_id).copy()
         off = int(rng.integers(0, len(toks) - k + 1))
+        if self.ctx.text is not None:  # keep the clean prefix before the edit, redraw the rest of the item
+            old, r = toks, item.reasoning_tokens
+            toks = self.ctx.text.cut(old, len(old), rng, item.kind, edit_at=off)
+            if r and not np.array_equal(toks[:r], old[:r]):
+                r = 0  # the edit went into the reasoning part: it can no longer be stripped cleanly
+            sid = self.ctx.builder.add_segment(toks, item.kind)
+            return Item(sid, item.kind, len(toks), item.step, r, {**item.meta, "edited_at": off})
         new = self.ctx.source.draw(item.kind, k, rng)
         same = new == toks[off:off + k]
         if same.all():  # make sure the edit really changes a token
@@ -111,6 +191,8 @@ class SessionState:
 
     def truncate(self, item: Item, limit: int) -> Item:
         toks = self.ctx.builder.segment(item.segment_id)[:limit]
+        if self.ctx.text is not None and limit < item.n_tokens:
+            toks = self.ctx.text.cut(toks, limit, self.rng, item.kind)
         sid = self.ctx.builder.add_segment(toks, item.kind)
         return Item(sid, item.kind, len(toks), item.step, 0, {**item.meta, "truncated": True})
 
@@ -123,7 +205,10 @@ class SessionState:
 
     def new_volatile(self, policy: VolatilePrefix) -> None:
         n = max(1, round(policy.tokens * self.scale))
-        toks = self.ctx.source.volatile(n, self.ctx.volatile_counter, self.rng)
+        if self.ctx.text is not None:
+            toks = self.ctx.text.volatile(n, self.ctx.volatile_counter)
+        else:
+            toks = self.ctx.source.volatile(n, self.ctx.volatile_counter, self.rng)
         self.ctx.volatile_counter += 1
         self.volatile = (self.ctx.builder.add_segment(toks, "volatile"), round(policy.position * self.scale))
 
@@ -245,16 +330,24 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
 
 
 def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, scale: float | None = None,
-             sessions: int | None = None, progress: bool = False, max_context: int | None = None) -> Trace:
-    """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions`` and ``max_context`` (the server's
-    max_model_len) override the spec's values."""
+             sessions: int | None = None, progress: bool = False, max_context: int | None = None,
+             text: bool | None = None) -> Trace:
+    """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
+    max_model_len) and ``text`` (text mode, see :mod:`workloads.text`) override the spec's values. Text mode
+    needs a ``source`` made by ``TokenSource.from_tokenizer(model_dir)`` on a model with a chat template."""
     if max_context is not None:
         spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
     seed = spec.seed if seed is None else seed
     scale = spec.scale if scale is None else scale
     if sessions is not None:
         spec = spec.model_copy(update={"sessions": spec.sessions.model_copy(update={"count": sessions})})
-    ctx = _Context(spec, source, seed, scale)
+    text = spec.text if text is None else text
+    text_mode = None
+    if text:
+        if not source.info or not source.info.get("path"):
+            raise ValueError("text mode needs a tokenizer: TokenSource.from_tokenizer(MODEL_DIR) / --tokenizer MODEL_DIR")
+        text_mode = TextMode(source.info["path"])
+    ctx = _Context(spec, source, seed, scale, text_mode)
     b = ctx.builder
     limits = [x for x in (spec.limits.max_context_tokens,
                           round(spec.limits.context_window_tokens * scale) if spec.limits.context_window_tokens
@@ -296,23 +389,34 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
             for policy in spec.sessions.policies:
                 h = policy.apply(state, rng)
                 hint = h if h == "compaction" else hint
-            segs = state.prompt_segments()
-            n_prompt = state.prompt_tokens()
+            messages = None
+            if text_mode is not None:
+                segs, messages, static = ctx.render(state)
+                n_prompt = sum(b.segment_len(x) for x in segs)
+            else:
+                segs = state.prompt_segments()
+                n_prompt = state.prompt_tokens()
+                static = sum(b.segment_len(x) for x in state.prefix_segments())
             if limit is not None and n_prompt + p["output_tokens"] > limit:
                 truncated += 1
                 break
-            out_seg = b.add_segment(source.draw(p["output_kind"], p["output_tokens"], rng), p["output_kind"])
+            if text_mode is not None:
+                out_toks, p["reasoning"] = text_mode.output(p["output_kind"], p["output_tokens"], p["reasoning"], rng)
+                p["output_tokens"] = len(out_toks)
+            else:
+                out_toks = source.draw(p["output_kind"], p["output_tokens"], rng)
+            out_seg = b.add_segment(out_toks, p["output_kind"])
             if step == 0:
                 transition = "first"
             else:
                 transition = classify(common_prefix_tokens(b, prev_segments, segs), prev_len, hint)
             offset += p["think"] + p["tool"]
-            static = sum(b.segment_len(x) for x in state.prefix_segments())
             rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
                          "tool_latency_s": p["tool"], "prompt_segment_ids": segs, "output_segment_id": out_seg,
                          "output_tokens": p["output_tokens"], "output_reasoning_tokens": p["reasoning"],
                          "max_tokens": p["output_tokens"], "cache_salt": salt, "tenant": t,
-                         "transition": transition, "input_kind": p["input_kind"], "static_prefix_tokens": static})
+                         "transition": transition, "input_kind": p["input_kind"], "static_prefix_tokens": static,
+                         "messages": messages})
             prev_segments, prev_len = segs, n_prompt
         per_session.append(rows)
     durations = np.array([r[-1]["offset"] if r else 0.0 for r in per_session])
@@ -325,17 +429,20 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
                                    arrival_s=float(starts[si] + off))
     meta = {"name": spec.name, "spec": spec_to_dict(spec), "seed": seed, "scale": scale,
             "tokenizer": source.info, "block_size_hint": None, "created_by": CREATED_BY,
-            "arrival": spec.arrival.model_dump(mode="json"), "truncated_sessions": truncated}
+            "arrival": spec.arrival.model_dump(mode="json"), "truncated_sessions": truncated,
+            "text": None if text_mode is None else {
+                "chat_template_sha256": text_mode.template.sha256, "template_segments": len(ctx._template_segments),
+                "resized_segments": text_mode.resized}}
     return b.build(meta)
 
 
 def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed: int | None = None,
                        scale: float | None = None, sessions: int | None = None, progress: bool = False,
-                       max_context: int | None = None) -> Trace:
+                       max_context: int | None = None, text: bool | None = None) -> Trace:
     """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
     from workloads.spec import load_spec
 
     spec = load_spec(spec_path)
     source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()
     return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,
-                    max_context=max_context)
+                    max_context=max_context, text=text)

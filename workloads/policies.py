@@ -137,6 +137,24 @@ class Compaction(BaseModel):
         return "compaction"
 
 
+class DropHistory(BaseModel):
+    """With probability ``probability`` per request, drop the oldest ``fraction`` of the history items (the
+    system/tools/document prefix stays): a client that clears or rebuilds its context (``/clear``, a resumed
+    session, a context rebuilt from files). Reuse falls back to the static prefix (``reset``)."""
+
+    model_config = _BASE
+    kind: Literal["drop_history"]
+    probability: float = Field(default=0.01, ge=0, le=1)
+    fraction: float = Field(default=0.5, gt=0, le=1)
+
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+        if state.step == 0 or rng.random() >= self.probability or len(state.history) < 2:
+            return None
+        k = min(len(state.history) - 1, max(1, int(round(self.fraction * len(state.history)))))
+        state.history = state.history[k:]
+        return "reset"
+
+
 class ReorderTools(BaseModel):
     """With probability ``probability`` per request, shuffle the tool definitions (clients that build the
     tool list from an unordered set). The new order persists until the next shuffle."""
@@ -173,8 +191,8 @@ class StripReasoning(BaseModel):
 
 Policy = Annotated[
     Union[AppendOnly, VolatilePrefix, EditTurn, TruncateToolOutputs, SlidingWindow, Compaction, ReorderTools,
-          StripReasoning],
+          StripReasoning, DropHistory],
     Field(discriminator="kind"),
 ]
 POLICY_KINDS = ("append_only", "volatile_prefix", "edit_turn", "truncate_tool_outputs", "sliding_window",
-                "compaction", "reorder_tools", "strip_reasoning")
+                "compaction", "reorder_tools", "strip_reasoning", "drop_history")

@@ -123,6 +123,8 @@ class WorkloadSpec(BaseModel):
     description: str = ""
     seed: int = 0
     scale: float = Field(default=1.0, gt=0, description="multiplies every token size (not counts or times)")
+    text: bool = Field(default=False, description="text mode: also render each request as chat messages through "
+                                                  "the model's chat template (prompts then include template tokens)")
     sessions: SessionsSpec = Field(default_factory=SessionsSpec)
     prefix: PrefixSpec = Field(default_factory=PrefixSpec)
     arrival: ArrivalSpec = Field(default_factory=ArrivalSpec)
@@ -155,7 +157,7 @@ def _fields_at(loc: tuple) -> list[str] | None:
 
     tags = {**{k: getattr(p, n) for k, n in zip(POLICY_KINDS, (
         "AppendOnly", "VolatilePrefix", "EditTurn", "TruncateToolOutputs", "SlidingWindow", "Compaction",
-        "ReorderTools", "StripReasoning"))},
+        "ReorderTools", "StripReasoning", "DropHistory"))},
         **{k: getattr(d, n) for k, n in zip(DISTRIBUTION_KINDS, (
             "Constant", "Uniform", "Normal", "LogNormal", "Zipf", "Empirical"))}}
     model: Any = WorkloadSpec

@@ -9,7 +9,7 @@ markers) are removed from the corpus so they never appear inside content.
 Windows at different offsets of a varied corpus almost never share a leading run of more than a few tokens,
 so distinct segments do not create accidental prefix-cache hits at block granularity (16+ tokens). This is a
 statistical property, not a guarantee; the volatile segments, whose uniqueness matters for the
-``volatile_prefix`` policy, get a distinct first token per request (see :meth:`TokenSource.volatile`).
+``volatile_prefix`` policy, spell a per-trace counter, so they are distinct (see :meth:`TokenSource.volatile`).
 """
 
 from __future__ import annotations
@@ -188,8 +188,14 @@ class TokenSource:
         return np.concatenate(parts)
 
     def volatile(self, n: int, counter: int, rng: np.random.Generator) -> np.ndarray:
-        """A changing value (timestamp-like): the first token is distinct for the first
-        ``len(plain_ids)`` requests of a trace, so it never extends a shared prefix."""
-        out = self.draw("volatile", n, rng)
-        out[0] = self.plain_ids[counter % len(self.plain_ids)]
-        return out
+        """A changing value (timestamp-like) of ``n`` tokens that spell ``counter`` in base ``len(plain_ids)``
+        (least significant first): distinct for ``len(plain_ids) ** n`` requests, and its first token differs
+        from the previous ``len(plain_ids) - 1`` values, so it never extends a shared prefix."""
+        self.draw("volatile", n, rng)  # keeps the session's random stream where it was before this change
+        v = len(self.plain_ids)
+        digits = np.empty(n, dtype=np.int64)
+        c = int(counter)
+        for i in range(n):
+            digits[i] = c % v
+            c //= v
+        return self.plain_ids[digits].astype(np.int32)

@@ -207,3 +207,12 @@ def test_generation_speed_100k_sessions(source):
     assert time.perf_counter() - t < 10
     assert tr.num_requests == 1000 and tr.requests.prompt_tokens.max() > 90_000
     assert len(tr.seg_tokens) < 0.05 * tr.requests.prompt_tokens.sum()
+
+
+def test_policy_drop_history(source):
+    tr = _agent(source, [{"kind": "drop_history", "probability": 0.3, "fraction": 0.5}], calls=20)
+    dropped = tr.requests[tr.requests.transition.isin(["reset", "edit"])].index
+    assert (tr.requests.transition == "reset").sum() > 0
+    assert all(_lcp_with_parent(tr, i) <= 1000 + 200 for i in dropped)  # back to about the static prefix
+    base = _agent(source, [], calls=20)
+    assert tr.requests.prompt_tokens.sum() < base.requests.prompt_tokens.sum()

@@ -1,0 +1,428 @@
+"""Analysis behind the notebooks: every table a report shows is computed here, from `ExperimentResults`.
+
+Notebooks hold the narrative and the plots; anything non-trivial lives in this module so that it is tested
+and reusable from a user's own analysis.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from harness.experiment.results import ExperimentResults
+
+# ------------------------------------------------------------------------------------------- hit rates
+
+
+def _ratio(num: pd.Series, den: pd.Series) -> pd.Series:
+    return (num / den.where(den > 0)).astype(float)
+
+
+def hit_table(res: ExperimentResults) -> pd.DataFrame:
+    """Per cell: prompt tokens and hit rate three ways (server per request, /metrics counters, predicted)."""
+    cols = ["cell", "server", "workload", "load", "repeat", "status", "prefix_caching", "speculative", "requests",
+            "hit_server", "hit_metrics", "hit_predicted", "would_hit", "requests_predicted_exactly",
+            "requests_compared"]
+    df = res.cells.reindex(columns=cols).copy()
+    df["predicted_minus_server_pp"] = (df["hit_predicted"] - df["hit_server"]) * 100
+    df["server_minus_metrics_pp"] = (df["hit_server"] - df["hit_metrics"]) * 100
+    return df
+
+
+def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
+    """Token-weighted hit rate per (server, workload): measured and predicted, summed over loads and repeats."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame(columns=["server", "workload", "prompt_tokens", "measured", "predicted"])
+    g = ok.groupby(["server", "workload"], sort=False).agg(
+        prompt_tokens=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"),
+        predicted=("predicted_cached_tokens", "sum"), requests=("request_id", "count")).reset_index()
+    g["measured"] = _ratio(g["cached"], g["prompt_tokens"])
+    g["predicted"] = _ratio(g["predicted"], g["prompt_tokens"])
+    return g[["server", "workload", "requests", "prompt_tokens", "measured", "predicted"]]
+
+
+def hit_by_step(res: ExperimentResults, max_step: int | None = None) -> pd.DataFrame:
+    """Hit rate by turn/step index: how reuse builds up (or collapses) along a session."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame(columns=["server", "workload", "step", "hit_rate", "requests"])
+    if max_step is not None:
+        ok = ok[ok["step"] <= max_step]
+    g = ok.groupby(["server", "workload", "step"]).agg(
+        prompt=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"), predicted=("predicted_cached_tokens", "sum"),
+        requests=("request_id", "count")).reset_index()
+    g["hit_rate"] = _ratio(g["cached"], g["prompt"])
+    g["predicted_hit_rate"] = _ratio(g["predicted"], g["prompt"])
+    return g
+
+
+def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
+    """Tokens recomputed per request by the kind of history transition (append, edit, compaction, …).
+
+    An edit at depth d or a volatile prefix at position p invalidates every block after it: the gap between
+    the `append` row and the others is what that habit costs in prefill.
+    """
+    ok = res.ok_requests()
+    if not len(ok) or "transition" not in ok:
+        return pd.DataFrame()
+    ok = ok.assign(uncached=ok["prompt_tokens"] - ok["cached_tokens"].fillna(0))
+    g = ok.groupby(["server", "workload", "transition"]).agg(
+        requests=("request_id", "count"), mean_prompt_tokens=("prompt_tokens", "mean"),
+        mean_cached_tokens=("cached_tokens", "mean"), mean_recomputed_tokens=("uncached", "mean")).reset_index()
+    g["hit_rate"] = g["mean_cached_tokens"] / g["mean_prompt_tokens"]
+    return g
+
+
+def reconciliation(res: ExperimentResults) -> pd.DataFrame:
+    """Client vs server: predicted and reported hits request by request, and the /metrics counters."""
+    t = hit_table(res)
+    t["exact_share"] = t["requests_predicted_exactly"] / t["requests_compared"].where(t["requests_compared"] > 0)
+    return t[["cell", "prefix_caching", "hit_server", "hit_metrics", "hit_predicted", "would_hit",
+              "server_minus_metrics_pp", "predicted_minus_server_pp", "requests_predicted_exactly",
+              "requests_compared", "exact_share"]]
+
+
+# ----------------------------------------------------------------------------------------- concurrency
+
+
+def capacity_table(res: ExperimentResults) -> pd.DataFrame:
+    rows = []
+    for server, entry in (res.manifest.get("servers") or {}).items():
+        f = entry.get("facts") or {}
+        rows.append({"server": server, "block_size": f.get("block_size"), "num_blocks": f.get("num_blocks"),
+                     "kv_capacity_tokens": f.get("kv_capacity_tokens"), "max_model_len": f.get("max_model_len"),
+                     "max_concurrency_at_max_len": f.get("max_concurrency"), "prefix_caching": f.get("prefix_caching"),
+                     "kv_cache_dtype": f.get("kv_cache_dtype")})
+    return pd.DataFrame(rows)
+
+
+def session_footprint(res: ExperimentResults) -> pd.DataFrame:
+    """Per workload and step: median context (prompt + output) a live session holds, in tokens and blocks,
+    and how many such sessions the smallest server's KV capacity can hold at once."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame()
+    cap = capacity_table(res)
+    capacity = float(cap["kv_capacity_tokens"].dropna().min()) if len(cap) and cap["kv_capacity_tokens"].notna().any() \
+        else math.nan
+    block = float(cap["block_size"].dropna().min()) if len(cap) and cap["block_size"].notna().any() else 16.0
+    ok = ok.assign(context=ok["prompt_tokens"] + ok["output_tokens"])
+    g = ok.groupby(["workload", "step"])["context"].median().reset_index(name="median_context_tokens")
+    g["blocks"] = np.ceil(g["median_context_tokens"] / block)
+    g["sessions_that_fit"] = np.floor(capacity / (g["blocks"] * block)) if not math.isnan(capacity) else np.nan
+    return g
+
+
+def load_curve(res: ExperimentResults) -> pd.DataFrame:
+    """Latency and server state against load, per (server, workload): where the knee is."""
+    c = res.cells
+    if not len(c) or "ttft_p50_s" not in c:
+        return pd.DataFrame()
+    m = res.metrics
+    if len(m):
+        mm = m.groupby("cell").agg(max_running=("num_requests_running", "max"),
+                                   max_waiting=("num_requests_waiting", "max"),
+                                   max_kv_usage=("kv_cache_usage", "max")).reset_index()
+        pre = m.groupby("cell")["num_preemptions"].agg(lambda s: s.max() - s.min()).reset_index(name="preemptions")
+        c = c.merge(mm, on="cell", how="left").merge(pre, on="cell", how="left")
+    c = c.assign(load_value=c["load"].str.extract(r"(\d+\.?\d*)")[0].astype(float))
+    cols = ["server", "workload", "load", "load_value", "repeat", "req_per_s", "ttft_p50_s", "ttft_p90_s",
+            "ttft_p99_s", "tpot_p50_s", "max_running", "max_waiting", "max_kv_usage", "preemptions"]
+    return c.reindex(columns=cols).sort_values(["server", "workload", "load_value"])
+
+
+def find_knee(curve: pd.DataFrame, metric: str = "ttft_p90_s", factor: float = 2.0) -> pd.DataFrame:
+    """First load level whose `metric` exceeds `factor` x its value at the lowest load (per server, workload)."""
+    rows = []
+    for (server, workload), g in curve.groupby(["server", "workload"]):
+        g = g.sort_values("load_value")
+        base = g[metric].iloc[0]
+        knee = g[g[metric] > factor * base]
+        rows.append({"server": server, "workload": workload, "baseline": base,
+                     "knee_load": None if knee.empty else knee["load"].iloc[0],
+                     "knee_value": None if knee.empty else knee[metric].iloc[0]})
+    return pd.DataFrame(rows)
+
+
+def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
+                      gpus: dict[str, float] | None = None,
+                      models: Iterable[str] = ("llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b"),
+                      kv_dtypes: Iterable[str] = ("bfloat16", "fp8"), tp_for: dict[str, int] | None = None
+                      ) -> pd.DataFrame:
+    """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs."""
+    from harness.offline.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
+
+    gpus = gpus or {"L4 24GB": 24, "A100 80GB": 80, "H100 80GB": 80, "H200 141GB": 141}
+    tp_for = tp_for or {"llama-3.1-70b": 4}
+    rows = []
+    for model in models:
+        shape = get_preset(model)
+        tp = tp_for.get(model, 1)
+        weights = (shape.weight_bytes() or 0) / tp
+        for gpu, gib in gpus.items():
+            free = gib * 2**30 * 0.92 - weights - 2 * 2**30  # utilisation, weights, ~2 GiB activations/graphs
+            for dt in kv_dtypes:
+                for ctx in contexts:
+                    per_seq = kv_bytes_for_sequence(shape, ctx, dt, tp)
+                    rows.append({"model": model, "tp": tp, "gpu": gpu, "kv_dtype": dt, "context": ctx,
+                                 "kib_per_token": kv_bytes_per_token(shape, dt, tp) / 1024,
+                                 "kv_gib_free": max(free, 0) / 2**30,
+                                 "sequences": int(max(free, 0) // per_seq) if per_seq else 0})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------- latency
+
+
+def latency_long(res: ExperimentResults) -> pd.DataFrame:
+    """One row per successful request with the latency metrics in ms and the cached fraction."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame()
+    out = ok[["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "output_tokens"]].copy()
+    for m in ("ttft_s", "tpot_s", "e2e_s"):
+        out[m.replace("_s", "_ms")] = ok[m].astype(float) * 1000
+    out["cached_fraction"] = (ok["cached_tokens"].fillna(0) / ok["prompt_tokens"].where(ok["prompt_tokens"] > 0)).astype(float)
+    out["uncached_tokens"] = ok["prompt_tokens"] - ok["cached_tokens"].fillna(0)
+    return out
+
+
+def itl_long(res: ExperimentResults, max_per_cell: int = 20000) -> pd.DataFrame:
+    ok = res.ok_requests()
+    frames = []
+    for cell, g in ok.groupby("cell"):
+        gaps = np.concatenate([np.asarray(x, float) for x in g["itl_s"]]) if len(g) else np.zeros(0)
+        if len(gaps) > max_per_cell:
+            gaps = np.random.default_rng(0).choice(gaps, max_per_cell, replace=False)
+        frames.append(pd.DataFrame({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
+                                    "itl_ms": gaps * 1000}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell", "itl_ms"])
+
+
+def percentile_table(res: ExperimentResults) -> pd.DataFrame:
+    cols = ["cell", "server", "workload", "load", "requests", "req_per_s", "output_tok_per_s"]
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        cols += [f"{m}_p50_s", f"{m}_p90_s", f"{m}_p99_s"]
+    cols += ["goodput_fraction", "goodput_req_per_s", "error_rate"]
+    t = res.cells.reindex(columns=cols).copy()
+    for c in t.columns:
+        if c.endswith("_s") and c[:-2].split("_")[0] in ("ttft", "tpot", "itl", "e2e"):
+            t[c.replace("_s", "_ms")] = t.pop(c) * 1000
+    return t
+
+
+def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | None = None) -> pd.DataFrame:
+    """Share and rate of requests meeting the SLOs, per cell (recomputed here so any SLO can be tried)."""
+    ok = res.ok_requests()
+    rows = []
+    for cell, g in ok.groupby("cell"):
+        meets = g["ttft_s"].astype(float) * 1000 <= slo_ttft_ms
+        if slo_tpot_ms is not None:
+            tp = g["tpot_s"].astype(float)
+            meets &= tp.isna() | (tp * 1000 <= slo_tpot_ms)
+        dur = float(res.cells.set_index("cell").loc[cell, "duration_s"]) if cell in set(res.cells["cell"]) else math.nan
+        rows.append({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
+                     "load": g["load"].iloc[0], "meeting_slo": int(meets.sum()), "requests": len(g),
+                     "fraction": meets.mean(), "goodput_req_per_s": meets.sum() / dur if dur else math.nan})
+    return pd.DataFrame(rows)
+
+
+def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_bytes: float) -> pd.DataFrame:
+    """Measured single-stream decode speed (1/TPOT p50) against the memory-bandwidth roofline at batch 1."""
+    from harness.offline.roofline import decode_tokens_per_s_upper_bound
+
+    bound = decode_tokens_per_s_upper_bound(bandwidth_gb_s * 1e9, weight_bytes, 1)
+    t = res.cells.reindex(columns=["cell", "server", "workload", "load", "tpot_p50_s", "output_tok_per_s"]).copy()
+    t["decode_tok_per_s_single_stream"] = 1.0 / t["tpot_p50_s"].where(t["tpot_p50_s"] > 0)
+    t["roofline_tok_per_s_b1"] = bound
+    t["fraction_of_roofline"] = t["decode_tok_per_s_single_stream"] / bound
+    return t
+
+
+# ------------------------------------------------------------------------------------------------ cost
+
+
+def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
+    """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
+    and without, per session and per million input tokens."""
+    from harness.offline.cost import no_cache_cost
+    from harness.offline.provider_cache import load_preset, simulate_provider
+    from harness.offline.trace_io import load_trace
+
+    rows = []
+    for workload in sorted(set(res.cells["workload"].dropna())):
+        tdir = res.trace_dir(workload)
+        if tdir is None or not tdir.exists():
+            continue
+        tr = load_trace(str(tdir), block_size)
+        total_in = sum(r.prompt_tokens for r in tr.requests)
+        total_out = sum(r.output_tokens for r in tr.requests)
+        sessions = len({r.session_id for r in tr.requests})
+        for name in presets:
+            cfg = load_preset(name)
+            _, s = simulate_provider(tr.requests, cfg)
+            base = no_cache_cost(cfg.pricing, total_in, total_out)
+            rows.append({"workload": workload, "preset": name, "sessions": sessions, "input_tokens": total_in,
+                         "output_tokens": total_out, "cache_read_ratio": s["cache_read_ratio"],
+                         "cost_usd": s["total_usd"], "no_cache_usd": base,
+                         "per_session_usd": s["total_usd"] / sessions if sessions else math.nan,
+                         "per_session_no_cache_usd": base / sessions if sessions else math.nan,
+                         "usd_per_mtok_input": s["total_usd"] / total_in * 1e6 if total_in else math.nan,
+                         "saving": 1 - s["total_usd"] / base if base else math.nan})
+    return pd.DataFrame(rows)
+
+
+def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float] = (60, 300, 3600),
+                    block_size: int = 16) -> pd.DataFrame:
+    """How the cache-read share and cost move with the provider's TTL, given the trace's think times."""
+    from harness.offline.provider_cache import load_preset, simulate_provider
+    from harness.offline.trace_io import load_trace
+
+    rows = []
+    base = load_preset(preset)
+    for workload in sorted(set(res.cells["workload"].dropna())):
+        tdir = res.trace_dir(workload)
+        if tdir is None or not tdir.exists():
+            continue
+        tr = load_trace(str(tdir), block_size)
+        for ttl in ttls_s:
+            cfg = base.model_copy(update={"ttl_s": ttl})
+            _, s = simulate_provider(tr.requests, cfg)
+            rows.append({"workload": workload, "ttl_s": ttl, "cache_read_ratio": s["cache_read_ratio"],
+                         "cost_usd": s["total_usd"]})
+    return pd.DataFrame(rows)
+
+
+def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: int = 1) -> pd.DataFrame:
+    """$ per million output (and total) tokens at the throughput each cell measured."""
+    from harness.offline.cost import self_hosted_cost
+
+    rows = []
+    for _, c in res.cells.iterrows():
+        out_tps = c.get("output_tok_per_s")
+        all_tps = (c.get("output_tok_per_s") or 0) + (c.get("prompt_tok_per_s") or 0)
+        if not out_tps or (isinstance(out_tps, float) and math.isnan(out_tps)):
+            continue
+        rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"], "load": c["load"],
+                     "output_tok_per_s": out_tps,
+                     "usd_per_mtok_output": self_hosted_cost(gpu_hourly_usd, num_gpus, out_tps)["usd_per_mtok"],
+                     "usd_per_mtok_all": self_hosted_cost(gpu_hourly_usd, num_gpus, all_tps)["usd_per_mtok"]})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------- speculative
+
+
+def speculative_table(res: ExperimentResults) -> pd.DataFrame:
+    """Acceptance per speculative cell and the TPOT / throughput change against the matching baseline.
+
+    The baseline of a speculative cell is the non-speculative server with the same prefix-caching setting,
+    same workload, load and repeat.
+    """
+    c = res.cells
+    if not len(c) or "speculative" not in c:
+        return pd.DataFrame()
+    spec = c[c["speculative"] == True]  # noqa: E712 - pandas object column
+    base = c[c["speculative"] != True]  # noqa: E712
+    rows = []
+    for _, s in spec.iterrows():
+        match = base[(base["workload"] == s["workload"]) & (base["load"] == s["load"]) &
+                     (base["repeat"] == s["repeat"]) & (base["prefix_caching"] == s["prefix_caching"])]
+        b = match.iloc[0] if len(match) else None
+        row = {"cell": s["cell"], "server": s["server"], "workload": s["workload"], "load": s["load"],
+               "acceptance_rate": s.get("spec_acceptance_rate"),
+               "mean_acceptance_length": s.get("spec_mean_acceptance_length"),
+               "tpot_p50_ms": s["tpot_p50_s"] * 1000 if s.get("tpot_p50_s") is not None else None,
+               "baseline": None if b is None else b["server"],
+               "baseline_tpot_p50_ms": None if b is None else b["tpot_p50_s"] * 1000,
+               "output_tok_per_s": s["output_tok_per_s"],
+               "baseline_output_tok_per_s": None if b is None else b["output_tok_per_s"]}
+        if b is not None and b["tpot_p50_s"]:
+            row["tpot_change"] = s["tpot_p50_s"] / b["tpot_p50_s"] - 1
+            row["throughput_change"] = s["output_tok_per_s"] / b["output_tok_per_s"] - 1 if b["output_tok_per_s"] else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def acceptance_by_position(res: ExperimentResults) -> pd.DataFrame:
+    rows = []
+    for cell, s in res.summaries.items():
+        spec = s.get("speculative") or {}
+        for i, a in enumerate(spec.get("acceptance_by_position") or []):
+            meta = res.cells.set_index("cell").loc[cell]
+            rows.append({"cell": cell, "server": meta["server"], "workload": meta["workload"], "position": i,
+                         "acceptance": a})
+    return pd.DataFrame(rows)
+
+
+def workload_character(res: ExperimentResults) -> pd.DataFrame:
+    """Share of each workload's prompt that is tool output (echo-friendly for n-gram drafts) vs free text."""
+    from workloads.trace import Trace
+
+    rows = []
+    for workload in sorted(set(res.cells["workload"].dropna())):
+        tdir = res.trace_dir(workload)
+        if tdir is None or not tdir.exists():
+            continue
+        tr = Trace.read(tdir)
+        kinds = pd.Series(tr.seg_kinds)
+        lengths = pd.Series(tr.segment_lengths())
+        share = lengths.groupby(kinds).sum() / lengths.sum()
+        rows.append({"workload": workload, **{f"share_{k}": float(v) for k, v in share.items()}})
+    return pd.DataFrame(rows)
+
+
+def records_for_cells(res: ExperimentResults, cells: Iterable[str]) -> pd.DataFrame:
+    r = res.requests
+    return r[r["cell"].isin(list(cells))]
+
+
+def to_markdown_safe(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
+    """Escaped HTML for a table (reports never render raw text from traces or model output)."""
+    return df.to_html(index=False, escape=True, float_format=lambda x: format(x, floatfmt))
+
+
+def describe(res: ExperimentResults) -> dict[str, Any]:
+    c = res.cells
+    return {"experiment": res.name, "cells": int(len(c)),
+            "failed_cells": c.loc[c["status"] != "ok", "cell"].tolist() if "status" in c else [],
+            "requests": int(len(res.requests)), "weights_random": res.weights_random}
+
+
+def default_pairs(res: ExperimentResults) -> list[tuple[str, str, str, str]]:
+    """(cell A, cell B, workload, load): the first server configuration against every other one, on
+    identical traffic (same workload, load level and repeat 0)."""
+    c = res.cells
+    if not len(c) or "server" not in c:
+        return []
+    c = c[c["status"] == "ok"]
+    servers = list(dict.fromkeys(c["server"]))
+    if len(servers) < 2:
+        return []
+    base = servers[0]
+    out = []
+    for other in servers[1:]:
+        for (wl, load), g in c[c["repeat"] == 0].groupby(["workload", "load"], sort=False):
+            a = g[g["server"] == base]
+            b = g[g["server"] == other]
+            if len(a) and len(b):
+                out.append((a["cell"].iloc[0], b["cell"].iloc[0], wl, load))
+    return out
+
+
+def error_table(res: ExperimentResults, max_message_chars: int = 160) -> pd.DataFrame:
+    """Failed requests per cell and error class, with one example message (shown escaped in reports)."""
+    r = res.requests
+    if not len(r) or "error_class" not in r:
+        return pd.DataFrame(columns=["cell", "error_class", "requests", "example"])
+    bad = r[r["error_class"].notna()]
+    if not len(bad):
+        return pd.DataFrame(columns=["cell", "error_class", "requests", "example"])
+    g = bad.groupby(["cell", "error_class"]).agg(requests=("request_id", "count"),
+                                                 example=("error", "first")).reset_index()
+    g["example"] = g["example"].astype(str).str.slice(0, max_message_chars)
+    return g

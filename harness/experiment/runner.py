@@ -1,0 +1,285 @@
+"""Run an experiment: each server configuration once, every cell (workload × load × repeat) against it.
+
+Layout of one run (`results/<experiment>/<run-id>/`):
+
+    experiment.json            manifest: spec, model, servers (config, facts, log, restarts), cells + status
+    traces/<workload>/         the generated traces (one per workload, shared by every cell)
+    servers/<server>.log       vLLM log of each configuration
+    cells/<server>__<workload>__<load>__r<k>/   a replay run directory (requests.parquet, summary.json, …)
+
+Between cells the prefix cache is emptied (`/reset_prefix_cache`, vLLM dev mode; a restart if that fails),
+after a few warm-up requests, so every cell starts from the same state and predictions stay exact. A cell
+that fails is recorded with its reason and the experiment goes on; a server that died is restarted for the
+next cell. `--resume` skips cells whose status is `ok`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import KvscopeError
+from harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_config_dict
+
+MANIFEST = "experiment.json"
+
+
+@dataclass(frozen=True)
+class Cell:
+    server: str
+    workload: str
+    load: str
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.server}__{self.workload}__{self.load}__r{self.repeat}"
+
+
+def plan_cells(spec: ExperimentSpec) -> list[Cell]:
+    """The stated order: servers (each started once), then workloads, load levels, repeats."""
+    return [Cell(s, w, lv.name or "", r) for s in spec.servers for w in spec.workloads for lv in spec.loads
+            for r in range(spec.repeats)]
+
+
+def safe_child(root: Path, *parts: str) -> Path:
+    """A path under root built from names; refuses anything that would land outside it."""
+    root = root.resolve()
+    p = root.joinpath(*parts).resolve()
+    if p != root and root not in p.parents:
+        raise KvscopeError(f"refusing path {p}: outside {root}")
+    return p
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume: bool) -> Path:
+    exp_root = safe_child(out, spec.name)
+    if run_id is None and resume:
+        runs = sorted(p for p in exp_root.glob("*") if (p / MANIFEST).exists()) if exp_root.exists() else []
+        if not runs:
+            raise KvscopeError(f"--resume: no earlier run of {spec.name} under {exp_root}")
+        return runs[-1]
+    if run_id is None:
+        run_id = time.strftime("%Y%m%d-%H%M%S")
+    from harness.experiment.spec import check_name
+
+    try:
+        check_name(run_id, "run id")
+    except ValueError as exc:
+        raise KvscopeError(str(exc)) from exc
+    return safe_child(exp_root, run_id)
+
+
+def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict | None]:
+    """(model for vLLM, tokenizer dir for workloads, build card or None)."""
+    from harness.tinymodel import build_tiny_model, read_model_card
+
+    m = spec.model
+    if m.source == "hf":
+        if not m.tokenizer:
+            raise KvscopeError("model.source hf needs model.tokenizer: a local directory with tokenizer.json "
+                               "(e.g. the snapshot in your Hugging Face cache) to generate token-exact workloads")
+        return m.path, m.tokenizer, None
+    path = Path(m.path)
+    if not path.is_absolute():
+        path = (base_dir / path).resolve()
+    if m.source == "tiny":
+        card = read_model_card(path)
+        wanted = {"seed": m.seed, "train_steps": m.train_steps}
+        if card is None or any(card.get(k) != v for k, v in wanted.items()):
+            print(f"building the tiny model in {path} (seed {m.seed}, {m.train_steps} training steps) …", flush=True)
+            build_tiny_model(path, seed=m.seed, train_steps=m.train_steps)
+    elif not (path / "config.json").is_file():
+        raise KvscopeError(f"model.path {path}: not a model directory (no config.json)")
+    return str(path), m.tokenizer or str(path), read_model_card(path)
+
+
+def _warm_up(endpoint: str, model: str, n: int, seed: int) -> None:
+    """A few unrelated requests so first-request effects (allocations, lazy init) stay out of the cell."""
+    import httpx
+
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        prompt = rng.integers(1000, 4000, size=64).tolist()
+        try:
+            httpx.post(endpoint + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
+                                                            "ignore_eos": True}, timeout=120)
+        except httpx.HTTPError:
+            return
+
+
+def _reset_cache(endpoint: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.post(endpoint + "/reset_prefix_cache", timeout=60).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
+                   resume: bool = False, only_cells: list[str] | None = None, progress: bool = True) -> Path:
+    """Run (or resume) an experiment; returns the run directory."""
+    from harness.replay.options import ReplayOptions
+    from harness.replay.runner import replay
+    from harness.server import VllmServer
+    from workloads.generate import generate_from_file
+
+    spec_path = Path(spec_path)
+    spec, raw = load_experiment_spec(spec_path)
+    out = Path(out)
+    run_dir = _resolve_run_dir(spec, out, run_id, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = run_dir / MANIFEST
+    manifest: dict[str, Any]
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        if not resume:
+            raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
+    else:
+        manifest = {"experiment": spec.name, "run_id": run_dir.name, "spec": raw, "spec_path": str(spec_path),
+                    "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
+    repo_root = Path.cwd()
+    model_path, tokenizer_dir, card = prepare_model(spec, repo_root)
+    manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
+                         "weights_random": bool(card and card.get("weights") == "random")}
+    manifest["kvscope_version"] = _version()
+    cells = plan_cells(spec)
+    if only_cells:
+        cells = [c for c in cells if c.name in only_cells]
+    for c in cells:
+        manifest["cells"].setdefault(c.name, {"server": c.server, "workload": c.workload, "load": c.load,
+                                              "repeat": c.repeat, "status": "pending"})
+    _write_json(manifest_path, manifest)
+
+    # Traces: one per workload, generated once (kept across --resume).
+    for wname, ref in spec.workloads.items():
+        tdir = safe_child(run_dir, "traces", wname)
+        if not (tdir / "requests.parquet").exists():
+            max_ctx = ref.max_context
+            if max_ctx is None:
+                mml = spec.server_defaults.get("max_model_len")
+                max_ctx = int(mml) - 256 if mml else None
+            spec_ref = ref.spec
+            if not Path(spec_ref).exists() and (spec_path.parent / spec_ref).exists():
+                spec_ref = str(spec_path.parent / spec_ref)
+            print(f"generating workload {wname} ({ref.spec}) …", flush=True)
+            trace = generate_from_file(spec_ref, tokenizer_dir, seed=ref.seed, scale=ref.scale,
+                                       sessions=ref.sessions, max_context=max_ctx)
+            trace.write(tdir)
+        manifest["traces"][wname] = str(tdir.relative_to(run_dir))
+    _write_json(manifest_path, manifest)
+
+    todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
+    print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
+    loads = {lv.name: lv for lv in spec.loads}
+    settings = spec.replay
+    for server_name in spec.servers:
+        server_cells = [c for c in todo if c.server == server_name]
+        if not server_cells:
+            continue
+        config = server_config_dict(spec, server_name, model_path)
+        log_path = safe_child(run_dir, "servers", f"{server_name}.log")
+        srec = manifest["servers"].setdefault(server_name, {"config": config.redacted(), "restarts": 0,
+                                                            "log": str(log_path.relative_to(run_dir))})
+        server: VllmServer | None = None
+        try:
+            for cell in server_cells:
+                entry = manifest["cells"][cell.name]
+                entry.update(status="running", started_at=time.time(), reason=None)
+                _write_json(manifest_path, manifest)
+                cell_dir = safe_child(run_dir, "cells", cell.name)
+                try:
+                    if server is None or not server.is_running():
+                        if server is not None:
+                            srec["restarts"] += 1
+                            server.stop()
+                        print(f"[{server_name}] starting vLLM …", flush=True)
+                        server = VllmServer(config, log_path=log_path)
+                        server.start()
+                        srec["facts"] = server.facts().model_dump(mode="json")
+                        srec["ready_after_s"] = server.ready_after_s
+                    _warm_up(server.endpoint, config.name_for_clients, settings.warmup_requests, cell.repeat)
+                    if not _reset_cache(server.endpoint):
+                        srec["restarts"] += 1
+                        server.stop()
+                        server = VllmServer(config, log_path=log_path)
+                        server.start()
+                    if cell_dir.exists():  # a half-written earlier attempt of this cell
+                        import shutil
+
+                        shutil.rmtree(cell_dir)
+                    lv = loads[cell.load]
+                    opts = ReplayOptions(
+                        mode=settings.mode, concurrency=lv.concurrency, session_rate=lv.session_rate,
+                        time_scale=settings.time_scale, max_requests=settings.max_requests,
+                        duration_s=settings.duration_s, warmup_s=settings.warmup_s, cooldown_s=settings.cooldown_s,
+                        total_timeout_s=settings.request_timeout_s, idle_timeout_s=settings.idle_timeout_s,
+                        first_token_timeout_s=settings.request_timeout_s, scrape_interval_s=settings.scrape_interval_s,
+                        slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat,
+                        model=config.name_for_clients, progress=False, reset_prefix_cache=False)
+                    print(f"[{cell.name}] replaying …", flush=True)
+                    outcome = replay(run_dir / manifest["traces"][cell.workload], cell_dir, opts,
+                                     endpoints=[server.endpoint])
+                    s = outcome.summary
+                    entry.update(status="failed" if outcome.aborted else "ok", reason=outcome.aborted,
+                                 dir=str(cell_dir.relative_to(run_dir)),
+                                 headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
+                                           "hit_rate": s["hit_rate"]["server_per_request"],
+                                           "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
+                                           "req_per_s": s["throughput"]["requests_per_s"]})
+                    print(f"[{cell.name}] {entry['status']}: {s['requests']['ok']} ok, hit "
+                          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 "
+                          f"{_ms(s['latency']['ttft_s']['p50'])}", flush=True)
+                except KeyboardInterrupt:
+                    entry.update(status="failed", reason="interrupted")
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
+                    entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
+                                 traceback=traceback.format_exc()[-2000:])
+                    print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
+                finally:
+                    entry["ended_at"] = time.time()
+                    _write_json(manifest_path, manifest)
+        finally:
+            if server is not None:
+                server.stop()
+            _write_json(manifest_path, manifest)
+    failed = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
+    manifest["completed_at"] = time.time()
+    manifest["failed_cells"] = failed
+    _write_json(manifest_path, manifest)
+    return run_dir
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kvscope")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

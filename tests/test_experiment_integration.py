@@ -1,0 +1,172 @@
+"""Experiments and reports on a small real experiment (vLLM CPU server, the tiny model).
+
+One experiment is run for the whole module: 2 server configurations (prefix caching on/off) x 2 workloads
+(append-only agent, timestamped agent) x 1 load x 2 repeats. Every notebook is then executed on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.experiment.report import ALL_NOTEBOOKS, notebook_has_error_cells, render_report
+from harness.experiment.results import load_results
+from harness.experiment.runner import run_experiment
+
+pytestmark = pytest.mark.vllm
+
+SPEC = """\
+name: itest
+description: small real experiment for the test suite
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
+servers:
+  apc: {{}}
+  no-apc: {{enable_prefix_caching: false}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
+  agent-ts: {{spec: agent-coding-timestamped, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
+loads: [{{concurrency: 1}}]
+repeats: 2
+slo: {{ttft_ms: 500}}
+cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
+"""
+
+# Figures each notebook must produce on this experiment (no speculative server here: that one shows tables).
+EXPECTED_FIGURES = {
+    "primer": {"kv_growth", "speculation_curves"},
+    "hit_rates": {"hit_rate_by_workload", "hit_rate_by_step", "recomputed_by_transition"},
+    "concurrency": {"footprint", "kv_usage_over_time", "ttft_vs_load"},
+    "latency": {"latency_ecdf", "ttft_vs_cache", "ttft_by_load"},
+    "cost": {"provider_cost_per_session", "ttl_sensitivity"},
+    "ab_compare": {"paired_differences"},
+}
+
+
+@pytest.fixture(scope="module")
+def experiment(require_vllm, tiny_model_dir, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("exp")
+    spec = root / "itest.yaml"
+    spec.write_text(SPEC.format(model=tiny_model_dir))
+    run_dir = run_experiment(spec, out=root / "results", run_id="r1")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def report(experiment) -> Path:
+    return render_report(experiment, progress=False)
+
+
+def test_every_cell_ran_and_results_load_as_tidy_frames(experiment):
+    manifest = json.loads((experiment / "experiment.json").read_text())
+    assert manifest["failed_cells"] == []
+    assert len(manifest["cells"]) == 8
+    res = load_results(experiment)
+    assert set(res.requests["cell"]) == set(manifest["cells"])
+    assert {"server", "workload", "load", "repeat", "ttft_s", "cached_tokens"} <= set(res.requests.columns)
+    # traces are generated once and shared by every cell of the workload
+    assert sorted(p.name for p in (experiment / "traces").iterdir()) == ["agent", "agent-ts"]
+
+
+def test_hit_rates_timestamp_far_below_append_only_and_zero_without_cache(experiment):
+    res = load_results(experiment)
+    by = res.cells.set_index("cell")
+    agent = by.loc["apc__agent__c1__r0", "hit_server"]
+    stamped = by.loc["apc__agent-ts__c1__r0", "hit_server"]
+    assert agent > 0.6 and stamped < agent / 2
+    assert (by.loc[by["server"] == "no-apc", "hit_server"] == 0).all()
+    assert (by.loc[by["server"] == "no-apc", "would_hit"] > 0.5).any()
+    # sequential cells start from a reset cache: prediction is exact request by request
+    apc = res.cells[res.cells["server"] == "apc"]
+    assert (apc["requests_predicted_exactly"] == apc["requests_compared"]).all()
+
+
+def test_every_notebook_executes_without_error_cells_and_makes_its_figures(report):
+    report_dir = report.parent
+    status = json.loads((report_dir / "report.json").read_text())
+    assert [s["notebook"] for s in status] == ALL_NOTEBOOKS
+    for s in status:
+        assert s["ok"], s
+        nb = report_dir / f"{s['notebook']}.ipynb"
+        assert notebook_has_error_cells(nb) == []
+        html = (report_dir / f"{s['notebook']}.html").read_text()
+        if s["notebook"] != "primer":
+            assert "<table" in html  # every analysis report shows tables
+        produced = {Path(f).stem for f in s["figures"]}
+        assert EXPECTED_FIGURES.get(s["notebook"], set()) <= produced, (s["notebook"], produced)
+    index = report.read_text()
+    for name in ALL_NOTEBOOKS:
+        assert f'href="{name}.html"' in index
+    assert "apc__agent__c1__r0" in index
+
+
+def test_compare_same_configuration_twice_is_not_significant(experiment, tmp_path):
+    cells = experiment / "cells"
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "compare", str(cells / "apc__agent__c1__r0"),
+                        str(cells / "apc__agent__c1__r1"), "--out", str(tmp_path / "same"), "--resamples", "1000"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("ttft_p50_s"))
+    assert "no significant difference" in line
+    assert (tmp_path / "same" / "ab_compare.html").exists()
+
+
+def test_compare_prefix_caching_on_vs_off_reports_hit_and_ttft_differences(experiment):
+    from harness.analysis.ab import compare_runs
+
+    res_on = load_results(experiment / "cells" / "apc__agent__c1__r0")
+    res_off = load_results(experiment / "cells" / "no-apc__agent__c1__r0")
+    t = compare_runs(res_on.requests, res_off.requests, resamples=1000).set_index("metric")
+    hit = t.loc["hit_rate"]
+    assert hit["a"] > 0.6 and hit["b"] == 0 and hit["ci_high"] < 0 and hit["verdict"] == "worse"
+    ttft = t.loc["ttft_p50_s"]
+    assert ttft["ci_low"] <= ttft["diff"] <= ttft["ci_high"]
+    assert ttft["b"] > ttft["a"]  # recomputing the whole prompt takes longer
+
+
+def test_resume_skips_finished_cells(experiment, tiny_model_dir):
+    spec = experiment.parents[2] / "itest.yaml"
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "experiment", "run", str(spec), "--out",
+                        str(experiment.parents[1]), "--run-id", "r1", "--resume", "--no-report"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "8 cells, 0 to run" in r.stdout
+    assert "starting vLLM" not in r.stdout
+
+
+def test_a_failing_configuration_is_recorded_and_the_experiment_goes_on(require_vllm, tiny_model_dir, tmp_path):
+    spec = tmp_path / "f.yaml"
+    spec.write_text(f"""\
+name: failing
+model: {{source: path, path: {tiny_model_dir}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 1024, kv_cache_memory_bytes: 16M, startup_timeout_s: 120}}
+servers:
+  broken: {{extra_args: [--no-such-vllm-flag]}}
+  good: {{}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
+""")
+    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="x")
+    cells = json.loads((run_dir / "experiment.json").read_text())["cells"]
+    assert cells["broken__agent__c1__r0"]["status"] == "failed"
+    assert "--no-such-vllm-flag" in cells["broken__agent__c1__r0"]["reason"]
+    assert cells["good__agent__c1__r0"]["status"] == "ok"
+
+
+def test_names_cannot_escape_the_results_directory(tmp_path):
+    from harness.experiment.spec import load_experiment_spec
+
+    for bad in ("../evil", "a/b", "..", ".hidden"):
+        p = tmp_path / "s.yaml"
+        p.write_text(f"name: '{bad}'\nservers: {{x: {{}}}}\nworkloads: {{w: {{spec: chat}}}}\n")
+        with pytest.raises(ConfigError, match="name"):
+            load_experiment_spec(p)
+    p = tmp_path / "s.yaml"
+    p.write_text("name: ok\nservers: {'../x': {}}\nworkloads: {w: {spec: chat}}\n")
+    with pytest.raises(ConfigError, match="server configuration name"):
+        load_experiment_spec(p)

@@ -1,0 +1,64 @@
+"""Reports never run text from traces, model output or results as code, and never leave their folders."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.errors import KvscopeError
+from harness.experiment.report import run_notebook, write_index
+from harness.experiment.results import ExperimentResults
+from harness.experiment.runner import safe_child
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+def _results(tmp_path) -> ExperimentResults:
+    cells = pd.DataFrame([{"cell": "a__w__c1__r0", "server": "a", "workload": "w", "load": "c1", "repeat": 0,
+                           "status": "failed", "reason": f"server said {SCRIPT}", "requests": 3}])
+    return ExperimentResults(root=tmp_path, manifest={"experiment": "x", "spec": {"description": SCRIPT}},
+                             cells=cells, requests=pd.DataFrame(), metrics=pd.DataFrame())
+
+
+def test_index_escapes_everything_it_shows(tmp_path):
+    index = write_index(_results(tmp_path), tmp_path, [])
+    html = index.read_text()
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "Content-Security-Policy" in html
+
+
+def test_notebook_output_with_script_is_escaped_in_html(tmp_path):
+    import nbformat
+
+    nb_dir = tmp_path / "nbs"
+    nb_dir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
+    p = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p, nbformat.v4.new_code_cell(
+        "import pandas as pd\nfrom IPython.display import display\n"
+        f"display(pd.DataFrame({{'generated_text': ['{SCRIPT}']}}))\nprint('{SCRIPT}')")]
+    nbformat.write(nb, nb_dir / "xss.ipynb")
+    r = run_notebook("xss", tmp_path / "out", {"experiment_dir": "", "figures_dir": str(tmp_path / "f")},
+                     notebooks_dir=nb_dir)
+    assert r.ok, r.error
+    html = r.html.read_text()
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_notebooks_run_only_from_the_named_folder(tmp_path):
+    with pytest.raises(KvscopeError, match="not found"):
+        run_notebook("../../etc/passwd", tmp_path, {}, notebooks_dir=tmp_path)
+    with pytest.raises(KvscopeError, match="not found"):
+        run_notebook("no_such_notebook", tmp_path, {})
+
+
+def test_safe_child_refuses_escapes(tmp_path):
+    assert safe_child(tmp_path, "a", "b") == (tmp_path / "a" / "b").resolve()
+    for bad in (("..", "x"), ("/etc",), ("a", "../../x")):
+        with pytest.raises(KvscopeError, match="outside"):
+            safe_child(tmp_path, *bad)
