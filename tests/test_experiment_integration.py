@@ -170,3 +170,32 @@ def test_names_cannot_escape_the_results_directory(tmp_path):
     p.write_text("name: ok\nservers: {'../x': {}}\nworkloads: {w: {spec: chat}}\n")
     with pytest.raises(ConfigError, match="server configuration name"):
         load_experiment_spec(p)
+
+
+def test_a_killed_server_is_restarted_for_the_next_cell(require_vllm, tiny_model_dir, tmp_path):
+    import os
+    import signal
+
+    spec = tmp_path / "k.yaml"
+    spec.write_text(f"""\
+name: killed
+model: {{source: path, path: {tiny_model_dir}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 1024, kv_cache_memory_bytes: 16M}}
+servers: {{only: {{}}}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
+loads: [{{concurrency: 1}}, {{concurrency: 2}}]
+""")
+    killed = []
+
+    def kill_after_first(cell, server):
+        if not killed:
+            killed.append(cell.name)
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=30)
+
+    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="k", after_cell=kill_after_first)
+    manifest = json.loads((run_dir / "experiment.json").read_text())
+    assert killed == ["only__agent__c1__r0"]
+    assert [c["status"] for c in manifest["cells"].values()] == ["ok", "ok"]
+    assert manifest["servers"]["only"]["restarts"] == 1

@@ -48,6 +48,9 @@ def add_subcommands(subparsers) -> None:
     g.add_argument("--seed", type=int, default=None, help="random seed (default: the spec's seed)")
     g.add_argument("--scale", type=float, default=None,
                    help="multiply every token size, e.g. 0.05 for a CPU server (default: the spec's scale)")
+    g.add_argument("--output-scale", type=float, default=None, metavar="X",
+                   help="multiply output sizes (answers, tool calls) by X instead of --scale, so small CPU runs "
+                        "keep outputs long enough for decode and speculation metrics")
     g.add_argument("--sessions", type=int, default=None, help="number of sessions (default: the spec's)")
     g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="end sessions before a request would exceed this many tokens (server max_model_len)")
@@ -96,7 +99,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
                                    sessions=args.sessions, progress=not args.no_progress,
-                                   max_context=args.max_context, text=args.text)
+                                   max_context=args.max_context, text=args.text,
+                                   output_scale=args.output_scale)
     except (SpecError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

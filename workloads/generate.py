@@ -289,13 +289,14 @@ def _zipf_choice(rng: np.random.Generator, n: int, a: float) -> int:
 def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) -> list[dict]:
     """Per-request sizes and delays of one session, before any tokens exist."""
     s = spec.sessions
+    out_scale = spec.output_scale if spec.output_scale is not None else scale
     steps = []
     if s.kind == "chat":
         c = s.chat
         n = max(1, int(c.turns.sample_int(rng, 1)[0]))
         user = c.user_tokens.sample_int(rng, n, scale, low=1)
-        out = c.output_tokens.sample_int(rng, n, scale, low=1)
-        reas = c.reasoning_tokens.sample_int(rng, n, scale, low=0)
+        out = c.output_tokens.sample_int(rng, n, out_scale, low=1)
+        reas = c.reasoning_tokens.sample_int(rng, n, out_scale, low=0)
         think = np.maximum(c.think_time_s.sample(rng, n), 0.0)
         for i in range(n):
             steps.append({"input_kind": "user", "input_tokens": int(user[i]), "output_kind": "assistant",
@@ -308,9 +309,9 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
     is_user[0] = True
     task = int(a.task_tokens.sample_int(rng, 1, scale, low=1)[0])
     user = a.user_tokens.sample_int(rng, n, scale, low=1)
-    call = a.tool_call_tokens.sample_int(rng, n, scale, low=1)
-    final = a.final_answer_tokens.sample_int(rng, n, scale, low=1)
-    reas = a.reasoning_tokens.sample_int(rng, n, scale, low=0)
+    call = a.tool_call_tokens.sample_int(rng, n, out_scale, low=1)
+    final = a.final_answer_tokens.sample_int(rng, n, out_scale, low=1)
+    reas = a.reasoning_tokens.sample_int(rng, n, out_scale, low=0)
     tool_out = a.tool_output_tokens.sample_int(rng, n, scale, low=1)
     lat = np.maximum(a.tool_latency_s.sample(rng, n), 0.0)
     think = np.maximum(a.think_time_s.sample(rng, n), 0.0)
@@ -331,7 +332,7 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
 
 def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, scale: float | None = None,
              sessions: int | None = None, progress: bool = False, max_context: int | None = None,
-             text: bool | None = None) -> Trace:
+             text: bool | None = None, output_scale: float | None = None) -> Trace:
     """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
     max_model_len) and ``text`` (text mode, see :mod:`workloads.text`) override the spec's values. Text mode
     needs a ``source`` made by ``TokenSource.from_tokenizer(model_dir)`` on a model with a chat template."""
@@ -339,6 +340,8 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
         spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
     seed = spec.seed if seed is None else seed
     scale = spec.scale if scale is None else scale
+    if output_scale is not None:
+        spec = spec.model_copy(update={"output_scale": output_scale})
     if sessions is not None:
         spec = spec.model_copy(update={"sessions": spec.sessions.model_copy(update={"count": sessions})})
     text = spec.text if text is None else text
@@ -438,11 +441,12 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
 
 def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed: int | None = None,
                        scale: float | None = None, sessions: int | None = None, progress: bool = False,
-                       max_context: int | None = None, text: bool | None = None) -> Trace:
+                       max_context: int | None = None, text: bool | None = None,
+                       output_scale: float | None = None) -> Trace:
     """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
     from workloads.spec import load_spec
 
     spec = load_spec(spec_path)
     source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()
     return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,
-                    max_context=max_context, text=text)
+                    max_context=max_context, text=text, output_scale=output_scale)

@@ -123,6 +123,9 @@ class WorkloadSpec(BaseModel):
     description: str = ""
     seed: int = 0
     scale: float = Field(default=1.0, gt=0, description="multiplies every token size (not counts or times)")
+    output_scale: float | None = Field(default=None, gt=0, description="multiplies output sizes (assistant "
+                                       "answers, tool calls, reasoning) instead of `scale`: small CPU runs keep "
+                                       "outputs long enough for decode and speculation metrics")
     text: bool = Field(default=False, description="text mode: also render each request as chat messages through "
                                                   "the model's chat template (prompts then include template tokens)")
     sessions: SessionsSpec = Field(default_factory=SessionsSpec)

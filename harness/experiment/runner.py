@@ -16,12 +16,11 @@ next cell. `--resume` skips cells whose status is `ok`.
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -91,7 +90,11 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
         if not m.tokenizer:
             raise KvscopeError("model.source hf needs model.tokenizer: a local directory with tokenizer.json "
                                "(e.g. the snapshot in your Hugging Face cache) to generate token-exact workloads")
-        return m.path, m.tokenizer, None
+        tok = Path(m.tokenizer).expanduser()
+        if not (tok / "tokenizer.json").is_file():
+            raise KvscopeError(f"model.tokenizer {tok}: no tokenizer.json there (point it at the model's snapshot "
+                               "folder in your Hugging Face cache, or a local copy)")
+        return m.path, str(tok), None
     path = Path(m.path)
     if not path.is_absolute():
         path = (base_dir / path).resolve()
@@ -103,7 +106,8 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
             build_tiny_model(path, seed=m.seed, train_steps=m.train_steps)
     elif not (path / "config.json").is_file():
         raise KvscopeError(f"model.path {path}: not a model directory (no config.json)")
-    return str(path), m.tokenizer or str(path), read_model_card(path)
+    tokenizer = str(Path(m.tokenizer).expanduser()) if m.tokenizer else str(path)
+    return str(path), tokenizer, read_model_card(path)
 
 
 def _warm_up(endpoint: str, model: str, n: int, seed: int) -> None:
@@ -130,8 +134,12 @@ def _reset_cache(endpoint: str) -> bool:
 
 
 def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
-                   resume: bool = False, only_cells: list[str] | None = None, progress: bool = True) -> Path:
-    """Run (or resume) an experiment; returns the run directory."""
+                   resume: bool = False, only_cells: list[str] | None = None, progress: bool = True,
+                   after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
+    """Run (or resume) an experiment; returns the run directory.
+
+    ``after_cell(cell, server)`` is called after each cell (tests use it to inject faults between cells).
+    """
     from harness.replay.options import ReplayOptions
     from harness.replay.runner import replay
     from harness.server import VllmServer
@@ -177,7 +185,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                 spec_ref = str(spec_path.parent / spec_ref)
             print(f"generating workload {wname} ({ref.spec}) …", flush=True)
             trace = generate_from_file(spec_ref, tokenizer_dir, seed=ref.seed, scale=ref.scale,
-                                       sessions=ref.sessions, max_context=max_ctx)
+                                       sessions=ref.sessions, max_context=max_ctx, output_scale=ref.output_scale)
             trace.write(tdir)
         manifest["traces"][wname] = str(tdir.relative_to(run_dir))
     _write_json(manifest_path, manifest)
@@ -253,6 +261,8 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                 finally:
                     entry["ended_at"] = time.time()
                     _write_json(manifest_path, manifest)
+                if after_cell is not None:
+                    after_cell(cell, server)
         finally:
             if server is not None:
                 server.stop()
@@ -279,7 +289,3 @@ def _version() -> str:
         return version("kvscope")
     except Exception:  # noqa: BLE001
         return "unknown"
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -45,6 +45,7 @@ class WorkloadRef(BaseModel):
 
     spec: str = Field(description="a preset name (kvscope workload presets) or a spec file path")
     scale: float | None = Field(None, gt=0)
+    output_scale: float | None = Field(None, gt=0, description="multiplies output sizes instead of scale")
     sessions: int | None = Field(None, gt=0)
     seed: int | None = None
     max_context: int | None = Field(None, gt=0, description="end sessions before exceeding this many tokens")

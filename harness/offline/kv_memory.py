@@ -75,7 +75,9 @@ PRESETS: dict[str, ModelShape] = {
                    params=7.62e9),
         ModelShape(name="gemma-2-9b", num_layers=42, num_kv_heads=8, head_dim=256, num_attention_heads=16,
                    params=9.24e9, sliding_window=4096, num_sliding_layers=21),
-        ModelShape(name="kvscope-tiny", num_layers=2, num_kv_heads=2, head_dim=64, num_attention_heads=2),
+        # harness.tinymodel.TinyModelShape defaults (tests/offline/test_models.py keeps them in step).
+        ModelShape(name="kvscope-tiny", num_layers=4, num_kv_heads=2, head_dim=64, num_attention_heads=4,
+                   params=7_342_336),
         # The illustrative shapes of the seed document's table.
         ModelShape(name="8b-gqa", num_layers=32, num_kv_heads=8, head_dim=128),
         ModelShape(name="8b-mha", num_layers=32, num_kv_heads=32, head_dim=128),

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .block_pool import BlockPool, FreeOrder, InfinitePool
+from .block_pool import BlockPool, FreeOrder, InfinitePool, SequentialBlockPool
 from .hashing import common_prefix
 from .routing import Router
 from .sim_types import RequestResult, SimRequest, SimResult
@@ -81,11 +81,15 @@ def _shape(req: SimRequest, B: int) -> tuple[int, int, int]:
 class Replica:
     """One vLLM instance: a pool plus load counters for the router."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, mode: str = "sequential") -> None:
         self.cfg = cfg
-        self.pool: BlockPool | InfinitePool = (
-            InfinitePool() if cfg.num_gpu_blocks is None else BlockPool(cfg.num_gpu_blocks, cfg.free_order)
-        )
+        self.pool: BlockPool | SequentialBlockPool | InfinitePool
+        if cfg.num_gpu_blocks is None:
+            self.pool = InfinitePool()
+        elif mode == "sequential" and cfg.free_order == "split":
+            self.pool = SequentialBlockPool(cfg.num_gpu_blocks)  # same results, no per-hit queue moves
+        else:
+            self.pool = BlockPool(cfg.num_gpu_blocks, cfg.free_order)
         self.in_flight = 0
         self.routed_tokens = 0
         self.running = 0
@@ -107,6 +111,8 @@ class Replica:
         if total > pool.usable_blocks:
             return 0, False
         hashes = _full_hashes(req, full)
+        if isinstance(pool, SequentialBlockPool):
+            return pool.run(hashes, cap, total, full, req.session_id) * B, True
         hit, k = pool.take_leading_hits_idle(hashes, cap)
         new = pool.allocate(total - k, set_ref=False)
         pool.cache_blocks(new, hashes[k:full])
@@ -155,7 +161,7 @@ def simulate(
     for r in reqs[:1]:
         if r.block_size != config.block_size:
             raise ValueError(f"requests were hashed with block size {r.block_size}, config has {config.block_size}")
-    reps = [Replica(config) for _ in range(replicas)]
+    reps = [Replica(config, mode) for _ in range(replicas)]
     router = Router(routing, replicas)
     if mode == "sequential":
         results = _run_sequential(reqs, reps, router, config.block_size)

@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+try:  # a project dependency; 2-3x faster than json on the 441 MB of coding-agent traces
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover
+    _fast_loads = json.loads
+
 from .hashing import IncrementalHasher, as_token_array, common_prefix, regroup_block_ids, salt_seed
 from .sim_types import SimRequest
 
@@ -86,7 +91,7 @@ def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order:
 
 def read_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK) -> LoadedTrace:
     reqs = []
-    loads = json.loads
+    loads = _fast_loads
     with open(path) as f:
         for i, line in enumerate(f):
             if not line.strip():
@@ -111,7 +116,7 @@ def _iter_kvtester_docs(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
     if p.is_dir():
         for fp in sorted(p.rglob("*.json")):
             with open(fp, "rb") as f:
-                yield fp.stem, json.loads(f.read())
+                yield fp.stem, _fast_loads(f.read())
         return
     # Stream in archive order (seeking backwards in a gzip stream re-decompresses it), sort afterwards.
     docs = []
@@ -123,7 +128,7 @@ def _iter_kvtester_docs(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
                 docs.append((Path(m.name).stem, fobj.read()))
     docs.sort(key=lambda d: d[0])
     for name, raw in docs:
-        yield name, json.loads(raw)
+        yield name, _fast_loads(raw)
 
 
 def read_kvtester(path: str | os.PathLike, block_size: int = KVTESTER_BLOCK, *, order: str = "time",
@@ -149,11 +154,11 @@ def read_kvtester(path: str | os.PathLike, block_size: int = KVTESTER_BLOCK, *, 
                     walk(it["requests"], f"{sid}/{it.get('agent_id', n)}", t0 + it.get("t", 0.0))
                     continue
                 ids = it.get("hash_ids") or []
-                if ids:
-                    max_id = max(max_id, max(ids))
                 # Share the predecessor's hash objects for the common prefix (memory and speed).
                 p_ids, p_hashes = prev.get(sid, ((), []))
                 lcp = common_prefix(p_ids, ids)
+                if len(ids) > lcp:  # the shared prefix was already counted
+                    max_id = max(max_id, max(ids[lcp:]))
                 hashes = p_hashes[:lcp] + [x + base for x in ids[lcp:]]
                 prev[sid] = (ids, hashes)
                 if block_size != native:

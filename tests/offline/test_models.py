@@ -156,3 +156,21 @@ def test_cli_json(tmp_path):
     p = argparse.ArgumentParser()
     add_subcommands(p.add_subparsers())
     assert p.parse_args(["cost", "x", "--pricing", "openai-gpt-4.1"]).pricing == "openai-gpt-4.1"
+
+
+def test_tiny_preset_matches_the_built_model_and_its_config(tmp_path):
+    from harness.offline.kv_memory import get_preset
+    from harness.tinymodel import TinyModelShape, _config_json
+
+    t = TinyModelShape()
+    p = get_preset("kvscope-tiny")
+    assert (p.num_layers, p.num_attention_heads, p.num_kv_heads, p.head_dim, p.params) == (
+        t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.num_parameters())
+    assert kv_bytes_per_token(p, "bf16") == t.kv_bytes_per_token(2) == 2048
+    (tmp_path / "config.json").write_text(json.dumps(_config_json(t, 1, [2])))
+    from_cfg = shape_from_hf_config(tmp_path)
+    assert kv_bytes_per_token(from_cfg, "bf16") == kv_bytes_per_token(p, "bf16")
+    out = subprocess.run([sys.executable, "-m", "harness.offline.cli", "kv-memory", "--config",
+                          str(tmp_path / "config.json"), "--json"], capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout)
+    assert d["bytes_per_token"] == 2048 and d["num_layers"] == 4, d

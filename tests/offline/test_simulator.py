@@ -237,3 +237,42 @@ def test_pool_that_never_evicts_equals_infinite(wl):
     B, pairs = wl
     total = sum(-(-(len(p) + len(o) - 1) // B) for p, o in pairs)
     assert predict_cached_tokens(pairs, B, total + 1) == predict_cached_tokens(pairs, B, None)
+
+
+# ---- the sequential fast pool equals the general one, block for block --------------------------------
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(2, 40), st.sampled_from([1, 2, 4]), st.booleans())
+def test_sequential_pool_equals_general_pool_block_for_block(seed, nblocks, B, sessions):
+    from harness.offline.block_pool import SequentialBlockPool
+    from harness.offline.simulator import Replica
+
+    rng = random.Random(seed)
+    pairs, prev = [], []
+    for _ in range(400):  # long enough to fill the lazy-deletion ring and compact it
+        r = rng.random()
+        if r < 0.5 and prev:
+            p = prev + [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        elif r < 0.65 and prev:
+            p = list(prev)
+        elif r < 0.8 and prev:
+            p = list(prev)
+            p[rng.randrange(len(p))] = rng.randrange(4)
+        else:
+            p = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        o = [rng.randrange(4) for _ in range(rng.randrange(1, 6))]
+        pairs.append((p, o))
+        prev = p + o[:-1] if rng.random() < 0.5 else p
+        if len(prev) > 120:
+            prev = []
+    # with session ids the fast pool also takes its session shortcut (validated reuse of the previous blocks)
+    sids = [rng.choice("abc") for _ in pairs] if sessions else None
+    reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
+    fast, general = Replica(SimConfig(B, nblocks)), Replica(SimConfig(B, nblocks), mode="timed")
+    assert isinstance(fast.pool, SequentialBlockPool) and isinstance(general.pool, BlockPool)
+    fast.pool.ring = fast.pool.ring[:8]  # force frequent compaction and growth
+    for req in reqs:
+        assert fast.run_sequential(req) == general.run_sequential(req)
+        assert fast.pool.free_queue_order() == list(general.pool.free_queue)
+    assert fast.pool.block_hash == general.pool.block_hash
+    assert fast.pool.cached == general.pool.cached and fast.pool.extra_copies == general.pool.extra_copies
+    assert fast.pool.evictions == general.pool.evictions and fast.pool.num_free == general.pool.num_free
