@@ -339,10 +339,13 @@ def speculative_table(res: ExperimentResults) -> pd.DataFrame:
                "tpot_p50_ms": s["tpot_p50_s"] * 1000 if s.get("tpot_p50_s") is not None else None,
                "baseline": None if b is None else b["server"],
                "baseline_tpot_p50_ms": None if b is None else b["tpot_p50_s"] * 1000,
+               "e2e_p50_ms": s["e2e_p50_s"] * 1000 if s.get("e2e_p50_s") is not None else None,
+               "baseline_e2e_p50_ms": None if b is None else b["e2e_p50_s"] * 1000,
                "output_tok_per_s": s["output_tok_per_s"],
                "baseline_output_tok_per_s": None if b is None else b["output_tok_per_s"]}
-        if b is not None and b["tpot_p50_s"]:
-            row["tpot_change"] = s["tpot_p50_s"] / b["tpot_p50_s"] - 1
+        if b is not None:
+            row["tpot_change"] = s["tpot_p50_s"] / b["tpot_p50_s"] - 1 if b["tpot_p50_s"] else None
+            row["e2e_change"] = s["e2e_p50_s"] / b["e2e_p50_s"] - 1 if b["e2e_p50_s"] else None
             row["throughput_change"] = s["output_tok_per_s"] / b["output_tok_per_s"] - 1 if b["output_tok_per_s"] else None
         rows.append(row)
     return pd.DataFrame(rows)

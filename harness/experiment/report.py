@@ -119,6 +119,19 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
         if progress:
             print(f"report: {name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
         results.append(r)
+    # Notebooks rendered earlier and not re-run this time stay listed (a subset re-run keeps the index whole).
+    previous = report_dir / "report.json"
+    if previous.exists():
+        done = {r.name for r in results}
+        kept = []
+        for entry in json.loads(previous.read_text()):
+            html_file = report_dir / (entry.get("html") or "")
+            if entry["notebook"] not in done and entry.get("html") and html_file.exists():
+                kept.append(NotebookResult(entry["notebook"], entry["ok"], html_file,
+                                           report_dir / f"{entry['notebook']}.ipynb", entry["seconds"], entry["error"],
+                                           [report_dir / f for f in entry.get("figures", [])]))
+        order = {n: i for i, n in enumerate(ALL_NOTEBOOKS)}
+        results = sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
     index = write_index(res, report_dir, results)
     (report_dir / "report.json").write_text(json.dumps(
         [{"notebook": r.name, "ok": r.ok, "error": r.error, "seconds": round(r.seconds, 2),
