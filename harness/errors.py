@@ -23,6 +23,22 @@ class ServerError(KvscopeError):
         self.log_path = log_path
 
 
+def load_yaml_mapping(path: Path | str, what: str) -> dict:
+    """Read a YAML file that must hold a mapping; errors name the file and what was expected."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a {what} is a mapping of fields, got {type(data).__name__}")
+    return data
+
+
 def _allowed_for(model_cls: Any, loc: tuple) -> str | None:
     """Field names allowed at ``loc`` in a pydantic model class (best effort, for 'extra field' errors)."""
     cls = model_cls

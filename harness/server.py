@@ -25,10 +25,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.errors import ConfigError, ServerError, format_validation_error
+from harness.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
 
@@ -79,15 +78,7 @@ class ServerConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "ServerConfig":
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read server config: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: a server config is a mapping of fields, got {type(data).__name__}")
+        data = load_yaml_mapping(path, "server config")
         if "server" in data and isinstance(data["server"], dict) and "model" not in data:
             data = data["server"]
         return cls.from_dict(data, source=str(path))

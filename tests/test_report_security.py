@@ -62,3 +62,25 @@ def test_safe_child_refuses_escapes(tmp_path):
     for bad in (("..", "x"), ("/etc",), ("a", "../../x")):
         with pytest.raises(KvscopeError, match="outside"):
             safe_child(tmp_path, *bad)
+
+
+def test_generated_script_is_shown_escaped_in_the_replay_report(tmp_path):
+    """End to end: a server generates `<script>alert(1)</script>`; the replay records it; the HTML report of
+    that run shows it as text only."""
+    from harness.experiment.report import render_report
+    from harness.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from harness.replay.options import ReplayOptions
+    from harness.replay.records import read_records
+    from harness.replay.runner import replay
+
+    trace_dir = synthetic_trace(3, steps=2, prompt_tokens=64, output_tokens=8).write(tmp_path / "trace")
+    with FaultServer(FaultConfig(text=SCRIPT, model="tiny")) as server:
+        replay(trace_dir, tmp_path / "run", ReplayOptions(concurrency=2, progress=False, time_scale=0),
+               endpoints=[server.endpoint])
+    df = read_records(tmp_path / "run")
+    assert (df["output_text_head"].str.startswith(SCRIPT)).all()
+    index = render_report(tmp_path / "run", notebooks=["speculative", "latency"], progress=False)
+    for page in ("speculative.html", "latency.html", "index.html"):
+        html = (index.parent / page).read_text()
+        assert SCRIPT not in html, page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in (index.parent / "speculative.html").read_text()

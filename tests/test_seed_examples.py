@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.offline import batching, kv_demo, kv_memory, roofline, speculative
-from harness.offline.cost import Pricing, TokenSplit, agent_loop_tokens, cost_breakdown, no_cache_cost, request_cost
+from harness.offline.cost import Pricing, agent_loop_tokens, cost_breakdown, no_cache_cost, request_cost
 from harness.offline.kv_memory import GiB, KiB
 from harness.offline.provider_cache import ProviderCache, ProviderCacheConfig, load_preset
 from harness.offline.sim_types import SimRequest

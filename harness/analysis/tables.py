@@ -429,3 +429,16 @@ def error_table(res: ExperimentResults, max_message_chars: int = 160) -> pd.Data
                                                  example=("error", "first")).reset_index()
     g["example"] = g["example"].astype(str).str.slice(0, max_message_chars)
     return g
+
+
+def sample_outputs(res: ExperimentResults, per_cell: int = 2, max_cells: int = 8) -> pd.DataFrame:
+    """A few generated texts per cell (first 200 characters): shows at a glance whether the model's output is
+    degenerate (random weights repeat themselves, which inflates n-gram acceptance). Untrusted text: reports
+    display it escaped."""
+    r = res.ok_requests()
+    if not len(r) or "output_text_head" not in r:
+        return pd.DataFrame(columns=["cell", "request_id", "output_tokens", "output_text_head"])
+    r = r[r["output_text_head"].astype(str).str.len() > 0]
+    cells = list(dict.fromkeys(r["cell"]))[:max_cells]
+    out = r[r["cell"].isin(cells)].groupby("cell", sort=False).head(per_cell)
+    return out[["cell", "request_id", "output_tokens", "output_text_head"]].reset_index(drop=True)

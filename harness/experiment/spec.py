@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.errors import ConfigError, format_validation_error
+from harness.errors import ConfigError, format_validation_error, load_yaml_mapping
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -150,17 +149,9 @@ class ExperimentSpec(BaseModel):
 
 def load_experiment_spec(path: str | Path) -> tuple[ExperimentSpec, dict]:
     """Parse and validate; server configurations are validated too, so typos fail before anything starts."""
-    from harness.server import ServerConfig
 
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read experiment spec: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: an experiment spec is a mapping, got {type(raw).__name__}")
+    raw = load_yaml_mapping(path, "experiment spec")
     try:
         spec = ExperimentSpec.model_validate(raw)
     except ValidationError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from typing import Sequence
 
 from .ideal import ideal_prefix_hit

@@ -43,7 +43,16 @@ def add_subcommands(sub) -> None:
                    help="how requests are spread over several endpoints (default session_affinity)")
     p.add_argument("--on-error", choices=["end_session", "continue"], default="end_session",
                    help="what a session does after a failed step (default end_session)")
-    p.add_argument("--retries", type=int, default=0, metavar="N", help="retry failed requests N times (default 0)")
+    p.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="retry failed requests N times (default 0); every try is its own record")
+    p.add_argument("--retry-backoff", type=float, default=0.5, metavar="S",
+                   help="wait S * 2**(k-1) before retry k (at most 30 s)")
+    p.add_argument("--client", choices=["auto", "fast", "aiohttp"], default="auto",
+                   help="streaming client: built-in keep-alive HTTP/1.1 (http://) or aiohttp")
+    p.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="asyncio event loop implementation (auto: uvloop when installed)")
+    p.add_argument("--records-flush", type=float, default=0.05, metavar="S",
+                   help="write records at most S seconds after they complete (0: each at once)")
     p.add_argument("--request-timeout", type=float, default=1800.0, metavar="S", help="total time per request")
     p.add_argument("--idle-timeout", type=float, default=120.0, metavar="S", help="max gap between chunks")
     p.add_argument("--first-token-timeout", type=float, default=600.0, metavar="S")
@@ -73,7 +82,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             arrival_process=args.arrival_process, arrival_cv=args.arrival_cv, time_scale=args.time_scale,
             max_active_sessions=args.max_active_sessions, max_requests=args.max_requests, duration_s=args.duration,
             warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, routing=args.routing, on_error=args.on_error,
-            retries=args.retries, total_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
+            retries=args.retries, retry_backoff_s=args.retry_backoff, client=args.client,
+            records_flush_s=args.records_flush, event_loop=args.event_loop, total_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
             first_token_timeout_s=args.first_token_timeout, connect_timeout_s=args.connect_timeout,
             slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, scrape_interval_s=args.scrape_interval,
             model=args.model, api_key_env=args.api_key_env, seed=args.seed, progress=not args.no_progress,
@@ -101,7 +111,9 @@ def format_console_summary(s: dict) -> str:
     r, lat, hit = s["requests"], s["latency"], s["hit_rate"]
     lines = [
         f"requests: {r['sent']} sent, {r['ok']} ok, {r['failed']} failed"
-        + (f" ({json.dumps(r['errors_by_class'])})" if r["failed"] else ""),
+        + (f" ({json.dumps(r['errors_by_class'])})" if r["failed"] else "")
+        + (f", error rate {r['error_rate']:.1%}" if r.get("error_rate") else "")
+        + (f", {r['retries']} retries" if r.get("retries") else ""),
         f"duration: {s['duration_s']:.1f} s   throughput: {s['throughput']['requests_per_s'] or 0:.2f} req/s, "
         f"{s['throughput']['output_tokens_per_s'] or 0:.1f} output tok/s",
         f"{'':>6} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)",
@@ -109,6 +121,12 @@ def format_console_summary(s: dict) -> str:
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         d = lat[key]
         lines.append(f"{key[:-2].upper():>6} {_ms(d['p50']):>9} {_ms(d['p90']):>9} {_ms(d['p99']):>9}")
+    if r.get("length_mismatch"):
+        lines.append(f"warning: {r['length_mismatch']} successful request(s) streamed a different number of tokens "
+                     "than asked (max_tokens with ignore_eos) or than usage reported: column length_mismatch")
+    client = s.get("client") or {}
+    if client.get("saturated"):
+        lines.append(f"warning: {client['note']} (client CPU {client['cpu_utilization']:.0%})")
     lines.append(f"prefix-cache hit rate: server per-request {_pct(hit['server_per_request'])}, "
                  f"/metrics counters {_pct(hit['metrics_counters'])}, predicted {_pct(hit['predicted'])} "
                  f"({hit['requests_predicted_exactly']}/{hit['requests_compared']} requests predicted exactly)")

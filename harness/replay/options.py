@@ -29,7 +29,10 @@ class ReplayOptions(BaseModel):
     cooldown_s: float = Field(0.0, ge=0, description="requests sent in the last S seconds are excluded")
     routing: Literal["round_robin", "session_affinity", "prefix_hash"] = "session_affinity"
     on_error: Literal["end_session", "continue"] = "end_session"
-    retries: int = Field(0, ge=0, le=10, description="retries of a failed request (each try is its own record)")
+    retries: int = Field(0, ge=0, le=10, description="retries of a failed request (each try is its own record, "
+                                                     "with `attempt` 1, 2, ...; off by default)")
+    retry_backoff_s: float = Field(0.5, ge=0, description="wait before retry k: backoff * 2**(k-1), at most 30 s")
+    health_timeout_s: float = Field(5.0, gt=0, description="/health check after a connection-level failure")
     connect_timeout_s: float = Field(10.0, gt=0)
     first_token_timeout_s: float = Field(600.0, gt=0)
     idle_timeout_s: float = Field(120.0, gt=0)
@@ -44,6 +47,12 @@ class ReplayOptions(BaseModel):
     reset_prefix_cache: bool = Field(True, description="POST /reset_prefix_cache first (needs dev mode) so "
                                                          "predictions start from the same empty cache")
     progress: bool = True
+    client: Literal["auto", "fast", "aiohttp"] = Field(
+        "auto", description="streaming client: the built-in HTTP/1.1 keep-alive client for http:// endpoints "
+                            "(auto, fast) or aiohttp (https, proxies)")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvloop when installed (auto)")
+    records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "
+                                                            "complete (0: each one at once)")
 
     @model_validator(mode="after")
     def _one_loop(self) -> "ReplayOptions":

@@ -1,16 +1,23 @@
 """Per-request records: appended to disk as requests complete, compacted to Parquet at the end.
 
-Crash safety: each record is one JSON line written with a single `write` on an unbuffered file, so after a
-`kill -9` of kvscope every finished record is on disk (the OS holds it) and at most the final line is torn.
-`read_records` skips a torn final line and reports any other malformed line with its number.
-`compact` turns the JSONL into `requests.parquet` once the run ends; the JSONL stays as the raw log.
+Crash safety: records are appended as whole JSON lines with `os.write` on an O_APPEND file descriptor (no
+user-space buffer that a crash could lose half of). With `flush_interval_s=0` every record is written the
+moment it completes; with the replay default (`flush_interval_s=0.05`) completed records are batched and written
+together at most 50 ms later (or as soon as 256 are pending), in one `write` of complete lines. After a
+`kill -9` of kvscope, therefore, every record that completed more than `flush_interval_s` before the kill is
+on disk (the kernel holds it even though the process is gone) and no line is half-written; only a power loss or
+a full disk can leave a torn final line. `read_records` drops a torn final line with a warning that names the
+line, and rejects any other malformed line with its number. `compact` turns the JSONL into `requests.parquet`
+once the run ends; the JSONL stays as the raw log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -55,39 +62,78 @@ class RequestRecord:
     error_class: str | None = None
     error: str | None = None
     in_window: bool = True  # False inside the warm-up / cool-down windows
+    length_mismatch: bool = False  # tokens received != max_tokens asked (ignore_eos) or != usage.completion_tokens
+    output_text_head: str = ""  # first 200 characters of the generated text (untrusted: reports escape it)
 
     @property
     def ok(self) -> bool:
         return self.error_class is None
 
     def to_json_line(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        return orjson.dumps(self, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
 
 
 RECORD_FIELDS = [f for f in RequestRecord.__dataclass_fields__]
 
 
 class RecordWriter:
-    """Append-only JSONL writer, one `os.write` per record (atomic for lines below the pipe buffer size)."""
+    """Append-only JSONL writer: whole lines, `os.write` on an O_APPEND descriptor, optionally batched.
 
-    def __init__(self, run_dir: Path) -> None:
+    `flush_interval_s > 0` (inside a running event loop) batches records and writes them at most that long after
+    the first of them completed, or once `max_pending` are waiting; 0 writes each record immediately.
+    """
+
+    def __init__(self, run_dir: Path, flush_interval_s: float = 0.0, max_pending: int = 256) -> None:
         self.path = Path(run_dir) / JSONL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.count = 0
+        self.flush_interval_s = flush_interval_s
+        self.max_pending = max_pending
+        self._pending: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def write(self, record: RequestRecord) -> None:
-        os.write(self._fd, record.to_json_line())
+        self.write_line(record.to_json_line())
+
+    def write_line(self, line: bytes) -> None:
         self.count += 1
+        if self.flush_interval_s <= 0:
+            self._write_all(line)
+            return
+        self._pending.append(line)
+        if len(self._pending) >= self.max_pending:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._timer = loop.call_later(self.flush_interval_s, self.flush)
 
     def write_many(self, records: Iterable[RequestRecord]) -> None:
-        data = b"".join(r.to_json_line() for r in records)
-        if data:
-            os.write(self._fd, data)
-            self.count += data.count(b"\n")
+        for r in records:
+            self.write(r)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending and self._fd >= 0:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._write_all(data)
 
     def close(self) -> None:
         if self._fd >= 0:
+            self.flush()
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
@@ -99,21 +145,35 @@ class RecordWriter:
         self.close()
 
 
+class TornRecordWarning(UserWarning):
+    """The last line of a records file is incomplete (the writer died mid-write); it was dropped."""
+
+
 def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
-    """Rows of a records JSONL; a torn last line (killed writer) is dropped, other bad lines are errors."""
-    raw = Path(path).read_bytes()
+    """Rows of a records JSONL. A torn final line (no newline, not JSON) is dropped with a warning naming it;
+    any other malformed line -- or an unreadable file -- raises `RecordsError` with the file and line number."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecordsError(f"{path}: unreadable records file ({exc.__class__.__name__}: {exc})") from exc
     lines = raw.split(b"\n")
     rows: list[dict[str, Any]] = []
-    last = len(lines) - 1
+    last = len(lines) - 1  # the text after the final newline ("" when the file ends cleanly)
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(orjson.loads(line))
+            row = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             if i == last:  # the writer died mid-line: everything before it is intact
+                warnings.warn(f"{path}: line {i + 1}: incomplete final record dropped ({len(line)} bytes; "
+                              "the writer was killed mid-write)", TornRecordWarning, stacklevel=2)
                 break
             raise RecordsError(f"{path}: line {i + 1}: not a JSON record ({exc})") from exc
+        if not isinstance(row, dict) or "request_id" not in row:
+            raise RecordsError(f"{path}: line {i + 1}: not a kvscope request record")
+        rows.append(row)
     return rows
 
 
@@ -121,6 +181,8 @@ def records_frame(rows: list[dict[str, Any]]):
     import pandas as pd
 
     df = pd.DataFrame(rows, columns=RECORD_FIELDS)
+    if "length_mismatch" in df and len(df):  # records written before the column existed
+        df["length_mismatch"] = [bool(x) if x is not None and x == x else False for x in df["length_mismatch"]]
     return df
 
 

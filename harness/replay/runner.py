@@ -12,18 +12,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import os
 import platform
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import orjson
 
-from harness.client import CompletionResult, chat_payload, completion_payload, stream_request
+from harness.client import (
+    CompletionResult,
+    FastStreamClient,
+    chat_payload,
+    completion_payload,
+    stream_request,
+)
 from harness.errors import KvscopeError
 from harness.replay.options import ReplayOptions
 from harness.replay.predict import OnlinePredictor
@@ -57,8 +63,11 @@ class _State:
     stop: bool = False
     active_sessions: int = 0
     consecutive_conn_errors: int = 0
+    length_mismatch: int = 0
     end_s: float | None = None
     last_done_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time during the run (all threads)
+    event_loop: str = ""
 
     def may_send(self) -> bool:
         if self.stop:
@@ -68,6 +77,11 @@ class _State:
         if self.max_requests is not None and self.sent >= self.max_requests:
             return False
         return True
+
+
+# Failures that may mean the server is gone: each is followed by a /health check of every endpoint.
+_CONNECTION_FAILURES = frozenset({"connection_error", "connect_timeout", "stream_interrupted", "first_token_timeout",
+                                  "idle_timeout", "timeout", "protocol_error"})
 
 
 def trace_fingerprint(trace_dir: Path) -> str:
@@ -126,70 +140,120 @@ class Replayer:
                 self.predictors.append(OnlinePredictor(int(f["block_size"]), f.get("num_blocks")))
             else:
                 self.predictors.append(None)
-        self.writer = RecordWriter(self.run_dir)
+        self.writer = RecordWriter(self.run_dir, flush_interval_s=opts.records_flush_s)
         self.progress = None
+        self.watcher: MetricsWatcher | None = None
+        # Per-request columns as plain lists: the hot path never touches the DataFrame.
+        df = trace.requests
+        n = len(df)
+        self._step = df["step"].astype(int).tolist()
+        out_tok = df["output_tokens"].fillna(0).astype(int).to_numpy()
+        maxt = df["max_tokens"].fillna(0).astype(int).to_numpy()
+        self._planned_out = out_tok.tolist()
+        self._max_tokens = np.where(maxt > 0, maxt, np.where(out_tok > 0, out_tok, 1)).astype(int).tolist()
+        self._salt = [x if isinstance(x, str) and x else None for x in df["cache_salt"].tolist()]
+        self._transition = df["transition"].tolist()
+        self._delay = (df["think_time_s"].fillna(0).to_numpy(float) +
+                       df["tool_latency_s"].fillna(0).to_numpy(float)).tolist()
+        self._messages = df["messages"].tolist() if opts.api == "chat" else [None] * n
+        self._fast: FastStreamClient | None = None
+        self._alive_check: asyncio.Task | None = None
+        self._url_path = "/v1/chat/completions" if opts.api == "chat" else "/v1/completions"
+        self._urls = [e + self._url_path for e in self.endpoints]
+
+    def _use_fast(self, url: str) -> bool:
+        return self.opts.client == "fast" or (self.opts.client == "auto" and FastStreamClient.supports(url))
 
     # ---- one request -------------------------------------------------------------------------------
+    def _body(self, rid: int, prompt: np.ndarray, max_tokens: int) -> bytes:
+        salt = self._salt[rid]
+        if self.opts.api == "chat":
+            raw = self._messages[rid]
+            if not raw:
+                raise KvscopeError(f"request {rid} has no messages: generate the trace in text mode for --api chat")
+            msgs = [{"role": m["role"], "content": m["content"]} for m in json.loads(raw)]
+            payload = chat_payload(self.model, msgs, max_tokens, salt)
+        else:
+            payload = completion_payload(self.model, prompt.tolist(), max_tokens, salt)
+        return orjson.dumps(payload)
+
     async def _send(self, session, st: _State, rid: int, session_id: str, prompt: np.ndarray,
                     scheduled_s: float) -> CompletionResult:
-        trace, opts = self.trace, self.opts
-        req = trace.request(rid)
-        ep = self.router.pick(session_id, prompt)
+        opts = self.opts
+        salt = self._salt[rid]
+        ep = self.router.pick(session_id, prompt) if self.router.n > 1 else 0
         predictor = self.predictors[ep]
-        predicted = predictor.on_send(rid, session_id, prompt, req.cache_salt) if predictor else None
-        max_tokens = int(req.max_tokens or req.output_tokens or 1)
+        predicted = predictor.on_send(rid, session_id, prompt, salt) if predictor else None
+        max_tokens = self._max_tokens[rid]
+        body = self._body(rid, prompt, max_tokens)
+        url = self._urls[ep]
+        fast = self._fast if self._use_fast(url) else None
         result: CompletionResult | None = None
         for attempt in range(opts.retries + 1):
-            if opts.api == "chat":
-                if not req.messages:
-                    raise KvscopeError(f"request {rid} has no messages: generate the trace in text mode for --api chat")
-                msgs = [{"role": m["role"], "content": m["content"]} for m in json.loads(req.messages)]
-                payload = chat_payload(self.model, msgs, max_tokens, req.cache_salt)
-                url = self.endpoints[ep] + "/v1/chat/completions"
-            else:
-                payload = completion_payload(self.model, prompt.tolist(), max_tokens, req.cache_salt)
-                url = self.endpoints[ep] + "/v1/completions"
+            if attempt:
+                await asyncio.sleep(min(opts.retry_backoff_s * (2 ** (attempt - 1)), 30.0))
+                if st.stop:
+                    break
             st.sent += 1
-            result = await stream_request(session, url, payload, self.headers, opts.timeouts)
-            self._record(st, rid, session_id, req, attempt, ep, scheduled_s, len(prompt), predicted, result)
+            if fast is not None:
+                result = await fast.post_stream(url, body, opts.timeouts)
+            else:
+                result = await stream_request(session, url, body, self.headers, opts.timeouts)
+            self._record(st, rid, session_id, attempt, ep, scheduled_s, len(prompt), predicted, max_tokens, result)
             if result.ok or attempt == opts.retries:
                 break
         assert result is not None
         if result.ok and predictor is not None:
-            predictor.on_finish(rid, session_id, prompt, result.token_ids, req.cache_salt)
+            predictor.on_finish(rid, session_id, prompt, result.token_ids, salt)
         return result
 
-    def _record(self, st: _State, rid: int, session_id: str, req, attempt: int, ep: int, scheduled_s: float,
-                n_prompt: int, predicted: int | None, res: CompletionResult) -> None:
+    def _record(self, st: _State, rid: int, session_id: str, attempt: int, ep: int, scheduled_s: float,
+                n_prompt: int, predicted: int | None, max_tokens: int, res: CompletionResult) -> None:
         t0 = st.t0
-        chunk_times = res.chunk_times_s
-        itl = [b - a for a, b in zip(chunk_times, chunk_times[1:])]
+        ct = res.chunk_times_s
+        itl = [b - a for a, b in zip(ct, ct[1:])] if len(ct) > 1 else []
         n_out = res.output_tokens
-        ttft = res.ttft_s if res.first_token_s is not None else None
-        e2e = res.e2e_s if res.done_s is not None else None
-        tpot = (e2e - ttft) / (n_out - 1) if (res.ok and ttft is not None and e2e is not None and n_out > 1) else None
+        first = res.first_token_s
+        done = res.done_s
+        ttft = first - res.sent_s if first is not None else None
+        e2e = done - res.sent_s if done is not None else None
+        ok = res.error_class is None
+        tpot = (e2e - ttft) / (n_out - 1) if (ok and ttft is not None and e2e is not None and n_out > 1) else None
+        mismatch = False
+        if ok:
+            got = len(res.token_ids)
+            if got:
+                mismatch = got != max_tokens or (res.completion_tokens is not None and got != res.completion_tokens)
+            elif res.completion_tokens is not None and res.completion_tokens != max_tokens:
+                mismatch = True
         sent_rel = res.sent_s - t0
+        cts = res.chunk_tokens
         rec = RequestRecord(
-            request_id=rid, session_id=session_id, step=int(req.step), attempt=attempt, endpoint_index=ep,
-            mode=self.opts.mode, transition=req.transition, scheduled_s=scheduled_s, sent_s=sent_rel,
-            first_token_s=None if res.first_token_s is None else res.first_token_s - t0,
-            done_s=None if res.done_s is None else res.done_s - t0, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
-            itl_s=itl, chunk_tokens=res.chunk_tokens if any(c != 1 for c in res.chunk_tokens) else [],
+            request_id=rid, session_id=session_id, step=self._step[rid], attempt=attempt, endpoint_index=ep,
+            mode=self.opts.mode, transition=self._transition[rid], scheduled_s=scheduled_s, sent_s=sent_rel,
+            first_token_s=None if first is None else first - t0, done_s=None if done is None else done - t0,
+            ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_s=itl,
+            chunk_tokens=cts if (len(cts) != n_out or any(c != 1 for c in cts)) and res.token_ids else [],
             prompt_tokens=n_prompt, server_prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
-            predicted_cached_tokens=predicted, output_tokens=n_out, planned_output_tokens=int(req.output_tokens),
+            predicted_cached_tokens=predicted, output_tokens=n_out, planned_output_tokens=self._planned_out[rid],
             finish_reason=res.finish_reason, http_status=res.http_status, error_class=res.error_class,
-            error=res.error, in_window=sent_rel >= self.opts.warmup_s,
+            error=res.error, in_window=sent_rel >= self.opts.warmup_s, length_mismatch=mismatch,
+            output_text_head=res.text_head,
         )
         self.writer.write(rec)
         st.done += 1
-        st.last_done_s = max(st.last_done_s, (res.done_s or res.sent_s) - t0)
-        if res.ok:
+        end = (done or res.sent_s) - t0
+        if end > st.last_done_s:
+            st.last_done_s = end
+        if ok:
             st.consecutive_conn_errors = 0
             st.prompt_tokens += n_prompt
             st.cached_tokens += res.cached_tokens or 0
+            if mismatch:
+                st.length_mismatch += 1
         else:
             st.failed += 1
-            if res.error_class in ("connection_error", "first_token_timeout", "idle_timeout", "timeout"):
+            if res.error_class in _CONNECTION_FAILURES:
                 st.consecutive_conn_errors += 1
         if self.progress is not None:
             self.progress.update(1)
@@ -199,13 +263,13 @@ class Replayer:
         trace, opts = self.trace, self.opts
         substitute: dict[int, list[int]] = {}
         ready_at = start_s
+        scale = opts.time_scale
         for k, rid in enumerate(rids):
-            req = trace.request(rid)
             if k > 0:
-                ready_at = (time.perf_counter() - st.t0) + (req.think_time_s + req.tool_latency_s) * opts.time_scale
-                delay = ready_at - (time.perf_counter() - st.t0)
+                delay = self._delay[rid] * scale
+                ready_at = (time.perf_counter() - st.t0) + delay
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(delay)  # a timer on the loop, not a thread
             if not st.may_send():
                 return
             prompt = trace.prompt_token_ids(rid, substitute if (opts.mode == "live" and substitute) else None)
@@ -221,15 +285,22 @@ class Replayer:
                     substitute[out_seg] = res.token_ids
 
     async def _check_alive(self, session, st: _State, res: CompletionResult) -> None:
-        """After a connection-level failure, ask /health; a dead server ends the run."""
+        """After a connection-level failure, ask /health; a dead server ends the run. Concurrent failures
+        share one check."""
+        if res.error_class not in _CONNECTION_FAILURES or st.stop:
+            return
+        if self._alive_check is None or self._alive_check.done():
+            self._alive_check = asyncio.ensure_future(self._health_all(session, st, res))
+        await asyncio.shield(self._alive_check)
+
+    async def _health_all(self, session, st: _State, res: CompletionResult) -> None:
         import aiohttp
 
-        if res.error_class not in ("connection_error", "first_token_timeout", "idle_timeout", "timeout") or st.stop:
-            return
         dead = []
         for ep in self.endpoints:
             try:
-                async with session.get(ep + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                async with session.get(ep + "/health", headers=self.headers,
+                                       timeout=aiohttp.ClientTimeout(total=self.opts.health_timeout_s)) as r:
                     if r.status == 200:
                         continue
                     dead.append(f"{ep} (/health answered {r.status})")
@@ -284,16 +355,25 @@ class Replayer:
             await asyncio.gather(*tasks)
 
     async def run(self) -> _State:
+        import gc
+
         import aiohttp
 
         opts = self.opts
         sessions = _sessions(self.trace)
+        gc.collect()
+        gc.freeze()  # the trace and set-up objects never need scanning again: cheaper collections during the run
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         st = _State(t0=t0, deadline=t0 + opts.duration_s if opts.duration_s else None,
                     max_requests=opts.max_requests)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._fast = FastStreamClient(opts.timeouts, {"Authorization": self.headers["Authorization"]}
+                                      if "Authorization" in self.headers else None)
         async with aiohttp.ClientSession(connector=connector) as session:
-            watcher = MetricsWatcher(self.endpoints, opts.scrape_interval_s, self.headers, t0=t0)
+            watcher = MetricsWatcher(self.endpoints, opts.scrape_interval_s, self.headers, t0=t0,
+                                     spool_path=self.run_dir / "server_metrics.jsonl")
+            self.watcher = watcher
             await watcher.scrape_once(session)  # the "before" snapshot
             watcher.start(session)
             progress_task = None
@@ -306,10 +386,14 @@ class Replayer:
                     await self._open_loop(session, st, sessions)
             finally:
                 st.end_s = time.perf_counter() - t0
+                st.cpu_s = time.process_time() - cpu0
+                loop = asyncio.get_running_loop()
+                st.event_loop = f"{type(loop).__module__}.{type(loop).__name__}"
+                self.writer.flush()
                 if progress_task is not None:
                     progress_task.cancel()
+                await self._fast.close()
                 await watcher.stop(session)
-                self.watcher = watcher
         return st
 
     async def _progress_loop(self, st: _State, watcher: MetricsWatcher) -> None:
@@ -327,10 +411,9 @@ class Replayer:
 def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endpoints: Sequence[str] | None = None,
            server_config_path: str | Path | None = None) -> ReplayOutcome:
     """Run a replay end to end and write the run directory. Starts/stops a server if given a config."""
-    from workloads.trace import Trace
-
     from harness.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
     from harness.tinymodel import weights_are_random
+    from workloads.trace import Trace
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -360,7 +443,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
             wait_for_endpoint(ep, timeout_s=30)
             f = read_server_facts(ep, log_text=server.log_text() if server else None, config=config, headers=headers)
             facts.append(f.model_dump(mode="json"))
-        _check_vocab(trace, facts)
+        _check_vocab(trace, facts, list(endpoints), headers)
         reset = _reset_prefix_caches(list(endpoints), headers) if opts.reset_prefix_cache else None
         replayer = Replayer(trace, list(endpoints), opts, run_dir, facts, headers)
         total = min(opts.max_requests or trace.num_requests, trace.num_requests)
@@ -369,7 +452,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
 
             replayer.progress = tqdm(total=total, unit="req", desc="replay", dynamic_ncols=True)
         try:
-            st = asyncio.run(replayer.run())
+            st = run_event_loop(replayer.run(), opts.event_loop)
         finally:
             replayer.writer.close()
             if replayer.progress is not None:
@@ -385,6 +468,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
         cutoff = duration - opts.cooldown_s
         records.loc[records["sent_s"] > cutoff, "in_window"] = False
         records.to_parquet(run_dir / "requests.parquet", index=False)
+    assert replayer.watcher is not None
     replayer.watcher.write(run_dir)
     deltas = replayer.watcher.deltas()
     model_dir = config.model if config else None
@@ -394,6 +478,15 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
                         weights_random=weights_are_random(model_dir) if model_dir else None)
     summary["aborted"] = st.abort_reason
+    util = st.cpu_s / duration if duration else None
+    summary["client"] = {
+        "cpu_s": st.cpu_s, "cpu_utilization": util,
+        "cpu_us_per_request": st.cpu_s / len(records) * 1e6 if len(records) else None,
+        "event_loop": st.event_loop, "stale_connection_resends": replayer._fast.stale_retries if replayer._fast else 0,
+        "saturated": bool(util is not None and util > 0.9),
+        "note": ("the replay client used > 90 % of a core: latencies may include client queuing; use fewer "
+                 "sessions per process or several processes") if util is not None and util > 0.9 else None,
+    }
     summary["server_facts"] = facts
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     manifest = {
@@ -429,14 +522,78 @@ def _reset_prefix_caches(endpoints: list[str], headers: dict[str, str]) -> dict[
     return out
 
 
-def _check_vocab(trace, facts: list[dict]) -> None:
-    """Token ids beyond the model's vocabulary would be rejected one by one; catch them before sending."""
+def run_event_loop(coro, kind: str = "auto"):
+    """Run `coro` on uvloop when it is installed (kind auto/uvloop), else on the default asyncio loop."""
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise KvscopeError("--event-loop uvloop: uvloop is not installed") from None
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(coro)
+    return asyncio.run(coro)
+
+
+def _vocab_limits(trace, facts: list[dict], endpoints: Sequence[str], headers: dict[str, str]) -> list[tuple[int, str]]:
+    """Every known vocabulary size with where it came from: the trace's tokenizer, the config.json of a model
+    directory kvscope launched, and a `vocab_size` field in `/v1/models` where an endpoint exposes one."""
+    out: list[tuple[int, str]] = []
+    meta_vocab = (trace.meta.get("tokenizer") or {}).get("vocab_size")
+    if meta_vocab:
+        out.append((int(meta_vocab), "the trace's tokenizer (trace.json tokenizer.vocab_size)"))
+    eps = list(endpoints)
+    for i, f in enumerate(facts):
+        ep = eps[i] if i < len(eps) else None
+        model = ((f.get("config") or {}).get("model")) if isinstance(f.get("config"), dict) else None
+        if model and Path(model).is_dir() and (Path(model) / "config.json").exists():
+            try:
+                cfg = json.loads((Path(model) / "config.json").read_text())
+                v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+                if v:
+                    out.append((int(v), f"the served model's {Path(model) / 'config.json'}"))
+            except (OSError, ValueError):
+                pass
+        if ep is None:
+            continue
+        try:
+            import httpx
+
+            r = httpx.get(ep.rstrip("/") + "/v1/models", headers=headers, timeout=10)
+            if r.status_code == 200:
+                for card in r.json().get("data") or []:
+                    if isinstance(card, dict) and card.get("vocab_size"):
+                        out.append((int(card["vocab_size"]), f"{ep}/v1/models vocab_size"))
+                        break
+        except Exception:  # noqa: BLE001 - optional information
+            pass
+    return out
+
+
+def _check_vocab(trace, facts: list[dict], endpoints: Sequence[str] = (), headers: dict[str, str] | None = None
+                 ) -> None:
+    """Token ids outside the model's vocabulary would be rejected one by one; catch them before sending."""
     if not len(trace.seg_tokens):
         return
-    top = int(trace.seg_tokens.max())
-    meta_vocab = (trace.meta.get("tokenizer") or {}).get("vocab_size")
-    if meta_vocab and top >= int(meta_vocab):
-        raise KvscopeError(f"trace has token id {top}, outside its tokenizer's vocabulary of {meta_vocab}")
+    toks = trace.seg_tokens
+    lo, top = int(toks.min()), int(toks.max())
+    limits = _vocab_limits(trace, facts, endpoints, headers or {})
+    bad_vocab = [(v, src) for v, src in limits if top >= v]
+    if lo >= 0 and not bad_vocab:
+        return
+    if bad_vocab:
+        vocab, src = min(bad_vocab)
+        bad = np.flatnonzero(toks >= vocab)
+    else:
+        vocab, src = 0, "token ids must be non-negative"
+        bad = np.flatnonzero(toks < 0)
+    seg = int(np.searchsorted(trace.seg_offsets, bad[0], side="right") - 1)
+    users = [i for i in range(trace.num_requests) if seg in set(trace.prompt_segment_ids(i).tolist())][:3]
+    where = f"segment {seg}" + (f", used by request(s) {users}" if users else "")
+    what = f"vocabulary of {vocab} from {src}" if bad_vocab else src
+    raise KvscopeError(f"trace has {len(bad)} token id(s) outside the model's vocabulary (first: id "
+                       f"{int(toks[bad[0]])} in {where}); {what}. Nothing was sent.")
 
 
 def _kvscope_version() -> str:

@@ -101,6 +101,9 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
             "error_rate": _ratio(len(failed), len(window)),
             "errors_by_class": errors_by_class,
             "retries": int((records["attempt"] > 0).sum()) if len(records) else 0,
+            "length_mismatch": int(ok["length_mismatch"].astype(bool).sum())
+            if len(ok) and "length_mismatch" in ok else 0,
+            "errors_by_status": {str(int(k)): int(v) for k, v in failed["http_status"].dropna().value_counts().items()},
         },
         "duration_s": duration_s,
         "throughput": {
@@ -114,7 +117,7 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
         "speculative": None,
         "server_deltas": deltas or None,
     }
-    if deltas and deltas.get("spec_drafts"):
+    if deltas and deltas.get("spec_decode_num_drafts"):
         summary["speculative"] = {
             "acceptance_rate": deltas.get("spec_acceptance_rate"),
             "mean_acceptance_length": deltas.get("spec_mean_acceptance_length"),

@@ -1,15 +1,21 @@
 """Server watch: scrape `/metrics` on an interval into a time series, plus first/last snapshots for deltas.
 
 Scrapes run as their own asyncio task and parse in a worker thread, so a slow or large `/metrics` page never
-delays request timing on the event loop.
+delays request timing on the event loop. With a `spool_path`, every row is appended to a JSONL file as it is
+scraped and only the latest `keep_rows` stay in memory, so an hours-long run holds a bounded amount; `write`
+turns the spool into `server_metrics.parquet`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from harness.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 
@@ -31,13 +37,33 @@ class MetricsWatcher:
     interval_s: float = 1.0
     headers: dict[str, str] | None = None
     t0: float = field(default_factory=time.perf_counter)
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict] | collections.deque = field(default_factory=list)
     watches: list[EndpointWatch] = field(default_factory=list)
+    spool_path: Path | None = None  # rows go to this JSONL as scraped; memory keeps the last `keep_rows`
+    keep_rows: int = 120
+    row_count: int = 0
     _task: asyncio.Task | None = None
     _stop: asyncio.Event | None = None
+    _fd: int = -1
 
     def __post_init__(self) -> None:
         self.watches = [EndpointWatch(e) for e in self.endpoints]
+        if self.spool_path is not None:
+            self.spool_path = Path(self.spool_path)
+            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.spool_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.rows = collections.deque(maxlen=self.keep_rows)
+
+    def _add_row(self, row: dict) -> None:
+        self.row_count += 1
+        self.rows.append(row)
+        if self._fd >= 0:
+            os.write(self._fd, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS))
+
+    def close_spool(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     async def scrape_once(self, session) -> None:
         import aiohttp
@@ -60,7 +86,7 @@ class MetricsWatcher:
             w.last = snap
             row = {"t_s": t, "endpoint_index": i, **snap.gauges(),
                    **{k.removeprefix("vllm:").removesuffix("_total"): v for k, v in snap.counters().items()}}
-            self.rows.append(row)
+            self._add_row(row)
 
     async def _run(self, session) -> None:
         assert self._stop is not None
@@ -113,5 +139,10 @@ class MetricsWatcher:
         import pandas as pd
 
         out = Path(run_dir) / SERIES_NAME
-        pd.DataFrame(self.rows).to_parquet(out, index=False)
+        self.close_spool()
+        if self.spool_path is not None and self.spool_path.exists():
+            rows = [orjson.loads(line) for line in self.spool_path.read_bytes().splitlines() if line.strip()]
+        else:
+            rows = list(self.rows)
+        pd.DataFrame(rows).to_parquet(out, index=False)
         return out
