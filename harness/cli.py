@@ -19,9 +19,12 @@ replay them through a real vLLM server, and turn the measurements into notebook 
 EPILOG = """\
 examples:
   kvscope model build-tiny --out models/tiny
-  kvscope serve --config server.yaml
+  kvscope workload generate agent-coding --tokenizer models/tiny --scale 0.02 --out traces/agent
+  kvscope simulate traces/agent --block-size 128 --json
+  kvscope replay traces/agent --server server.yaml --out runs/agent --concurrency 4
+  kvscope experiment run experiments/quickstart.yaml
+  kvscope compare RUN_A RUN_B
   kvscope server-info --endpoint http://127.0.0.1:8000 --json
-  kvscope demo
 
 Run `kvscope COMMAND --help` for the options of each command.
 """
@@ -163,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     info.set_defaults(func=_cmd_server_info)
 
-    demo = _add(sub, "demo", "interim main job: a 6-turn conversation through vLLM with prefix caching",
+    demo = _add(sub, "demo", "smoke check: a 6-turn conversation through vLLM with prefix caching (~30 s)",
                 "Build the tiny model if needed, start vLLM on CPU/GPU with prefix caching, send one 6-turn "
                 "append-only conversation as token-id prompts and print prompt tokens, cached tokens and TTFT "
                 "per turn; then stop the server.")
@@ -205,9 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         target.print_help()
         return 2 if args.command else 0
+    from harness.replay.records import RecordsError
+    from workloads.errors import WorkloadError
+
     try:
         return int(func(args) or 0)
-    except KvscopeError as exc:
+    except (KvscopeError, WorkloadError, RecordsError) as exc:
         print(f"kvscope: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

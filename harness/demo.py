@@ -1,4 +1,5 @@
-"""The interim main job: one 6-turn append-only conversation through a real vLLM with prefix caching.
+"""The smoke check (first step of `make demo`): one 6-turn append-only conversation through a real vLLM
+with prefix caching.
 
 Each turn's prompt is the previous prompt + the model's actual answer (token ids) + a new user message, sent
 as a token-id prompt, so every turn after the first should find the earlier turns in vLLM's prefix cache:

@@ -19,7 +19,10 @@ Dist = Annotated[Distribution, BeforeValidator(coerce_distribution)]
 _BASE = ConfigDict(extra="forbid", validate_default=True)
 
 
-class SpecError(ValueError):
+from workloads.errors import WorkloadError
+
+
+class SpecError(WorkloadError):
     """A spec that cannot be used; the message names the file, the field and what is allowed."""
 
 

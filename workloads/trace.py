@@ -53,6 +53,23 @@ REQUEST_SCHEMA = pa.schema([
 REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
 
 
+def _read_parquet(path: Path, required: list[str]) -> pa.Table:
+    """A trace table; a missing, truncated or foreign file is an error naming the file."""
+    from workloads.errors import TraceFileError
+
+    if not path.is_file():
+        raise TraceFileError(f"{path}: missing (a trace directory holds trace.json, segments.parquet, "
+                             "requests.parquet)")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise TraceFileError(f"{path}: unreadable or truncated Parquet file ({exc})") from None
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise TraceFileError(f"{path}: missing column(s) {', '.join(missing)}")
+    return table
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     """One request row, with numpy arrays where the column is a list."""
@@ -204,13 +221,20 @@ class Trace:
 
     @classmethod
     def read(cls, path: str | Path) -> "Trace":
+        from workloads.errors import TraceFileError, parse_json
+
         p = Path(path)
-        meta = json.loads((p / "trace.json").read_text())
+        if not p.is_dir():
+            raise TraceFileError(f"{p}: no such trace directory")
+        try:
+            meta = parse_json((p / "trace.json").read_bytes(), f"{p / 'trace.json'}")
+        except OSError as exc:
+            raise TraceFileError(f"{p / 'trace.json'}: cannot read ({exc.strerror}); not a kvscope trace?") from None
         if meta.get("format") != FORMAT:
             raise ValueError(f"{p}: not a kvscope trace (trace.json format={meta.get('format')!r})")
         if int(meta.get("version", 0)) > VERSION:
             raise ValueError(f"{p}: trace version {meta['version']} is newer than this kvscope ({VERSION})")
-        seg = pq.read_table(p / "segments.parquet")
+        seg = _read_parquet(p / "segments.parquet", ["segment_id", "kind", "token_ids"])
         ids = seg.column("segment_id").to_numpy()
         if not np.array_equal(ids, np.arange(len(ids))):
             raise ValueError(f"{p}: segment ids must be 0..N-1 in order")
@@ -219,7 +243,12 @@ class Trace:
         tokens = lists.values.to_numpy().astype(np.int32)
         if offsets[0] != 0:
             tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
-        req = pq.read_table(p / "requests.parquet")
+        req = _read_parquet(p / "requests.parquet", ["request_id", "session_id", "prompt_segment_ids"])
+        bad = [i for i, sids in enumerate(req.column("prompt_segment_ids").to_pylist())
+               if sids is None or any(s is None or s < 0 or s >= len(ids) for s in sids)]
+        if bad:
+            raise TraceFileError(f"{p / 'requests.parquet'}: row {bad[0]}: prompt_segment_ids refer to segments that "
+                                 f"do not exist ({len(bad)} row(s) affected)")
         for f in REQUEST_SCHEMA:  # tolerate traces written before optional columns existed
             if f.name not in req.column_names:
                 req = req.append_column(f.name, pa.nulls(len(req), type=f.type))

@@ -61,9 +61,14 @@ def detect_kind(path: str | os.PathLike) -> str:
         return "kvtester"
     if name.endswith(".parquet"):
         return "run"
-    with open(p) as f:
-        first = f.readline()
-    rec = json.loads(first)
+    from workloads.errors import TraceFileError, parse_json
+
+    try:
+        with open(p, "rb") as f:
+            first = f.readline()
+    except OSError as exc:
+        raise TraceFileError(f"{p}: cannot read ({exc.strerror})") from None
+    rec = parse_json(first, f"{p}: line 1")
     if "hash_ids" in rec and "input_length" in rec:
         return "mooncake"
     if "prompt_token_ids" in rec:
@@ -90,45 +95,48 @@ def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order:
 # -- Mooncake ---------------------------------------------------------------------------------------
 
 def read_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK) -> LoadedTrace:
+    from workloads.errors import iter_json_lines, require_fields
+
     reqs = []
-    loads = _fast_loads
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            r = loads(line)
-            P = r["input_length"]
-            ids = r["hash_ids"]
-            full = P // MOONCAKE_BLOCK
-            tail = ids[full] if len(ids) > full else None
-            hashes = ids[:full] if len(ids) > full else ids
-            if block_size != MOONCAKE_BLOCK:
-                hashes = regroup_block_ids(hashes, MOONCAKE_BLOCK, block_size)
-            reqs.append(SimRequest(i, P, r["output_length"], hashes, block_size,
-                                   arrival_s=r.get("timestamp", 0) / 1000.0, tail_id=tail))
+    for line_no, r in iter_json_lines(path):
+        require_fields(r, ("input_length", "output_length", "hash_ids"), f"{path}: line {line_no}")
+        P = r["input_length"]
+        ids = r["hash_ids"]
+        full = P // MOONCAKE_BLOCK
+        tail = ids[full] if len(ids) > full else None
+        hashes = ids[:full] if len(ids) > full else ids
+        if block_size != MOONCAKE_BLOCK:
+            hashes = regroup_block_ids(hashes, MOONCAKE_BLOCK, block_size)
+        reqs.append(SimRequest(line_no - 1, P, r["output_length"], hashes, block_size,
+                               arrival_s=r.get("timestamp", 0) / 1000.0, tail_id=tail))
     return LoadedTrace("mooncake", str(path), block_size, MOONCAKE_BLOCK, reqs)
 
 
 # -- kv-cache-tester --------------------------------------------------------------------------------
 
 def _iter_kvtester_docs(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+    from workloads.errors import TraceFileError, parse_json
+
     p = Path(path)
     if p.is_dir():
         for fp in sorted(p.rglob("*.json")):
             with open(fp, "rb") as f:
-                yield fp.stem, _fast_loads(f.read())
+                yield fp.stem, parse_json(f.read(), str(fp))
         return
     # Stream in archive order (seeking backwards in a gzip stream re-decompresses it), sort afterwards.
     docs = []
-    with tarfile.open(p, "r|*") as tf:
-        for m in tf:
-            if m.isfile() and m.name.endswith(".json"):
-                fobj = tf.extractfile(m)
-                assert fobj is not None
-                docs.append((Path(m.name).stem, fobj.read()))
+    try:
+        with tarfile.open(p, "r|*") as tf:
+            for m in tf:
+                if m.isfile() and m.name.endswith(".json"):
+                    fobj = tf.extractfile(m)
+                    assert fobj is not None
+                    docs.append((Path(m.name).stem, fobj.read()))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise TraceFileError(f"{p}: unreadable or truncated archive after {len(docs)} file(s) ({exc})") from None
     docs.sort(key=lambda d: d[0])
     for name, raw in docs:
-        yield name, _fast_loads(raw)
+        yield name, parse_json(raw, f"{p}: {name}.json")
 
 
 def read_kvtester(path: str | os.PathLike, block_size: int = KVTESTER_BLOCK, *, order: str = "time",
@@ -199,20 +207,19 @@ def _token_request(hasher: IncrementalHasher, i: int, prompt: np.ndarray, output
 
 
 def read_token_jsonl(path: str | os.PathLike, block_size: int = 16) -> LoadedTrace:
+    from workloads.errors import iter_json_lines, require_fields
+
     hasher = IncrementalHasher(block_size)
     reqs = []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            prompt = as_token_array(r["prompt_token_ids"])
-            out_ids = r.get("output_token_ids")
-            output = as_token_array(out_ids) if out_ids else None
-            out_len = len(out_ids) if out_ids else int(r.get("output_tokens", 1))
-            reqs.append(_token_request(hasher, len(reqs), prompt, output, out_len, block_size,
-                                       r.get("session_id"), r.get("cache_salt"), float(r.get("arrival_s", 0.0)),
-                                       r.get("gap_s")))
+    for line_no, r in iter_json_lines(path):
+        require_fields(r, ("prompt_token_ids",), f"{path}: line {line_no}")
+        prompt = as_token_array(r["prompt_token_ids"])
+        out_ids = r.get("output_token_ids")
+        output = as_token_array(out_ids) if out_ids else None
+        out_len = len(out_ids) if out_ids else int(r.get("output_tokens", 1))
+        reqs.append(_token_request(hasher, len(reqs), prompt, output, out_len, block_size,
+                                   r.get("session_id"), r.get("cache_salt"), float(r.get("arrival_s", 0.0)),
+                                   r.get("gap_s")))
     return LoadedTrace("jsonl", str(path), block_size, None, reqs)
 
 

@@ -15,7 +15,6 @@ equal ids give equal token blocks and different ids give different blocks (up to
 
 from __future__ import annotations
 
-import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,16 +66,15 @@ def block_transition(parent_ids: np.ndarray | None, ids: np.ndarray) -> str:
 def read_mooncake(path: str | Path, block_size: int = 512) -> list[BlockRequest]:
     """Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``). The trace has no
     session ids, so each request is its own session; cross-request reuse is carried by the ids."""
+    from workloads.errors import iter_json_lines, require_fields
+
     out = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            out.append(BlockRequest(session_id=f"r{i:06d}", step=0, arrival_s=float(r["timestamp"]) / 1000.0,
-                                    input_length=int(r["input_length"]), output_length=int(r["output_length"]),
-                                    block_ids=np.asarray(r["hash_ids"], dtype=np.int64), block_size=block_size,
-                                    session_start_s=float(r["timestamp"]) / 1000.0))
+    for line_no, r in iter_json_lines(path):
+        require_fields(r, ("timestamp", "input_length", "output_length", "hash_ids"), f"{path}: line {line_no}")
+        out.append(BlockRequest(session_id=f"r{line_no - 1:06d}", step=0, arrival_s=float(r["timestamp"]) / 1000.0,
+                                input_length=int(r["input_length"]), output_length=int(r["output_length"]),
+                                block_ids=np.asarray(r["hash_ids"], dtype=np.int64), block_size=block_size,
+                                session_start_s=float(r["timestamp"]) / 1000.0))
     return out
 
 
@@ -84,21 +82,28 @@ def read_mooncake(path: str | Path, block_size: int = 512) -> list[BlockRequest]
 
 
 def _iter_kvcache_files(src: str | Path) -> Iterator[tuple[str, dict]]:
+    from workloads.errors import TraceFileError, parse_json
+
     p = Path(src)
+    if not p.exists():
+        raise TraceFileError(f"{p}: no such file or directory")
     if p.is_dir():
         for f in sorted(p.rglob("*.json")):
-            yield f.stem, json.loads(f.read_text())
+            yield f.stem, parse_json(f.read_bytes(), str(f))
         return
     # Stream the archive once (random access into a .tar.gz re-decompresses from the start every time).
     found: list[tuple[str, str, bytes]] = []
-    with tarfile.open(p, mode="r|*") as tar:
-        for m in tar:
-            if m.isfile() and m.name.endswith(".json"):
-                fh = tar.extractfile(m)
-                assert fh is not None
-                found.append((m.name, Path(m.name).stem, fh.read()))
-    for _, stem, data in sorted(found):
-        yield stem, json.loads(data)
+    try:
+        with tarfile.open(p, mode="r|*") as tar:
+            for m in tar:
+                if m.isfile() and m.name.endswith(".json"):
+                    fh = tar.extractfile(m)
+                    assert fh is not None
+                    found.append((m.name, Path(m.name).stem, fh.read()))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise TraceFileError(f"{p}: unreadable or truncated archive after {len(found)} file(s) ({exc})") from None
+    for name, stem, data in sorted(found):
+        yield stem, parse_json(data, f"{p}: {name}")
 
 
 def read_kvcache_tester(src: str | Path, limit: int | None = None, include_subagents: bool = True,

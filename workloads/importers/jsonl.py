@@ -23,10 +23,12 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def import_jsonl(path: str | Path) -> Trace:
-    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    for i, r in enumerate(lines):
-        if "prompt_token_ids" not in r:
-            raise ValueError(f"{path}:{i + 1}: missing prompt_token_ids")
+    from workloads.errors import iter_json_lines, require_fields
+
+    numbered = list(iter_json_lines(path))
+    for line_no, r in numbered:
+        require_fields(r, ("prompt_token_ids",), f"{path}: line {line_no}")
+    lines = [r for _, r in numbered]
     b = TraceBuilder()
     order = sorted(range(len(lines)), key=lambda i: (str(lines[i].get("session_id", f"line{i}")),
                                                      int(lines[i].get("step", 0)), i))
