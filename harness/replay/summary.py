@@ -40,18 +40,23 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | None) -> dict[str, Any]:
+    """Hit rate three ways. With prefix caching off the server should report 0 for every request, so that is
+    the prediction checked request by request; the simulator's figure becomes `would_hit`."""
     prompt = float(ok["prompt_tokens"].sum())
     server = ok["cached_tokens"].dropna()
-    predicted = ok["predicted_cached_tokens"].dropna()
+    simulated = ok["predicted_cached_tokens"].dropna()
     server_rate = _ratio(float(server.sum()), float(ok.loc[server.index, "prompt_tokens"].sum()))
-    predicted_rate = _ratio(float(predicted.sum()), float(ok.loc[predicted.index, "prompt_tokens"].sum()))
+    simulated_rate = _ratio(float(simulated.sum()), float(ok.loc[simulated.index, "prompt_tokens"].sum()))
     metrics_rate = deltas.get("prefix_cache_hit_rate") if deltas else None
     both = ok.dropna(subset=["cached_tokens", "predicted_cached_tokens"])
-    mismatches = int((both["cached_tokens"] != both["predicted_cached_tokens"]).sum())
+    caching_off = prefix_caching is False
+    expected = 0 if caching_off else both["predicted_cached_tokens"]
+    mismatches = int((both["cached_tokens"] != expected).sum())
+    predicted_rate = (0.0 if simulated_rate is not None else None) if caching_off else simulated_rate
     out: dict[str, Any] = {
         "prompt_tokens": int(prompt),
         "server_cached_tokens": int(server.sum()),
-        "predicted_cached_tokens": int(predicted.sum()),
+        "predicted_cached_tokens": 0 if caching_off else int(simulated.sum()),
         "server_per_request": server_rate,
         "predicted": predicted_rate,
         "metrics_counters": metrics_rate,
@@ -62,9 +67,9 @@ def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | N
         "requests_compared": int(len(both)),
         "requests_predicted_exactly": int(len(both) - mismatches),
     }
-    if prefix_caching is False:
-        # The server caches nothing; the model's figure is what it *would* hit with caching on.
-        out["would_hit"] = predicted_rate
+    if caching_off:
+        out["would_hit"] = simulated_rate
+        out["would_hit_cached_tokens"] = int(simulated.sum())
     return out
 
 
