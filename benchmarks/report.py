@@ -53,6 +53,7 @@ def _records(trace, cell_meta: dict, rng: np.random.Generator, prefix_on: bool, 
         "prompt_tokens": prompt_tokens, "server_prompt_tokens": prompt_tokens, "cached_tokens": cached,
         "predicted_cached_tokens": predicted, "output_tokens": out_tokens, "planned_output_tokens": out_tokens,
         "finish_reason": "length", "http_status": 200, "error_class": None, "error": None, "in_window": True,
+        "length_mismatch": False, "output_text_head": " the cache block token prefix",
     })
     return df[RECORD_FIELDS]
 
