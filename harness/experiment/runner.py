@@ -110,18 +110,31 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
     return str(path), tokenizer, read_model_card(path)
 
 
-def _warm_up(endpoint: str, model: str, n: int, seed: int) -> None:
-    """A few unrelated requests so first-request effects (allocations, lazy init) stay out of the cell."""
+def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: int,
+             max_pool_tokens: int = 262_144) -> int:
+    """Unrelated requests before a cell, enough to write every KV block once, then a few more.
+
+    The first use of each KV block (page faults on CPU, lazy allocations) and of each code path is slower;
+    without this the first cell on a fresh server measures warm-up, and two runs of one configuration differ.
+    Returns the number of requests sent. The prefix cache is reset afterwards by the caller.
+    """
     import httpx
 
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        prompt = rng.integers(1000, 4000, size=64).tolist()
-        try:
-            httpx.post(endpoint + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
-                                                            "ignore_eos": True}, timeout=120)
-        except httpx.HTTPError:
-            return
+    rng = np.random.default_rng(10_000 + seed)
+    capacity = int(facts.get("kv_capacity_tokens") or 0)
+    prompt_len = max(16, min(int(facts.get("max_model_len") or 2048) - 16, 2048))
+    n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
+    sent = 0
+    with httpx.Client(timeout=300) as client:
+        for _ in range(n):
+            prompt = rng.integers(1000, 4000, size=prompt_len).tolist()
+            try:
+                client.post(endpoint + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
+                                                                 "ignore_eos": True})
+            except httpx.HTTPError:
+                break
+            sent += 1
+    return sent
 
 
 def _reset_cache(endpoint: str) -> bool:
@@ -219,7 +232,9 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                         server.start()
                         srec["facts"] = server.facts().model_dump(mode="json")
                         srec["ready_after_s"] = server.ready_after_s
-                    _warm_up(server.endpoint, config.name_for_clients, settings.warmup_requests, cell.repeat)
+                    entry["warmup_requests"] = _warm_up(server.endpoint, config.name_for_clients,
+                                                        srec.get("facts") or {}, settings.warmup_requests,
+                                                        cell.repeat)
                     if not _reset_cache(server.endpoint):
                         srec["restarts"] += 1
                         server.stop()

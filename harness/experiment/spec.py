@@ -79,8 +79,8 @@ class ReplaySettings(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     idle_timeout_s: float = Field(120.0, gt=0)
     scrape_interval_s: float = Field(0.5, gt=0)
-    warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell, then the "
-                                                      "prefix cache is reset")
+    warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell on top of those "
+                                                      "that write every KV block once; then the prefix cache is reset")
 
 
 class SloSpec(BaseModel):
