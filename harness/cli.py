@@ -219,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and friends: not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
