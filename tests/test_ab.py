@@ -39,3 +39,12 @@ def test_slower_and_less_cached_b_is_worse_and_faster_b_is_better():
     assert t.loc["cost_prefill_units_per_request", "verdict"] == "worse"
     t2 = compare_runs(slow, a, resamples=500).set_index("metric")
     assert t2.loc["ttft_p50_s", "verdict"] == "better" and t2.loc["hit_rate", "verdict"] == "better"
+
+
+def test_tiny_but_consistent_shift_is_below_the_minimum_effect():
+    a = _run(np.random.default_rng(1), seed_noise=0.0)
+    b = a.copy()
+    b["ttft_s"] = a["ttft_s"] * 1.02  # 2 %: the interval excludes 0, the effect is below 5 %
+    t = compare_runs(a, b, resamples=300).set_index("metric")
+    assert t.loc["ttft_p50_s", "ci_low"] > 0
+    assert t.loc["ttft_p50_s", "verdict"] == "no significant difference"

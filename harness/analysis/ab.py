@@ -33,9 +33,19 @@ class Comparison:
         return self.__dict__.copy()
 
 
-def _verdict(metric: str, lo: float, hi: float) -> str:
+#: Differences smaller than this are reported as "no significant difference" even when the interval excludes
+#: zero: relative to A for latency, throughput and cost (run-to-run noise of a shared machine), absolute for
+#: the hit rate (a fraction).
+MIN_EFFECT = {"relative": 0.05, "hit_rate": 0.005}
+
+
+def _verdict(metric: str, lo: float, hi: float, diff: float = math.nan, a: float = math.nan) -> str:
     if math.isnan(lo) or math.isnan(hi) or (lo <= 0 <= hi):
         return "no significant difference"
+    if not math.isnan(diff):
+        floor = MIN_EFFECT["hit_rate"] if metric == "hit_rate" else MIN_EFFECT["relative"] * abs(a)
+        if abs(diff) < floor:
+            return "no significant difference"
     lower_better = metric.split("_")[0] in LOWER_IS_BETTER
     b_smaller = hi < 0
     return "better" if b_smaller == lower_better else "worse"
@@ -100,15 +110,15 @@ def compare_paired(paired: pd.DataFrame, resamples: int = 2000, seed: int = 0,
             a_v, b_v = float(np.percentile(xa_v, q)), float(np.percentile(xb_v, q))
             lo, hi = np.percentile(np.concatenate(boots[name]), [2.5, 97.5])
             out.append(Comparison(name, a_v, b_v, b_v - a_v, float(lo), float(hi),
-                                  (b_v - a_v) / a_v if a_v else math.nan, _verdict(name, lo, hi)))
+                                  (b_v - a_v) / a_v if a_v else math.nan, _verdict(name, lo, hi, b_v - a_v, a_v)))
     a_v, b_v = float(ca.sum() / pa.sum()), float(cb.sum() / pb.sum())
     lo, hi = np.percentile(np.concatenate(boots["hit_rate"]), [2.5, 97.5])
     out.append(Comparison("hit_rate", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("hit_rate", lo, hi)))
+                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("hit_rate", lo, hi, b_v - a_v, a_v)))
     a_v, b_v = float(cost_a.mean()), float(cost_b.mean())
     lo, hi = np.percentile(np.concatenate(boots["cost"]), [2.5, 97.5])
     out.append(Comparison("cost_prefill_units_per_request", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("cost", lo, hi)))
+                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("cost", lo, hi, b_v - a_v, a_v)))
     return out
 
 
@@ -137,7 +147,7 @@ def throughput_comparison(a: pd.DataFrame, b: pd.DataFrame, windows: int = 10, r
     lo, hi = np.percentile(boots, [2.5, 97.5])
     a_v, b_v = float(wa.mean()), float(wb.mean())
     return Comparison("throughput_output_tok_per_s", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                      (b_v - a_v) / a_v if a_v else math.nan, _verdict("throughput", lo, hi))
+                      (b_v - a_v) / a_v if a_v else math.nan, _verdict("throughput", lo, hi, b_v - a_v, a_v))
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:

@@ -137,6 +137,20 @@ def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: 
     return sent
 
 
+def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, config):
+    from harness.replay.options import ReplayOptions
+
+    settings, lv = spec.replay, loads[cell.load]
+    return ReplayOptions(
+        mode=settings.mode, concurrency=lv.concurrency, session_rate=lv.session_rate,
+        time_scale=settings.time_scale, max_requests=settings.max_requests,
+        duration_s=settings.duration_s, warmup_s=settings.warmup_s, cooldown_s=settings.cooldown_s,
+        total_timeout_s=settings.request_timeout_s, idle_timeout_s=settings.idle_timeout_s,
+        first_token_timeout_s=settings.request_timeout_s, scrape_interval_s=settings.scrape_interval_s,
+        slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat,
+        model=config.name_for_clients, progress=False, reset_prefix_cache=False)
+
+
 def _reset_cache(endpoint: str) -> bool:
     import httpx
 
@@ -153,7 +167,6 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
 
     ``after_cell(cell, server)`` is called after each cell (tests use it to inject faults between cells).
     """
-    from harness.replay.options import ReplayOptions
     from harness.replay.runner import replay
     from harness.server import VllmServer
     from workloads.generate import generate_from_file
@@ -235,6 +248,15 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                     entry["warmup_requests"] = _warm_up(server.endpoint, config.name_for_clients,
                                                         srec.get("facts") or {}, settings.warmup_requests,
                                                         cell.repeat)
+                    if settings.warmup_pass:
+                        import shutil
+
+                        scratch = safe_child(run_dir, "cells", f".warmup-{cell.name}")
+                        shutil.rmtree(scratch, ignore_errors=True)
+                        _reset_cache(server.endpoint)
+                        replay(run_dir / manifest["traces"][cell.workload], scratch,
+                               _cell_options(spec, cell, loads, config), endpoints=[server.endpoint])
+                        shutil.rmtree(scratch, ignore_errors=True)
                     if not _reset_cache(server.endpoint):
                         srec["restarts"] += 1
                         server.stop()
@@ -244,15 +266,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                         import shutil
 
                         shutil.rmtree(cell_dir)
-                    lv = loads[cell.load]
-                    opts = ReplayOptions(
-                        mode=settings.mode, concurrency=lv.concurrency, session_rate=lv.session_rate,
-                        time_scale=settings.time_scale, max_requests=settings.max_requests,
-                        duration_s=settings.duration_s, warmup_s=settings.warmup_s, cooldown_s=settings.cooldown_s,
-                        total_timeout_s=settings.request_timeout_s, idle_timeout_s=settings.idle_timeout_s,
-                        first_token_timeout_s=settings.request_timeout_s, scrape_interval_s=settings.scrape_interval_s,
-                        slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat,
-                        model=config.name_for_clients, progress=False, reset_prefix_cache=False)
+                    opts = _cell_options(spec, cell, loads, config)
                     print(f"[{cell.name}] replaying …", flush=True)
                     outcome = replay(run_dir / manifest["traces"][cell.workload], cell_dir, opts,
                                      endpoints=[server.endpoint])

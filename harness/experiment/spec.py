@@ -81,6 +81,9 @@ class ReplaySettings(BaseModel):
     scrape_interval_s: float = Field(0.5, gt=0)
     warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell on top of those "
                                                       "that write every KV block once; then the prefix cache is reset")
+    warmup_pass: bool = Field(False, description="replay each cell's trace once, unrecorded, before measuring it: "
+                                                 "CPU kernels specialise per shape, so a first pass is slower; "
+                                                 "use it to compare repeats of one configuration")
 
 
 class SloSpec(BaseModel):
