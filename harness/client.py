@@ -80,19 +80,9 @@ def completion_payload(
     temperature: float = 0.0,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt_token_ids if isinstance(prompt_token_ids, list) else (
-            prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else [int(t) for t in prompt_token_ids]),
-        "max_tokens": int(max_tokens),
-        "ignore_eos": ignore_eos,
-        "temperature": temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
-    if cache_salt:
-        body["cache_salt"] = cache_salt
+    prompt = prompt_token_ids if isinstance(prompt_token_ids, list) else (
+        prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else [int(t) for t in prompt_token_ids])
+    body = _streaming_body(model, "prompt", prompt, max_tokens, cache_salt, ignore_eos, temperature)
     if extra:
         body.update(extra)
     return body
@@ -100,9 +90,15 @@ def completion_payload(
 
 def chat_payload(model: str, messages: list[dict[str, str]], max_tokens: int, cache_salt: str | None = None,
                  ignore_eos: bool = True, temperature: float = 0.0) -> dict[str, Any]:
+    return _streaming_body(model, "messages", messages, max_tokens, cache_salt, ignore_eos, temperature)
+
+
+def _streaming_body(model: str, key: str, value: Any, max_tokens: int, cache_salt: str | None, ignore_eos: bool,
+                    temperature: float) -> dict[str, Any]:
+    """The streaming request fields kvscope always sends: exact output length, usage and token ids back."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": messages,
+        key: value,
         "max_tokens": int(max_tokens),
         "ignore_eos": ignore_eos,
         "temperature": temperature,
