@@ -31,9 +31,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "longrun_memory.json"))
     args = ap.parse_args()
 
-    from harness.faultserver import synthetic_trace
-    from harness.replay.options import ReplayOptions
-    from harness.replay.runner import replay
+    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.replay.runner import replay
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-longrun-"))
     n_sessions = max(args.requests // args.steps, args.concurrency)

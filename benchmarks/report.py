@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 
 
 def _records(trace, cell_meta: dict, rng: np.random.Generator, prefix_on: bool, spec_on: bool) -> pd.DataFrame:
-    from harness.offline.simulator import predict_cached_tokens
-    from harness.replay.records import RECORD_FIELDS
+    from kvscope.harness.cachemodel.simulator import predict_cached_tokens
+    from kvscope.harness.results.records import RECORD_FIELDS
 
     req = trace.requests
     n = len(req)
@@ -59,8 +59,8 @@ def _records(trace, cell_meta: dict, rng: np.random.Generator, prefix_on: bool, 
 
 
 def build_experiment(root: Path, records: int, tokenizer: Path) -> Path:
-    from harness.replay.summary import summarize
-    from workloads.generate import generate_from_file
+    from kvscope.harness.replay.summary import summarize
+    from kvscope.workloads.generate import generate_from_file
 
     rng = np.random.default_rng(0)
     run = root / "bench" / "r1"
@@ -127,7 +127,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "report.json"))
     ap.add_argument("--keep", action="store_true", help="keep the synthetic experiment directory")
     args = ap.parse_args()
-    from harness.tinymodel import build_tiny_model
+    from kvscope.harness.model.tinymodel import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="kvscope-report-bench-") as tmp:
         root = Path(tmp)
@@ -137,7 +137,7 @@ def main() -> int:
         run = build_experiment(root, args.records, model)
         t_build = time.perf_counter() - t0
 
-        from harness.experiment.results import load_results
+        from kvscope.harness.results.loaders import load_results
 
         t0 = time.perf_counter()
         res = load_results(run)
@@ -145,7 +145,7 @@ def main() -> int:
         n = len(res.requests)
 
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(run)], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "report", str(run)], capture_output=True, text=True)
         t_report = time.perf_counter() - t0
         status = json.loads((run / "report" / "report.json").read_text()) if (run / "report" / "report.json").exists() else []
         if r.returncode != 0:

@@ -42,10 +42,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sessions_10k.json"))
     args = ap.parse_args()
 
-    from harness.faultserver import synthetic_trace
-    from harness.replay.options import ReplayOptions
-    from harness.replay.records import read_records
-    from harness.replay.runner import replay
+    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.results.records import read_records
+    from kvscope.harness.replay.runner import replay
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-10k-"))
     trace_dir = synthetic_trace(args.sessions, steps=args.steps, think_time_s=args.think_s,

@@ -21,7 +21,7 @@ DATA = (REPO / ".." / "shared" / "data").resolve()
 
 def bench_mooncake_cli(capacity: str = "1e7") -> dict:
     trace = DATA / "mooncake_conversation_trace.jsonl"
-    cmd = [sys.executable, "-m", "harness.offline.cli", "simulate", str(trace), "--capacity-tokens", capacity, "--json"]
+    cmd = [sys.executable, "-m", "kvscope.harness.cli.offline", "simulate", str(trace), "--capacity-tokens", capacity, "--json"]
     t = time.perf_counter()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t
@@ -32,8 +32,8 @@ def bench_mooncake_cli(capacity: str = "1e7") -> dict:
 
 
 def bench_agents(finite: bool) -> list[dict]:
-    from harness.offline.simulator import SimConfig, simulate
-    from harness.offline.trace_io import load_trace
+    from kvscope.harness.cachemodel.simulator import SimConfig, simulate
+    from kvscope.harness.cachemodel.trace_io import load_trace
 
     t, c = time.perf_counter(), time.process_time()
     tr = load_trace(DATA / "weka_cc_traces.tar.gz")
@@ -75,7 +75,7 @@ def synthetic_agent_pairs(total_prompt_tokens: int = 5_000_000, seed: int = 0):
 
 
 def bench_token_level() -> dict:
-    from harness.offline.simulator import SimConfig, requests_from_token_pairs, simulate
+    from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
 
     pairs, sids, total = synthetic_agent_pairs()
     t = time.perf_counter()

@@ -34,7 +34,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     prebuilt = os.environ.get("KVSCOPE_TEST_MODEL")
     if prebuilt:
         return Path(prebuilt)
-    from harness.tinymodel import build_tiny_model
+    from kvscope.harness.model.tinymodel import build_tiny_model
 
     out = tmp_path_factory.mktemp("model") / "tiny"
     build_tiny_model(out, seed=0)
@@ -48,7 +48,7 @@ def require_vllm() -> None:
 
 
 def start_server(model_dir: Path, log_dir: Path, **overrides):
-    from harness.server import ServerConfig, VllmServer
+    from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     fields = dict(model=str(model_dir), served_model_name="tiny", max_model_len=2048,
                   kv_cache_memory_bytes="32M", startup_timeout_s=240)

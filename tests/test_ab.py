@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from harness.analysis.ab import compare_runs
+from kvscope.harness.analysis.ab import compare_runs
 
 
 def _run(rng, n=400, ttft_scale=1.0, hit=0.8, seed_noise=0.05):

@@ -10,23 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from workloads.errors import TraceFileError
+from kvscope.workloads.errors import TraceFileError
 
 
 def _kvscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture()
 def trace_dir(tiny_model_dir, tmp_path) -> Path:
-    from workloads.generate import generate_from_file
+    from kvscope.workloads.generate import generate_from_file
 
     return generate_from_file("agent-coding", tiny_model_dir, seed=0, scale=0.01, sessions=2,
                               max_context=2000).write(tmp_path / "trace")
 
 
 def test_truncated_parquet_is_named(trace_dir):
-    from workloads.trace import Trace
+    from kvscope.workloads.trace import Trace
 
     p = trace_dir / "requests.parquet"
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
@@ -39,7 +39,7 @@ def test_truncated_parquet_is_named(trace_dir):
 def test_missing_pieces_and_dangling_segments(trace_dir, tmp_path):
     import pyarrow.parquet as pq
 
-    from workloads.trace import Trace
+    from kvscope.workloads.trace import Trace
 
     broken = tmp_path / "broken"
     shutil.copytree(trace_dir, broken)
@@ -84,8 +84,8 @@ def test_truncated_archive_is_reported(tmp_path, shared_data):
 
 
 def test_a_server_that_never_becomes_ready_times_out_with_its_log(tmp_path):
-    from harness.errors import ServerError
-    from harness.server import ServerConfig, VllmServer
+    from kvscope.harness.common.errors import ServerError
+    from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     fake = tmp_path / "fake-python"
     fake.write_text("#!/bin/sh\necho 'loading weights forever'\nexec sleep 300\n")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.experiment.report import ALL_NOTEBOOKS, notebook_has_error_cells, render_report
-from harness.experiment.results import load_results
-from harness.experiment.runner import run_experiment
+from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.report.render import ALL_NOTEBOOKS, notebook_has_error_cells, render_report
+from kvscope.harness.results.loaders import load_results
+from kvscope.harness.experiment.runner import run_experiment
 
 pytestmark = pytest.mark.vllm
 
@@ -110,7 +110,7 @@ def test_compare_same_configuration_twice_is_not_significant(experiment, tmp_pat
     # Two repeats of one configuration, neither of them the first cell after the server started (that one still
     # runs slower on vLLM CPU even after warm-up; see the closing notes).
     cells = experiment / "cells"
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "compare", str(cells / "apc__agent-ts__c1__r0"),
+    r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "compare", str(cells / "apc__agent-ts__c1__r0"),
                         str(cells / "apc__agent-ts__c1__r1"), "--out", str(tmp_path / "same"), "--resamples", "1000"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -120,7 +120,7 @@ def test_compare_same_configuration_twice_is_not_significant(experiment, tmp_pat
 
 
 def test_compare_prefix_caching_on_vs_off_reports_hit_and_ttft_differences(experiment):
-    from harness.analysis.ab import compare_runs
+    from kvscope.harness.analysis.ab import compare_runs
 
     res_on = load_results(experiment / "cells" / "apc__agent__c1__r0")
     res_off = load_results(experiment / "cells" / "no-apc__agent__c1__r0")
@@ -134,7 +134,7 @@ def test_compare_prefix_caching_on_vs_off_reports_hit_and_ttft_differences(exper
 
 def test_resume_skips_finished_cells(experiment, tiny_model_dir):
     spec = experiment.parents[2] / "itest.yaml"
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "experiment", "run", str(spec), "--out",
+    r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "experiment", "run", str(spec), "--out",
                         str(experiment.parents[1]), "--run-id", "r1", "--resume", "--no-report"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -162,7 +162,7 @@ workloads:
 
 
 def test_names_cannot_escape_the_results_directory(tmp_path):
-    from harness.experiment.spec import load_experiment_spec
+    from kvscope.harness.experiment.spec import load_experiment_spec
 
     for bad in ("../evil", "a/b", "..", ".hidden"):
         p = tmp_path / "s.yaml"

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.experiment.runner import plan_cells
-from harness.experiment.spec import load_experiment_spec
+from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.experiment.runner import plan_cells
+from kvscope.harness.experiment.spec import load_experiment_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

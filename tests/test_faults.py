@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.errors import KvscopeError
-from harness.faultserver import FaultConfig, FaultServer, synthetic_trace
-from harness.replay.options import ReplayOptions
-from harness.replay.records import read_records
-from harness.replay.runner import replay
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.results.records import read_records
+from kvscope.harness.replay.runner import replay
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,7 +189,7 @@ def test_token_ids_outside_the_vocabulary_are_caught_before_sending(tmp_path):
 
 
 def test_vocab_from_a_launched_servers_config_json(tmp_path):
-    from harness.replay.runner import _check_vocab
+    from kvscope.harness.replay.runner import _check_vocab
 
     model = tmp_path / "model"
     model.mkdir()
@@ -209,7 +209,7 @@ def test_sigkill_of_kvscope_mid_replay_keeps_every_record_written(tmp_path):
     trace_dir = _write_trace_dir(tmp_path, 200)
     run_dir = tmp_path / "run"
     with FaultServer(FaultConfig(ttft_s=0.01, itl_s=0.002)) as srv:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "replay", str(trace_dir), "--endpoint",
+        proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", "replay", str(trace_dir), "--endpoint",
                                  srv.endpoint, "--out", str(run_dir), "--concurrency", "8", "--time-scale", "0",
                                  "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         jl = run_dir / "requests.jsonl"
@@ -238,7 +238,7 @@ def test_sigkill_of_kvscope_mid_replay_keeps_every_record_written(tmp_path):
 
 def test_fault_server_command_line_and_die_exits(tmp_path):
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.faultserver", "--port-file", str(port_file),
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.testing.faultserver", "--port-file", str(port_file),
                              "--schedule", "1=die"], cwd=REPO, stdout=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30
@@ -275,7 +275,7 @@ def test_metrics_watcher_spools_rows_and_keeps_memory_bounded(tmp_path):
 
     import aiohttp
 
-    from harness.replay.watch import MetricsWatcher
+    from kvscope.harness.replay.watch import MetricsWatcher
 
     async def go(endpoint: str) -> MetricsWatcher:
         w = MetricsWatcher([endpoint], interval_s=0.01, spool_path=tmp_path / "m.jsonl", keep_rows=5)

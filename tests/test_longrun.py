@@ -6,10 +6,10 @@ import gc
 
 import pandas as pd
 
-from harness.faultserver import FaultConfig, FaultServer, synthetic_trace
-from harness.replay.options import ReplayOptions
-from harness.replay.records import read_records
-from harness.replay.runner import Replayer, replay
+from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.results.records import read_records
+from kvscope.harness.replay.runner import Replayer, replay
 
 
 def test_replay_retains_nothing_per_request(tmp_path, monkeypatch):
@@ -21,7 +21,7 @@ def test_replay_retains_nothing_per_request(tmp_path, monkeypatch):
     async def spy(self):
         st = await orig_run(self)
         gc.collect()
-        from harness.client import CompletionResult
+        from kvscope.harness.serving.client import CompletionResult
 
         seen["results_alive"] = sum(1 for o in gc.get_objects() if isinstance(o, CompletionResult))
         seen["watch_rows_in_memory"] = len(self.watcher.rows)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.metrics import MetricsParseError, metrics_delta, parse_metrics
+from kvscope.harness.serving.metrics import MetricsParseError, metrics_delta, parse_metrics
 
 DATA = Path(__file__).parent / "data"
 

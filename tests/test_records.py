@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from harness.replay.records import (
+from kvscope.harness.results.records import (
     JSONL_NAME,
     RecordsError,
     RecordWriter,

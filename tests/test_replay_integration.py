@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.replay.options import ReplayOptions
-from harness.replay.records import read_records
-from harness.replay.runner import replay
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.results.records import read_records
+from kvscope.harness.replay.runner import replay
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
@@ -35,7 +35,7 @@ sessions:
 
 @pytest.fixture(scope="module")
 def traces(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
-    from workloads.generate import generate_from_file
+    from kvscope.workloads.generate import generate_from_file
 
     root = tmp_path_factory.mktemp("traces")
     (root / "edited.yaml").write_text(EDITED)
@@ -99,7 +99,7 @@ def test_prefix_caching_off_measures_zero_and_reports_would_hit(no_cache_server,
 
 
 def test_eight_concurrent_sessions_complete_with_consistent_summary(vllm_server, tiny_model_dir, tmp_path):
-    from workloads.generate import generate_from_file
+    from kvscope.workloads.generate import generate_from_file
 
     trace_dir = generate_from_file("agent-coding", tiny_model_dir, seed=2, scale=0.02, sessions=10,
                                    max_context=1500).write(tmp_path / "trace")
@@ -150,7 +150,7 @@ def test_killing_the_server_mid_run_stops_the_replay_and_keeps_finished_records(
 
 
 def test_replay_cli_prints_summary(vllm_server, traces, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(traces["append"]), "--endpoint",
+    r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "replay", str(traces["append"]), "--endpoint",
                         vllm_server.endpoint, "--out", str(tmp_path / "run"), "--concurrency", "2", "--time-scale",
                         "0", "--no-progress", "--slo-ttft-ms", "5000"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness.errors import KvscopeError
-from harness.experiment.report import run_notebook, write_index
-from harness.experiment.results import ExperimentResults
-from harness.experiment.runner import safe_child
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.report.render import run_notebook, write_index
+from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.experiment.runner import safe_child
 
 SCRIPT = "<script>alert(1)</script>"
 
@@ -67,11 +67,11 @@ def test_safe_child_refuses_escapes(tmp_path):
 def test_generated_script_is_shown_escaped_in_the_replay_report(tmp_path):
     """End to end: a server generates `<script>alert(1)</script>`; the replay records it; the HTML report of
     that run shows it as text only."""
-    from harness.experiment.report import render_report
-    from harness.faultserver import FaultConfig, FaultServer, synthetic_trace
-    from harness.replay.options import ReplayOptions
-    from harness.replay.records import read_records
-    from harness.replay.runner import replay
+    from kvscope.harness.report.render import render_report
+    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.results.records import read_records
+    from kvscope.harness.replay.runner import replay
 
     trace_dir = synthetic_trace(3, steps=2, prompt_tokens=64, output_tokens=8).write(tmp_path / "trace")
     with FaultServer(FaultConfig(text=SCRIPT, model="tiny")) as server:

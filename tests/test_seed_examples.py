@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.offline import batching, kv_demo, kv_memory, roofline, speculative
-from harness.offline.cost import Pricing, agent_loop_tokens, cost_breakdown, no_cache_cost, request_cost
-from harness.offline.kv_memory import GiB, KiB
-from harness.offline.provider_cache import ProviderCache, ProviderCacheConfig, load_preset
-from harness.offline.sim_types import SimRequest
-from harness.offline.hashing import hash_token_blocks
+from kvscope.harness.cachemodel import kv_memory
+from kvscope.harness.primer import batching, kv_demo, roofline, speculative
+from kvscope.harness.pricing.cost import Pricing, agent_loop_tokens, cost_breakdown, no_cache_cost, request_cost
+from kvscope.harness.cachemodel.kv_memory import GiB, KiB
+from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig, load_preset
+from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.harness.cachemodel.hashing import hash_token_blocks
 
 SEED = Pricing(input_per_mtok=3.0, output_per_mtok=15.0, cache_write_multiplier=1.25, cache_read_multiplier=0.1)
 

@@ -3,8 +3,8 @@ import socket
 
 import pytest
 
-from harness.errors import ConfigError, ServerError
-from harness.server import ServerConfig, VllmServer, diagnose_log
+from kvscope.harness.common.errors import ConfigError, ServerError
+from kvscope.harness.serving.server import ServerConfig, VllmServer, diagnose_log
 
 
 def test_yaml_config_round_trips_into_vllm_flags(tmp_path):

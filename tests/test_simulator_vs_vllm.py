@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.offline.simulator import SimConfig, predict_cached_tokens, requests_from_token_pairs, simulate
-from harness.server import read_server_facts
+from kvscope.harness.cachemodel.simulator import SimConfig, predict_cached_tokens, requests_from_token_pairs, simulate
+from kvscope.harness.serving.server import read_server_facts
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.replay.options import ReplayOptions
-from harness.replay.records import read_records
-from harness.replay.runner import replay
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.results.records import read_records
+from kvscope.harness.replay.runner import replay
 
 pytestmark = pytest.mark.vllm
 
 
 def test_chat_api_replay_of_a_text_mode_trace_matches_token_ids(vllm_server, tiny_model_dir, tmp_path):
-    from workloads.generate import generate_from_file
+    from kvscope.workloads.generate import generate_from_file
 
     trace = generate_from_file("agent-coding", tiny_model_dir, seed=5, scale=0.02, sessions=2, max_context=1500,
                                text=True)

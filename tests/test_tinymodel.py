@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from harness.tinymodel import CHAT_TEMPLATE, TinyModelShape, build_tiny_model, weights_are_random
+from kvscope.harness.model.tinymodel import CHAT_TEMPLATE, TinyModelShape, build_tiny_model, weights_are_random
 
 
 def _files(d):

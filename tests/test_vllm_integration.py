@@ -12,9 +12,9 @@ import numpy as np
 import psutil
 import pytest
 
-from harness.client import completion_payload, stream_completion
-from harness.errors import ServerError
-from harness.metrics import fetch_metrics, metrics_delta
+from kvscope.harness.serving.client import completion_payload, stream_completion
+from kvscope.harness.common.errors import ServerError
+from kvscope.harness.serving.metrics import fetch_metrics, metrics_delta
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
@@ -69,7 +69,7 @@ def test_prefix_cache_counters_equal_the_sum_of_per_request_hits(vllm_server):
 
 
 def test_server_info_cli_prints_the_facts_as_json(vllm_server):
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "server-info", "--endpoint", vllm_server.endpoint,
+    out = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "server-info", "--endpoint", vllm_server.endpoint,
                           "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     facts = json.loads(out.stdout)
@@ -82,7 +82,7 @@ def test_server_info_cli_prints_the_facts_as_json(vllm_server):
 
 
 def test_dead_endpoint_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "server-info", "--endpoint", "http://127.0.0.1:9"],
+    out = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "server-info", "--endpoint", "http://127.0.0.1:9"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "cannot read server facts from http://127.0.0.1:9" in out.stderr
@@ -150,7 +150,7 @@ def test_unknown_vllm_flag_fails_fast_naming_the_flag(require_vllm, tiny_model_d
 
 
 def test_demo_prints_growing_cached_tokens_and_leaves_nothing_running(require_vllm, tiny_model_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--model-dir", str(tiny_model_dir),
+    out = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "demo", "--model-dir", str(tiny_model_dir),
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "cached_tokens" in out.stdout

@@ -1,6 +1,6 @@
 """Fit preset distributions from real traces (kv-cache-tester coding agent, Mooncake conversation).
 
-Run ``python -m workloads.calibrate`` to print the fitted numbers; they are pasted (with their source) into
+Run ``python -m kvscope.workloads.calibrate`` to print the fitted numbers; they are pasted (with their source) into
 the comments and values of ``presets/agent-coding.yaml`` and ``presets/chat.yaml``. Distributions are stored
 as empirical quantiles (41 points, every 2.5 %), which reproduces medians and tails better than a lognormal
 fit; the lognormal fit (median, sigma) is printed too, for reference.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.importers.blocks import BlockRequest, block_transition, read_kvcache_tester, read_mooncake
+from kvscope.workloads.importers.blocks import BlockRequest, block_transition, read_kvcache_tester, read_mooncake
 
 QUANTILES = np.linspace(0, 1, 41)
 

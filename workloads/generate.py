@@ -1,4 +1,4 @@
-"""Turn a :class:`~workloads.spec.WorkloadSpec` into a token-exact :class:`~workloads.trace.Trace`.
+"""Turn a :class:`~kvscope.workloads.spec.WorkloadSpec` into a token-exact :class:`~kvscope.workloads.trace.Trace`.
 
 Sessions are generated one by one from independent random streams derived from ``(seed, session index)``, so
 adding sessions or changing one session's parameters does not reshuffle the others. Each request's prompt is
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.policies import Item, VolatilePrefix
-from workloads.spec import WorkloadSpec, spec_to_dict
-from workloads.text import ROLE, TextMode
-from workloads.tokens import TokenSource
-from workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.policies import Item, VolatilePrefix
+from kvscope.workloads.spec import WorkloadSpec, spec_to_dict
+from kvscope.workloads.text import ROLE, TextMode
+from kvscope.workloads.tokens import TokenSource
+from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 
 
 @dataclass
@@ -334,7 +334,7 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
              sessions: int | None = None, progress: bool = False, max_context: int | None = None,
              text: bool | None = None, output_scale: float | None = None) -> Trace:
     """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
-    max_model_len) and ``text`` (text mode, see :mod:`workloads.text`) override the spec's values. Text mode
+    max_model_len) and ``text`` (text mode, see :mod:`kvscope.workloads.text`) override the spec's values. Text mode
     needs a ``source`` made by ``TokenSource.from_tokenizer(model_dir)`` on a model with a chat template."""
     if max_context is not None:
         spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
@@ -444,7 +444,7 @@ def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed
                        max_context: int | None = None, text: bool | None = None,
                        output_scale: float | None = None) -> Trace:
     """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
-    from workloads.spec import load_spec
+    from kvscope.workloads.spec import load_spec
 
     spec = load_spec(spec_path)
     source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()

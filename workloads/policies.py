@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:  # pragma: no cover
-    from workloads.generate import SessionState
+    from kvscope.workloads.generate import SessionState
 
 _BASE = ConfigDict(extra="forbid", frozen=True)
 

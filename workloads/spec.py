@@ -12,14 +12,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from workloads.distributions import DISTRIBUTION_KINDS, Distribution, Empirical, coerce_distribution
-from workloads.policies import POLICY_KINDS, Policy
+from kvscope.workloads.distributions import DISTRIBUTION_KINDS, Distribution, Empirical, coerce_distribution
+from kvscope.workloads.policies import POLICY_KINDS, Policy
 
 Dist = Annotated[Distribution, BeforeValidator(coerce_distribution)]
 _BASE = ConfigDict(extra="forbid", validate_default=True)
 
 
-from workloads.errors import WorkloadError
+from kvscope.workloads.errors import WorkloadError
 
 
 class SpecError(WorkloadError):
@@ -158,8 +158,8 @@ def _loc(loc: tuple) -> str:
 
 def _fields_at(loc: tuple) -> list[str] | None:
     """Field names of the model that a location points into, for 'unknown field' messages."""
-    from workloads import distributions as d
-    from workloads import policies as p
+    from kvscope.workloads import distributions as d
+    from kvscope.workloads import policies as p
 
     tags = {**{k: getattr(p, n) for k, n in zip(POLICY_KINDS, (
         "AppendOnly", "VolatilePrefix", "EditTurn", "TruncateToolOutputs", "SlidingWindow", "Compaction",
@@ -254,7 +254,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 def _resolve(path: str | Path, seen: tuple = ()) -> tuple[Path, dict]:
     p = Path(path)
     if not p.exists():
-        from workloads.presets import list_presets, preset_path
+        from kvscope.workloads.presets import list_presets, preset_path
 
         q = preset_path(str(path))
         if q is None:

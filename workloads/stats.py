@@ -20,8 +20,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from workloads.importers.blocks import BlockRequest, block_transition
-from workloads.trace import Trace
+from kvscope.workloads.importers.blocks import BlockRequest, block_transition
+from kvscope.workloads.trace import Trace
 
 _W_SEED = 0x6B7673636F7065
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.tokens import FLAVOUR, corpus_text
+from kvscope.workloads.tokens import FLAVOUR, corpus_text
 
 # Message role of each history item kind.
 ROLE = {"task": "user", "user": "user", "summary": "user", "assistant": "assistant", "tool_call": "assistant",
@@ -147,7 +147,7 @@ class TextMode:
     def __init__(self, model_dir: str | Path, corpus_chars: int = 400_000) -> None:
         from tokenizers import Tokenizer
 
-        from workloads.tokens import _special_ids, file_sha256
+        from kvscope.workloads.tokens import _special_ids, file_sha256
 
         p = Path(model_dir)
         f = p / "tokenizer.json"

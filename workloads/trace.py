@@ -55,7 +55,7 @@ REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
 
 def _read_parquet(path: Path, required: list[str]) -> pa.Table:
     """A trace table; a missing, truncated or foreign file is an error naming the file."""
-    from workloads.errors import TraceFileError
+    from kvscope.workloads.errors import TraceFileError
 
     if not path.is_file():
         raise TraceFileError(f"{path}: missing (a trace directory holds trace.json, segments.parquet, "
@@ -221,7 +221,7 @@ class Trace:
 
     @classmethod
     def read(cls, path: str | Path) -> "Trace":
-        from workloads.errors import TraceFileError, parse_json
+        from kvscope.workloads.errors import TraceFileError, parse_json
 
         p = Path(path)
         if not p.is_dir():

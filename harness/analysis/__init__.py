@@ -1,0 +1,1 @@
+"""Analysis tables and A/B statistics that the notebooks narrate and plot."""

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from harness.experiment.results import ExperimentResults
+from kvscope.harness.results.loaders import ExperimentResults
 
 # ------------------------------------------------------------------------------------------- hit rates
 
@@ -154,7 +154,7 @@ def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
                       kv_dtypes: Iterable[str] = ("bfloat16", "fp8"), tp_for: dict[str, int] | None = None
                       ) -> pd.DataFrame:
     """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs."""
-    from harness.offline.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
+    from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
 
     gpus = gpus or {"L4 24GB": 24, "A100 80GB": 80, "H100 80GB": 80, "H200 141GB": 141}
     tp_for = tp_for or {"llama-3.1-70b": 4}
@@ -233,7 +233,7 @@ def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | Non
 
 def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_bytes: float) -> pd.DataFrame:
     """Measured single-stream decode speed (1/TPOT p50) against the memory-bandwidth roofline at batch 1."""
-    from harness.offline.roofline import decode_tokens_per_s_upper_bound
+    from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
 
     bound = decode_tokens_per_s_upper_bound(bandwidth_gb_s * 1e9, weight_bytes, 1)
     t = res.cells.reindex(columns=["cell", "server", "workload", "load", "tpot_p50_s", "output_tok_per_s"]).copy()
@@ -249,9 +249,9 @@ def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_byt
 def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
     """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
     and without, per session and per million input tokens."""
-    from harness.offline.cost import no_cache_cost
-    from harness.offline.provider_cache import load_preset, simulate_provider
-    from harness.offline.trace_io import load_trace
+    from kvscope.harness.pricing.cost import no_cache_cost
+    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+    from kvscope.harness.cachemodel.trace_io import load_trace
 
     rows = []
     for workload in sorted(set(res.cells["workload"].dropna())):
@@ -279,8 +279,8 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
 def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float] = (60, 300, 3600),
                     block_size: int = 16) -> pd.DataFrame:
     """How the cache-read share and cost move with the provider's TTL, given the trace's think times."""
-    from harness.offline.provider_cache import load_preset, simulate_provider
-    from harness.offline.trace_io import load_trace
+    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+    from kvscope.harness.cachemodel.trace_io import load_trace
 
     rows = []
     base = load_preset(preset)
@@ -299,7 +299,7 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
 
 def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: int = 1) -> pd.DataFrame:
     """$ per million output (and total) tokens at the throughput each cell measured."""
-    from harness.offline.cost import self_hosted_cost
+    from kvscope.harness.pricing.cost import self_hosted_cost
 
     rows = []
     for _, c in res.cells.iterrows():
@@ -364,7 +364,7 @@ def acceptance_by_position(res: ExperimentResults) -> pd.DataFrame:
 
 def workload_character(res: ExperimentResults) -> pd.DataFrame:
     """Share of each workload's prompt that is tool output (echo-friendly for n-gram drafts) vs free text."""
-    from workloads.trace import Trace
+    from kvscope.workloads.trace import Trace
 
     rows = []
     for workload in sorted(set(res.cells["workload"].dropna())):

@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.errors import KvscopeError
-from harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_config_dict
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_config_dict
 
 MANIFEST = "experiment.json"
 
@@ -72,7 +72,7 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
         return runs[-1]
     if run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S")
-    from harness.experiment.spec import check_name
+    from kvscope.harness.experiment.spec import check_name
 
     try:
         check_name(run_id, "run id")
@@ -83,7 +83,7 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
 
 def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict | None]:
     """(model for vLLM, tokenizer dir for workloads, build card or None)."""
-    from harness.tinymodel import build_tiny_model, read_model_card
+    from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
 
     m = spec.model
     if m.source == "hf":
@@ -138,7 +138,7 @@ def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: 
 
 
 def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, config):
-    from harness.replay.options import ReplayOptions
+    from kvscope.harness.replay.options import ReplayOptions
 
     settings, lv = spec.replay, loads[cell.load]
     return ReplayOptions(
@@ -167,9 +167,9 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
 
     ``after_cell(cell, server)`` is called after each cell (tests use it to inject faults between cells).
     """
-    from harness.replay.runner import replay
-    from harness.server import VllmServer
-    from workloads.generate import generate_from_file
+    from kvscope.harness.replay.runner import replay
+    from kvscope.harness.serving.server import VllmServer
+    from kvscope.workloads.generate import generate_from_file
 
     spec_path = Path(spec_path)
     spec, raw = load_experiment_spec(spec_path)

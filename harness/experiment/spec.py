@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.errors import ConfigError, format_validation_error, load_yaml_mapping
+from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -165,7 +165,7 @@ def load_experiment_spec(path: str | Path) -> tuple[ExperimentSpec, dict]:
 
 
 def server_config_dict(spec: ExperimentSpec, name: str, model_path: str, source: str | None = None):
-    from harness.server import ServerConfig
+    from kvscope.harness.serving.server import ServerConfig
 
     fields = {"model": model_path, "served_model_name": spec.model.served_model_name}
     fields.update(spec.server_defaults)

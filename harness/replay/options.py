@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.client import Timeouts
+from kvscope.harness.serving.client import Timeouts
 
 
 class ReplayOptions(BaseModel):

@@ -1,4 +1,4 @@
-"""Predicted cached tokens for the ids actually sent, from the vLLM-exact simulator (harness.offline).
+"""Predicted cached tokens for the ids actually sent, from the vLLM-exact simulator (kvscope.harness.cachemodel).
 
 Online: at send time the prompt's block hashes are looked up in a simulated pool of the server's size; when
 the request finishes, its prompt and the tokens the server really generated are cached as vLLM does (full
@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from harness.offline.hashing import IncrementalHasher
-from harness.offline.sim_types import SimRequest
-from harness.offline.simulator import Replica, SimConfig
+from kvscope.harness.cachemodel.hashing import IncrementalHasher
+from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.harness.cachemodel.simulator import Replica, SimConfig
 
 
 class OnlinePredictor:

@@ -23,19 +23,19 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from harness.client import (
+from kvscope.harness.serving.client import (
     CompletionResult,
     FastStreamClient,
     chat_payload,
     completion_payload,
     stream_request,
 )
-from harness.errors import KvscopeError
-from harness.replay.options import ReplayOptions
-from harness.replay.predict import OnlinePredictor
-from harness.replay.records import RecordWriter, RequestRecord, compact, read_records
-from harness.replay.routing import EndpointRouter
-from harness.replay.watch import MetricsWatcher
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.replay.predict import OnlinePredictor
+from kvscope.harness.results.records import RecordWriter, RequestRecord, compact, read_records
+from kvscope.harness.replay.routing import EndpointRouter
+from kvscope.harness.replay.watch import MetricsWatcher
 
 
 class ReplayAborted(KvscopeError):
@@ -411,9 +411,9 @@ class Replayer:
 def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endpoints: Sequence[str] | None = None,
            server_config_path: str | Path | None = None) -> ReplayOutcome:
     """Run a replay end to end and write the run directory. Starts/stops a server if given a config."""
-    from harness.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
-    from harness.tinymodel import weights_are_random
-    from workloads.trace import Trace
+    from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
+    from kvscope.harness.model.tinymodel import weights_are_random
+    from kvscope.workloads.trace import Trace
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -472,7 +472,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     replayer.watcher.write(run_dir)
     deltas = replayer.watcher.deltas()
     model_dir = config.model if config else None
-    from harness.replay.summary import summarize
+    from kvscope.harness.replay.summary import summarize
 
     prefix_on = facts[0].get("prefix_caching")
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-from harness.metrics import MetricsSnapshot, metrics_delta, parse_metrics
+from kvscope.harness.serving.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 
 SERIES_NAME = "server_metrics.parquet"
 

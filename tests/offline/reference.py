@@ -1,7 +1,7 @@
 """An independent, deliberately naive model of vLLM's block pool, used to cross-check the fast one.
 
 Plain lists, O(n) operations, one token-level hash per block (tuples of the whole prefix), written from
-vllm-facts §1/§9 without sharing code with harness.offline.
+vllm-facts §1/§9 without sharing code with kvscope.harness.cachemodel.
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from harness.offline import api
-from harness.offline.cost import Pricing, self_hosted_cost
-from harness.offline.hashing import IncrementalHasher, common_prefix, hash_token_blocks, regroup_block_ids
-from harness.offline.kv_memory import kv_bytes_for_sequence, kv_bytes_per_token, kv_memory_report, shape_from_hf_config
-from harness.offline.provider_cache import ProviderCache, ProviderCacheConfig, list_presets, load_preset
-from harness.offline.sim_types import SimRequest
-from harness.offline.trace_io import load_trace
+from kvscope.harness.cachemodel import api
+from kvscope.harness.pricing.api import cost_report
+from kvscope.harness.pricing.cost import Pricing, self_hosted_cost
+from kvscope.harness.cachemodel.hashing import IncrementalHasher, common_prefix, hash_token_blocks, regroup_block_ids
+from kvscope.harness.cachemodel.kv_memory import kv_bytes_for_sequence, kv_bytes_per_token, kv_memory_report, shape_from_hf_config
+from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig, list_presets, load_preset
+from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.harness.cachemodel.trace_io import load_trace
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -132,7 +133,7 @@ def test_run_dir_cost(tmp_path):
 
     pd.DataFrame({"prompt_tokens": [10_200, 10_200], "cached_tokens": [0, 10_000], "output_tokens": [500, 500],
                   "session_id": ["s", "s"]}).to_parquet(tmp_path / "requests.parquet")
-    d = api.cost_report(str(tmp_path), "anthropic-sonnet-5m")
+    d = cost_report(str(tmp_path), "anthropic-sonnet-5m")
     assert d["cache_read_tokens"] == 10_000 and d["cache_write_tokens"] == 10_400 and d["sessions"] == 1
 
 
@@ -141,17 +142,17 @@ def test_cli_json(tmp_path):
     f.write_text("\n".join(json.dumps({"prompt_token_ids": list(range(300)), "output_token_ids": [1]})
                            for _ in range(2)))
     per = tmp_path / "per.jsonl"
-    cmd = [sys.executable, "-m", "harness.offline.cli", "simulate", str(f), "--block-size", "128",
+    cmd = [sys.executable, "-m", "kvscope.harness.cli.offline", "simulate", str(f), "--block-size", "128",
            "--num-gpu-blocks", "12", "--per-request", str(per), "--json"]
     out = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     assert out["cached_tokens"] == 256 and out["token_hit_ratio"] == 256 / 600
     assert [json.loads(x)["cached_tokens"] for x in per.read_text().splitlines()] == [0, 256]
-    km = subprocess.run([sys.executable, "-m", "harness.offline.cli", "kv-memory", "--preset", "llama-3.1-8b",
+    km = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.offline", "kv-memory", "--preset", "llama-3.1-8b",
                          "--context", "8192", "--json"], cwd=REPO, capture_output=True, text=True, check=True)
     assert json.loads(km.stdout)["kib_per_token"] == 128
     import argparse
 
-    from harness.offline.cli import add_subcommands
+    from kvscope.harness.cli.offline import add_subcommands
 
     p = argparse.ArgumentParser()
     add_subcommands(p.add_subparsers())
@@ -159,8 +160,8 @@ def test_cli_json(tmp_path):
 
 
 def test_tiny_preset_matches_the_built_model_and_its_config(tmp_path):
-    from harness.offline.kv_memory import get_preset
-    from harness.tinymodel import TinyModelShape, _config_json
+    from kvscope.harness.cachemodel.kv_memory import get_preset
+    from kvscope.harness.model.tinymodel import TinyModelShape, _config_json
 
     t = TinyModelShape()
     p = get_preset("kvscope-tiny")
@@ -170,7 +171,7 @@ def test_tiny_preset_matches_the_built_model_and_its_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(_config_json(t, 1, [2])))
     from_cfg = shape_from_hf_config(tmp_path)
     assert kv_bytes_per_token(from_cfg, "bf16") == kv_bytes_per_token(p, "bf16")
-    out = subprocess.run([sys.executable, "-m", "harness.offline.cli", "kv-memory", "--config",
+    out = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.offline", "kv-memory", "--config",
                           str(tmp_path / "config.json"), "--json"], capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     assert d["bytes_per_token"] == 2048 and d["num_layers"] == 4, d

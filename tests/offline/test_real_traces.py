@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.offline import api
-from harness.offline.ideal import ideal_prefix_hit
-from harness.offline.simulator import SimConfig, simulate
-from harness.offline.trace_io import load_trace
+from kvscope.harness.cachemodel import api
+from kvscope.harness.cachemodel.ideal import ideal_prefix_hit
+from kvscope.harness.cachemodel.simulator import SimConfig, simulate
+from kvscope.harness.cachemodel.trace_io import load_trace
 
 
 def test_mooncake_conversation_ideal_hit(shared_data):

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.offline.block_pool import BlockPool
-from harness.offline.simulator import (ServiceModel, SimConfig, predict_cached_tokens, requests_from_token_pairs,
+from kvscope.harness.cachemodel.block_pool import BlockPool
+from kvscope.harness.cachemodel.simulator import (ServiceModel, SimConfig, predict_cached_tokens, requests_from_token_pairs,
                                        simulate)
-from harness.offline.sim_types import SimRequest
+from kvscope.harness.cachemodel.sim_types import SimRequest
 
 from .reference import RefPool
 
@@ -88,7 +88,7 @@ def test_recomputed_capped_block_is_cached_twice():
     B = 4
     A = seq(0, 8)  # 2 full blocks; the repeat hits 1 (cap) and recomputes block 1
     reqs = requests_from_token_pairs([(A, [1]), (A, [1])], B)
-    from harness.offline.simulator import Replica
+    from kvscope.harness.cachemodel.simulator import Replica
 
     rep = Replica(SimConfig(B, 10))
     rep.run_sequential(reqs[0])
@@ -243,8 +243,8 @@ def test_pool_that_never_evicts_equals_infinite(wl):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10_000), st.integers(2, 40), st.sampled_from([1, 2, 4]), st.booleans())
 def test_sequential_pool_equals_general_pool_block_for_block(seed, nblocks, B, sessions):
-    from harness.offline.block_pool import SequentialBlockPool
-    from harness.offline.simulator import Replica
+    from kvscope.harness.cachemodel.block_pool import SequentialBlockPool
+    from kvscope.harness.cachemodel.simulator import Replica
 
     rng = random.Random(seed)
     pairs, prev = [], []

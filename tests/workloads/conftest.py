@@ -18,7 +18,7 @@ def model_dir(tiny_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def source(model_dir):
-    from workloads.tokens import TokenSource
+    from kvscope.workloads.tokens import TokenSource
 
     return TokenSource.from_tokenizer(model_dir)
 

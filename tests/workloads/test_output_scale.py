@@ -1,6 +1,6 @@
 """output_scale keeps outputs long while prompts shrink (small CPU runs still measure decode and speculation)."""
 
-from workloads.generate import generate_from_file
+from kvscope.workloads.generate import generate_from_file
 
 
 def test_output_scale_changes_outputs_only(tiny_model_dir):

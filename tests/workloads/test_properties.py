@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats as sstats
 
-from workloads.generate import generate
-from workloads.spec import parse_spec
-from workloads.stats import ideal_hit_ratio
+from kvscope.workloads.generate import generate
+from kvscope.workloads.spec import parse_spec
+from kvscope.workloads.stats import ideal_hit_ratio
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tests.workloads.conftest import need_data
-from workloads.generate import generate
-from workloads.importers import import_kvcache_tester, import_mooncake, read_kvcache_tester, read_mooncake
-from workloads.spec import load_spec
-from workloads.stats import block_request_stats, format_stats, ideal_hit_ratio, ideal_hit_ratio_blocks, trace_stats
+from kvscope.workloads.generate import generate
+from kvscope.workloads.importers import import_kvcache_tester, import_mooncake, read_kvcache_tester, read_mooncake
+from kvscope.workloads.spec import load_spec
+from kvscope.workloads.stats import block_request_stats, format_stats, ideal_hit_ratio, ideal_hit_ratio_blocks, trace_stats
 
 
 @pytest.fixture(scope="module")

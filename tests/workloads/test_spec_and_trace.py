@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from workloads.generate import generate
-from workloads.spec import SpecError, load_spec, parse_spec
-from workloads.trace import Trace
+from kvscope.workloads.generate import generate
+from kvscope.workloads.spec import SpecError, load_spec, parse_spec
+from kvscope.workloads.trace import Trace
 
 
 def _write(tmp_path, text: str):
@@ -88,7 +88,7 @@ def test_trace_roundtrip_and_api(tmp_path, source):
 
 
 def test_jsonl_export_import_roundtrip(tmp_path, source):
-    from workloads.importers import export_jsonl, import_jsonl
+    from kvscope.workloads.importers import export_jsonl, import_jsonl
 
     tr = _small(source)
     export_jsonl(tr, tmp_path / "x.jsonl")
@@ -105,7 +105,7 @@ def test_jsonl_export_import_roundtrip(tmp_path, source):
 
 
 def test_cli_generate_stats_export(tmp_path, model_dir, capsys):
-    from workloads import cli
+    from kvscope.harness.cli import workload as cli
 
     parser = argparse.ArgumentParser(prog="kvscope")
     cli.add_subcommands(parser.add_subparsers())

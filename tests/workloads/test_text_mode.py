@@ -11,10 +11,10 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from workloads.generate import generate
-from workloads.spec import load_spec, parse_spec
-from workloads.stats import ideal_hit_ratio
-from workloads.text import TextMode
+from kvscope.workloads.generate import generate
+from kvscope.workloads.spec import load_spec, parse_spec
+from kvscope.workloads.stats import ideal_hit_ratio
+from kvscope.workloads.text import TextMode
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +109,8 @@ def test_text_content_is_stable(model_dir):
 
 
 def test_cli_generate_text(tmp_path, model_dir, render):
-    from workloads import cli
-    from workloads.trace import Trace
+    from kvscope.harness.cli import workload as cli
+    from kvscope.workloads.trace import Trace
 
     parser = argparse.ArgumentParser(prog="kvscope")
     cli.add_subcommands(parser.add_subparsers())

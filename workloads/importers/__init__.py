@@ -10,7 +10,7 @@ are available two ways:
   blocks, and the reuse structure survives exactly.
 """
 
-from workloads.importers.blocks import (
+from kvscope.workloads.importers.blocks import (
     BlockRequest,
     blocks_to_trace,
     import_kvcache_tester,
@@ -18,7 +18,7 @@ from workloads.importers.blocks import (
     read_kvcache_tester,
     read_mooncake,
 )
-from workloads.importers.jsonl import export_jsonl, import_jsonl
+from kvscope.workloads.importers.jsonl import export_jsonl, import_jsonl
 
 __all__ = ["BlockRequest", "blocks_to_trace", "read_mooncake", "read_kvcache_tester", "import_mooncake",
            "import_kvcache_tester", "import_jsonl", "export_jsonl"]

@@ -22,8 +22,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from workloads.tokens import TokenSource
-from workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.tokens import TokenSource
+from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 
 
 @dataclass
@@ -66,7 +66,7 @@ def block_transition(parent_ids: np.ndarray | None, ids: np.ndarray) -> str:
 def read_mooncake(path: str | Path, block_size: int = 512) -> list[BlockRequest]:
     """Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``). The trace has no
     session ids, so each request is its own session; cross-request reuse is carried by the ids."""
-    from workloads.errors import iter_json_lines, require_fields
+    from kvscope.workloads.errors import iter_json_lines, require_fields
 
     out = []
     for line_no, r in iter_json_lines(path):
@@ -82,7 +82,7 @@ def read_mooncake(path: str | Path, block_size: int = 512) -> list[BlockRequest]
 
 
 def _iter_kvcache_files(src: str | Path) -> Iterator[tuple[str, dict]]:
-    from workloads.errors import TraceFileError, parse_json
+    from kvscope.workloads.errors import TraceFileError, parse_json
 
     p = Path(src)
     if not p.exists():

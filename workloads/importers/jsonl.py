@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -23,7 +23,7 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def import_jsonl(path: str | Path) -> Trace:
-    from workloads.errors import iter_json_lines, require_fields
+    from kvscope.workloads.errors import iter_json_lines, require_fields
 
     numbered = list(iter_json_lines(path))
     for line_no, r in numbered:

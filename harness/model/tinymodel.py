@@ -1,0 +1,409 @@
+"""Build a small Llama-architecture model directory that vLLM can serve, offline and deterministically.
+
+No model hub is reachable from the machines kvscope is developed and tested on, and prefix-cache behaviour
+does not depend on what the weights say, so kvscope builds its own model: a byte-level BPE tokenizer trained
+on generated agent-like text, a Llama-3-style chat template, a GQA `config.json` with head_dim 64 (supported
+by both vLLM's CPU attention and GPU FlashAttention) and seeded random weights in safetensors.
+
+Same seed and options give byte-identical files (numpy's PCG64 drives every random choice; tokenizer
+training runs single-threaded). The weights are random unless ``train_steps`` > 0, and ``kvscope_model.json``
+says which: everything that reports speculative-decoding acceptance reads that flag, because greedy decoding
+with random weights repeats itself and makes n-gram drafts look almost always accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|pad|>",
+]
+BOS, EOS, HEADER_START, HEADER_END, EOT, PAD = SPECIAL_TOKENS
+
+# Llama-3 layout; `{% generation %}`-free so it renders with plain jinja2 as well as transformers.
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+
+MODEL_CARD_FILE = "kvscope_model.json"
+
+
+@dataclass(frozen=True)
+class TinyModelShape:
+    """Architecture of the built model; the defaults give ≈5 M parameters and 2 KiB of KV per token (bf16)."""
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 8192
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads (GQA)")
+        if self.vocab_size < 4000 + len(SPECIAL_TOKENS):
+            raise ValueError("vocab_size must be at least 4,006 (≥ 4,000 learned tokens plus specials)")
+
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        lm_head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_hidden_layers * per_layer + h + lm_head
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+@dataclass
+class BuildInfo:
+    seed: int
+    shape: TinyModelShape
+    weights: str  # "random" or "trained"
+    train_steps: int
+    corpus_chars: int
+    num_parameters: int
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+
+
+# ----------------------------------------------------------------------------------------------- corpus
+
+_WORDS = (
+    "the a to of and in for is on that with this it as be are from by at or an will can not use file "
+    "function value return error test request cache token prefix block model server agent tool output "
+    "result step user system prompt context history session memory latency throughput batch queue "
+    "config path line read write update create delete list search find open close run build install "
+    "check fix change add remove import export data table row column index key hash size time rate"
+).split()
+_IDENTS = (
+    "config request response handler client server cache block token prefix session step trace model "
+    "record metric result output input buffer stream parser writer reader index state queue worker"
+).split()
+_TOOLS = ["read_file", "write_file", "bash", "grep", "list_dir", "edit_file", "run_tests", "search_code"]
+_EXTS = ["py", "ts", "rs", "go", "md", "json", "yaml", "toml", "txt", "c"]
+
+
+def _ident(rng: np.random.Generator) -> str:
+    parts = rng.choice(_IDENTS, size=int(rng.integers(1, 4)))
+    return "_".join(str(p) for p in parts)
+
+
+def _sentence(rng: np.random.Generator) -> str:
+    words = [str(w) for w in rng.choice(_WORDS, size=int(rng.integers(5, 18)))]
+    words[0] = words[0].capitalize()
+    return " ".join(words) + str(rng.choice([".", ".", ".", "?", "!", ":"]))
+
+
+def _code(rng: np.random.Generator) -> str:
+    name, arg = _ident(rng), _ident(rng)
+    body = [f"def {name}({arg}, timeout_s={int(rng.integers(1, 120))}):", f'    """{_sentence(rng)}"""']
+    for _ in range(int(rng.integers(2, 7))):
+        var = _ident(rng)
+        body.append(f"    {var} = {arg}.get('{_ident(rng)}', {int(rng.integers(0, 4096))})")
+        if rng.random() < 0.4:
+            body.append(f"    if {var} is None:\n        raise ValueError('{_sentence(rng)}')")
+    body.append(f"    return {_ident(rng)}")
+    return "\n".join(body)
+
+
+def _tool_call(rng: np.random.Generator) -> str:
+    tool = str(rng.choice(_TOOLS))
+    path = "/".join(_ident(rng) for _ in range(int(rng.integers(1, 4)))) + "." + str(rng.choice(_EXTS))
+    return json.dumps({"name": tool, "arguments": {"path": path, "line": int(rng.integers(1, 900))}})
+
+
+def _tool_output(rng: np.random.Generator) -> str:
+    kind = rng.integers(0, 3)
+    if kind == 0:
+        return "\n".join(
+            f"{_ident(rng)}.{rng.choice(_EXTS)}  {int(rng.integers(10, 99999))} bytes"
+            for _ in range(int(rng.integers(3, 12)))
+        )
+    if kind == 1:
+        return "\n".join(
+            f"{i + 1:4d}  {_code(rng).splitlines()[0]}" for i in range(int(rng.integers(3, 10)))
+        )
+    return f"{int(rng.integers(1, 300))} passed, {int(rng.integers(0, 5))} failed in {rng.random() * 30:.2f}s"
+
+
+def generate_corpus(seed: int, num_chars: int = 1_500_000) -> str:
+    """Agent-like text (prose, code, JSON tool calls, tool output) to train the tokenizer and the model on."""
+    rng = np.random.default_rng(seed)
+    makers = (_sentence, _code, _tool_call, _tool_output)
+    pieces: list[str] = []
+    total = 0
+    while total < num_chars:
+        piece = makers[int(rng.integers(0, len(makers)))](rng)
+        pieces.append(piece)
+        total += len(piece) + 1
+    return "\n".join(pieces)
+
+
+# -------------------------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(corpus: str, vocab_size: int):
+    """Byte-level BPE trained offline; single-threaded so that merges (and the file) are reproducible."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    lines = corpus.split("\n")
+    tokenizer.train_from_iterator(lines, trainer=trainer, length=len(lines))
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def init_weights(shape: TinyModelShape, seed: int) -> dict[str, np.ndarray]:
+    """HF Llama parameter names with normal(0, 0.02) matrices and unit norms, from a PCG64 stream."""
+    rng = np.random.default_rng(seed + 1_000_003)
+    h, i, v = shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
+
+    tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": mat(v, h)}
+    for layer in range(shape.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        tensors[p + "self_attn.q_proj.weight"] = mat(q, h)
+        tensors[p + "self_attn.k_proj.weight"] = mat(kv, h)
+        tensors[p + "self_attn.v_proj.weight"] = mat(kv, h)
+        tensors[p + "self_attn.o_proj.weight"] = mat(h, q)
+        tensors[p + "mlp.gate_proj.weight"] = mat(i, h)
+        tensors[p + "mlp.up_proj.weight"] = mat(i, h)
+        tensors[p + "mlp.down_proj.weight"] = mat(h, i)
+        tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float32)
+        tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float32)
+    tensors["model.norm.weight"] = np.ones(h, dtype=np.float32)
+    if not shape.tie_word_embeddings:
+        tensors["lm_head.weight"] = mat(v, h)
+    return tensors
+
+
+def train_weights(
+    tensors: dict[str, np.ndarray],
+    shape: TinyModelShape,
+    token_ids: np.ndarray,
+    steps: int,
+    seed: int,
+    seq_len: int = 128,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+) -> tuple[dict[str, np.ndarray], list[float]]:
+    """A few hundred AdamW steps on the corpus so greedy output is not a loop (makes n-gram acceptance meaningful).
+
+    Needs torch (installed with vLLM). Single-threaded, deterministic algorithms: same inputs, same bytes.
+    """
+    import torch
+
+    from kvscope.harness.model._llama_torch import TinyLlama
+
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        model = TinyLlama(shape)
+        model.load_numpy(tensors)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        rng = np.random.default_rng(seed + 7)
+        data = torch.from_numpy(token_ids.astype(np.int64))
+        losses: list[float] = []
+        for step in range(steps):
+            starts = rng.integers(0, len(token_ids) - seq_len - 1, size=batch_size)
+            batch = torch.stack([data[s : s + seq_len + 1] for s in starts])
+            logits = model(batch[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape.vocab_size), batch[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            for group in opt.param_groups:
+                group["lr"] = lr * min(1.0, (step + 1) / 20)
+            opt.step()
+            losses.append(float(loss.detach()))
+        return model.export_numpy(), losses
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(False)
+
+
+def _write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
+    """bf16 safetensors (vLLM's CPU dtype); fixed metadata so the file is byte-identical across runs."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch_tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in sorted(tensors.items())}
+    save_file(torch_tensors, str(path), metadata={"format": "pt"})
+
+
+# ---------------------------------------------------------------------------------------------- builder
+
+
+def _config_json(shape: TinyModelShape, bos_id: int, eos_ids: list[int]) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_hidden_layers,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": shape.max_position_embeddings,
+        "initializer_range": 0.02,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_theta": shape.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": shape.tie_word_embeddings,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_ids,
+        "pad_token_id": None,
+        "use_cache": True,
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    seed: int = 0,
+    shape: TinyModelShape | None = None,
+    train_steps: int = 0,
+    corpus_chars: int = 1_500_000,
+    overwrite: bool = True,
+) -> BuildInfo:
+    """Write the model directory; returns what was built (also saved as ``kvscope_model.json``)."""
+    shape = shape or TinyModelShape()
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty")
+    corpus = generate_corpus(seed, corpus_chars)
+    tokenizer = train_tokenizer(corpus, shape.vocab_size)
+    if tokenizer.get_vocab_size() != shape.vocab_size:
+        raise RuntimeError(
+            f"tokenizer learned {tokenizer.get_vocab_size()} tokens, wanted {shape.vocab_size}: corpus too small"
+        )
+    bos_id = tokenizer.token_to_id(BOS)
+    eos_ids = [tokenizer.token_to_id(EOS), tokenizer.token_to_id(EOT)]
+
+    tensors = init_weights(shape, seed)
+    losses: list[float] = []
+    if train_steps > 0:
+        ids = np.array(tokenizer.encode(corpus).ids, dtype=np.int32)
+        tensors, losses = train_weights(tensors, shape, ids, train_steps, seed)
+
+    # Write into a temporary sibling then rename, so a half-built directory is never served.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tinymodel-", dir=out.parent))
+    try:
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": BOS,
+                    "eos_token": EOT,
+                    "pad_token": PAD,
+                    "add_bos_token": False,
+                    "add_eos_token": False,
+                    "clean_up_tokenization_spaces": False,
+                    "model_max_length": shape.max_position_embeddings,
+                    "chat_template": CHAT_TEMPLATE,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+            + "\n"
+        )
+        (tmp / "special_tokens_map.json").write_text(
+            json.dumps({"bos_token": BOS, "eos_token": EOT, "pad_token": PAD}, indent=2, sort_keys=True) + "\n"
+        )
+        (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
+        (tmp / "config.json").write_text(json.dumps(_config_json(shape, bos_id, eos_ids), indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}, indent=2) + "\n"
+        )
+        _write_safetensors(tensors, tmp / "model.safetensors")
+        info = BuildInfo(
+            seed=seed,
+            shape=shape,
+            weights="trained" if train_steps > 0 else "random",
+            train_steps=train_steps,
+            corpus_chars=corpus_chars,
+            num_parameters=shape.num_parameters(),
+        )
+        for f in sorted(tmp.iterdir()):
+            info.files[f.name] = _sha256(f)
+        card = asdict(info)
+        card["final_train_loss"] = round(losses[-1], 4) if losses else None
+        card["kv_bytes_per_token_bf16"] = shape.kv_bytes_per_token(2)
+        (tmp / MODEL_CARD_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.chmod(0o755)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def read_model_card(model_dir: str | Path) -> dict | None:
+    """The build record of a kvscope-built model, or None for any other model (e.g. a hub checkpoint)."""
+    path = Path(model_dir) / MODEL_CARD_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def weights_are_random(model_dir: str | Path) -> bool:
+    card = read_model_card(model_dir)
+    return bool(card and card.get("weights") == "random")

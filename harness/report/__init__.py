@@ -1,0 +1,1 @@
+"""Notebooks to HTML: the papermill runner, the report index and its sanitising."""

@@ -1,0 +1,252 @@
+"""Reports: execute the analysis notebooks with papermill, render HTML with nbconvert, write index.html.
+
+Notebooks run from the project's `notebooks/` folder unless the user names another folder explicitly, so a
+results directory can never bring code of its own into a report. HTML outputs are sanitised by nbconvert
+and every string kvscope writes into `index.html` is escaped: text from traces or model output (a generated
+`<script>` included) shows as text and never runs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvscope.harness.common.errors import KvscopeError
+
+ANALYSIS_NOTEBOOKS = ["hit_rates", "concurrency", "latency", "cost", "speculative", "ab_compare"]
+ALL_NOTEBOOKS = ["primer", *ANALYSIS_NOTEBOOKS]
+KEY_FIGURES = [("hit_rates", "hit_rate_by_workload"), ("hit_rates", "hit_rate_by_step"),
+               ("latency", "latency_ecdf"), ("concurrency", "ttft_vs_load"),
+               ("speculative", "acceptance_and_tpot"), ("cost", "provider_cost_per_session")]
+
+
+def project_notebooks_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "notebooks"
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    ok: bool
+    html: Path | None
+    ipynb: Path | None
+    seconds: float
+    error: str | None = None
+    figures: list[Path] = field(default_factory=list)
+
+
+def _html_exporter(show_input: bool):
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    exporter.exclude_input = not show_input
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    exporter.sanitize_html = True
+    return exporter
+
+
+def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks_dir: Path | None = None,
+                 show_input: bool = False, timeout_s: int = 900) -> NotebookResult:
+    """Execute one notebook into out_dir (ipynb + html). A failing notebook still gets its HTML, with the error."""
+    import nbformat
+    import papermill as pm
+
+    src_dir = notebooks_dir or project_notebooks_dir()
+    src = (src_dir / f"{name}.ipynb").resolve()
+    if src.parent != src_dir.resolve() or not src.is_file():
+        raise KvscopeError(f"notebook {name!r} not found in {src_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_nb = out_dir / f"{name}.ipynb"
+    t0 = time.perf_counter()
+    error = None
+    try:
+        pm.execute_notebook(str(src), str(out_nb), parameters=parameters, kernel_name="python3",
+                            progress_bar=False, cwd=str(src_dir), execution_timeout=timeout_s,
+                            request_save_on_cell_execute=False)
+    except Exception as exc:  # noqa: BLE001 - papermill raises PapermillExecutionError and kernel errors
+        error = f"{exc.__class__.__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    html_path = None
+    if out_nb.exists():
+        body, _ = _html_exporter(show_input).from_notebook_node(nbformat.read(out_nb, as_version=4))
+        html_path = out_dir / f"{name}.html"
+        html_path.write_text(body)
+    fig_dir = Path(parameters.get("figures_dir") or out_dir / "figures" / name)
+    figures = sorted(fig_dir.glob("*.png")) if fig_dir.exists() else []
+    return NotebookResult(name, error is None, html_path, out_nb if out_nb.exists() else None,
+                          time.perf_counter() - t0, error, figures)
+
+
+def notebook_has_error_cells(path: Path) -> list[int]:
+    """Indices of cells whose outputs contain an error (papermill marks failures this way)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    return [i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"
+            and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+
+
+def render_report(run_dir: str | Path, notebooks: list[str] | None = None, notebooks_dir: str | Path | None = None,
+                  show_input: bool = False, extra_parameters: dict[str, dict[str, Any]] | None = None,
+                  progress: bool = True) -> Path:
+    """Execute the notebooks on an experiment (or replay run) directory; returns the path of index.html."""
+    from kvscope.harness.results.loaders import load_results
+
+    run_dir = Path(run_dir).resolve()
+    res = load_results(run_dir)  # validates the directory before any notebook runs
+    spec = (res.manifest.get("spec") or {})
+    names = notebooks or spec.get("notebooks") or ALL_NOTEBOOKS
+    unknown = [n for n in names if n not in ALL_NOTEBOOKS and notebooks_dir is None]
+    if unknown:
+        raise KvscopeError(f"unknown notebook(s) {', '.join(unknown)}; available: {', '.join(ALL_NOTEBOOKS)}")
+    report_dir = run_dir / "report"
+    report_dir.mkdir(exist_ok=True)
+    nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else None
+    params_by_nb = _default_parameters(res)
+    for k, v in (extra_parameters or {}).items():
+        params_by_nb.setdefault(k, {}).update(v)
+    results: list[NotebookResult] = []
+    for name in names:
+        params = {"experiment_dir": str(run_dir), "figures_dir": str(report_dir / "figures" / name),
+                  **params_by_nb.get(name, {})}
+        if progress:
+            print(f"report: executing {name} …", flush=True)
+        r = run_notebook(name, report_dir, params, nb_dir, show_input)
+        if progress:
+            print(f"report: {name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
+        results.append(r)
+    # Notebooks rendered earlier and not re-run this time stay listed (a subset re-run keeps the index whole).
+    previous = report_dir / "report.json"
+    if previous.exists():
+        done = {r.name for r in results}
+        kept = []
+        for entry in json.loads(previous.read_text()):
+            html_file = report_dir / (entry.get("html") or "")
+            if entry["notebook"] not in done and entry.get("html") and html_file.exists():
+                kept.append(NotebookResult(entry["notebook"], entry["ok"], html_file,
+                                           report_dir / f"{entry['notebook']}.ipynb", entry["seconds"], entry["error"],
+                                           [report_dir / f for f in entry.get("figures", [])]))
+        order = {n: i for i, n in enumerate(ALL_NOTEBOOKS)}
+        results = sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
+    index = write_index(res, report_dir, results)
+    (report_dir / "report.json").write_text(json.dumps(
+        [{"notebook": r.name, "ok": r.ok, "error": r.error, "seconds": round(r.seconds, 2),
+          "html": r.html.name if r.html else None, "figures": [str(f.relative_to(report_dir)) for f in r.figures]}
+         for r in results], indent=2))
+    return index
+
+
+def _default_parameters(res) -> dict[str, dict[str, Any]]:
+    spec = res.manifest.get("spec") or {}
+    slo = spec.get("slo") or {}
+    cost = spec.get("cost") or {}
+    out: dict[str, dict[str, Any]] = {}
+    lat: dict[str, Any] = {}
+    if slo.get("ttft_ms"):
+        lat["slo_ttft_ms"] = float(slo["ttft_ms"])
+    if slo.get("tpot_ms"):
+        lat["slo_tpot_ms"] = float(slo["tpot_ms"])
+    if lat:
+        out["latency"] = lat
+    c: dict[str, Any] = {}
+    if cost.get("pricing"):
+        c["pricing"] = list(cost["pricing"])
+    if cost.get("gpu_hourly_usd"):
+        c["gpu_hourly_usd"] = float(cost["gpu_hourly_usd"])
+    if c:
+        out["cost"] = c
+    return out
+
+
+def _fmt(x: Any, kind: str) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "–"
+    if kind == "pct":
+        return f"{x:.1%}"
+    if kind == "ms":
+        return f"{x * 1000:.1f}"
+    if kind == "f":
+        return f"{x:.2f}"
+    return html.escape(str(x))
+
+
+def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
+    e = html.escape
+    cells = res.cells
+    rows = []
+    for _, c in cells.iterrows():
+        rows.append(
+            "<tr>" + "".join(f"<td>{v}</td>" for v in [
+                e(str(c.get("cell"))), e(str(c.get("status"))), _fmt(c.get("requests"), "s"),
+                _fmt(c.get("failed"), "s"), _fmt(c.get("hit_server"), "pct"), _fmt(c.get("hit_predicted"), "pct"),
+                _fmt(c.get("would_hit"), "pct"), _fmt(c.get("ttft_p50_s"), "ms"), _fmt(c.get("tpot_p50_s"), "ms"),
+                _fmt(c.get("req_per_s"), "f"), _fmt(c.get("spec_acceptance_rate"), "pct"),
+                e(str(c.get("reason") or ""))]) + "</tr>")
+    links = []
+    for r in results:
+        status = "ok" if r.ok else f"failed: {e(r.error or '')}"
+        if r.html:
+            links.append(f'<li><a href="{e(r.html.name)}">{e(r.name)}</a> — {status} ({r.seconds:.0f} s)</li>')
+        else:
+            links.append(f"<li>{e(r.name)} — {status}</li>")
+    figs = []
+    by_name = {r.name: r for r in results}
+    for nb, fig in KEY_FIGURES:
+        r = by_name.get(nb)
+        if r is None:
+            continue
+        for f in r.figures:
+            if f.stem == fig:
+                rel = f.relative_to(report_dir)
+                figs.append(f'<figure><a href="{e(nb)}.html"><img src="{e(str(rel))}" alt="{e(fig)}"></a>'
+                            f"<figcaption>{e(nb)}: {e(fig.replace('_', ' '))}</figcaption></figure>")
+    failed = cells[cells["status"] != "ok"] if "status" in cells else cells.iloc[0:0]
+    failed_html = "".join(f"<li>{e(str(c['cell']))}: {e(str(c.get('reason') or c.get('status')))}</li>"
+                          for _, c in failed.iterrows())
+    warn = ""
+    if res.weights_random:
+        warn = ("<p class=warn>The model has <b>random weights</b>: greedy output repeats itself, so n-gram "
+                "speculative decoding looks far better accepted than it would be with a real model.</p>")
+    desc = e(str((res.manifest.get("spec") or {}).get("description") or ""))
+    doc = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>kvscope — {e(res.name)}</title>
+<meta http-equiv="Content-Security-Policy" content="default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'">
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child,th:first-child{{text-align:left}}
+figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{{background:#fff3cd;padding:0.5em}}</style>
+</head><body>
+<h1>kvscope report: {e(res.name)}</h1>
+<p>{desc}</p>
+<p>Run directory: <code>{e(str(res.root))}</code> — {len(cells)} cells, {len(res.requests)} request records.</p>
+{warn}
+<h2>Reports</h2><ul>{''.join(links)}</ul>
+<h2>Key figures</h2>{''.join(figs) or '<p>none</p>'}
+<h2>Cells</h2>
+<table><tr><th>cell</th><th>status</th><th>requests</th><th>failed</th><th>hit (server)</th><th>hit (predicted)</th>
+<th>would hit</th><th>TTFT p50 ms</th><th>TPOT p50 ms</th><th>req/s</th><th>spec accept</th><th>reason</th></tr>
+{''.join(rows)}</table>
+<h2>Failed cells</h2><ul>{failed_html or '<li>none</li>'}</ul>
+<p><small>generated by kvscope {e(str(res.manifest.get('kvscope_version', '')))} at {e(time.strftime('%Y-%m-%d %H:%M:%S'))}</small></p>
+</body></html>
+"""
+    index = report_dir / "index.html"
+    index.write_text(doc)
+    return index
+
+
+def render_compare(run_a: str | Path, run_b: str | Path, out_dir: str | Path, label_a: str = "A", label_b: str = "B",
+                   show_input: bool = False, resamples: int = 2000) -> Path:
+    """Render the ab_compare notebook for any two runs (replay run or cell directories)."""
+    out = Path(out_dir).resolve()
+    params = {"experiment_dir": "", "run_a": str(Path(run_a).resolve()), "run_b": str(Path(run_b).resolve()),
+              "label_a": label_a, "label_b": label_b, "resamples": resamples,
+              "figures_dir": str(out / "figures" / "ab_compare")}
+    r = run_notebook("ab_compare", out, params, show_input=show_input)
+    if not r.ok:
+        raise KvscopeError(f"ab_compare failed: {r.error} (see {r.html})")
+    assert r.html is not None
+    return r.html

@@ -1,0 +1,1 @@
+"""Result files: their schemas, writers and loaders (request records, summaries, manifests, experiments)."""

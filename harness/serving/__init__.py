@@ -1,0 +1,1 @@
+"""Talking to a serving engine: server lifecycle, facts, Prometheus metrics, the streaming HTTP client."""

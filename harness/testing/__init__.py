@@ -1,0 +1,1 @@
+"""Test doubles: a loopback OpenAI-compatible server that fails on purpose, for tests and benchmarks."""

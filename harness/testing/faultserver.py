@@ -1,0 +1,608 @@
+"""A fault-injecting, zero-latency mock of vLLM's OpenAI streaming API, on loopback only.
+
+Used by the fault tests (every way a server or network can misbehave, on demand) and by the client
+benchmarks (a mock that is never the bottleneck). It is a raw `asyncio.Protocol` HTTP/1.1 server: keep-alive,
+`Content-Length` request bodies, chunked SSE responses, no framework on the hot path.
+
+Endpoints: `POST /v1/completions` (token-id or text prompts), `POST /v1/chat/completions`, `GET /v1/models`
+(with a non-standard `vocab_size` field when configured), `GET /health`, `GET /metrics` (a few `vllm:`
+counters and `vllm:cache_config_info`), `GET /version`, `POST /reset_prefix_cache`.
+
+Which fault a completion request gets, first match wins:
+  1. the request header `X-Fault: MODE`;
+  2. `schedule`: {n: MODE} for the n-th completion request the server received (0-based);
+  3. `token_faults`: {token id: MODE} matched against the last token of a token-id prompt;
+  4. `fault_rates`: {MODE: probability}, drawn from a seeded generator;
+  5. otherwise `ok`.
+
+Fault modes (`FAULT_MODES`):
+  ok              normal stream: `max_tokens` tokens (or `output_len`), usage chunk, `[DONE]`
+  reset_before    the connection is reset (RST) before any response byte
+  reset_mid       headers and half the tokens, then RST
+  http_429 / http_500 / http_503           that status with a vLLM-style JSON error body
+  http_429_empty / http_500_empty / http_503_empty   that status with an empty body
+  stall_headers   request read, nothing ever answered
+  stall_before    200 headers sent, then nothing (no first token, ever)
+  stall_mid       headers and half the tokens, then nothing (connection held open)
+  malformed_sse   a line that is not SSE (`garbage without a field name`) mid-stream
+  invalid_json    `data: {"choices": [` mid-stream
+  error_event     `data: {"error": {...}}` mid-stream, as vLLM sends for errors after the headers
+  no_usage        the usage chunk is left out
+  no_done         the stream ends cleanly (chunked terminator) without `data: [DONE]`
+  extra_tokens    3 more tokens than asked (usage agrees with what was streamed)
+  fewer_tokens    half the tokens asked, `finish_reason: length` (usage agrees with what was streamed)
+  close_after     a normal response, then the server closes the keep-alive connection
+  die             the whole server stops: listener closed, every connection reset (the process exits when
+                  run from the command line)
+
+Run: `python -m kvscope.harness.testing.faultserver --port 8100 --ttft-ms 0 --itl-ms 0 [--fault-rates reset_mid=0.01,...]`.
+In tests: `with FaultServer(FaultConfig(...)) as srv: srv.endpoint`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+FAULT_MODES = (
+    "ok", "reset_before", "reset_mid", "http_429", "http_500", "http_503", "http_429_empty", "http_500_empty",
+    "http_503_empty", "stall_headers", "stall_before", "stall_mid", "malformed_sse", "invalid_json", "error_event",
+    "no_usage", "no_done", "extra_tokens", "fewer_tokens", "close_after", "die",
+)
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass
+class FaultConfig:
+    ttft_s: float = 0.0  # delay before the first token
+    itl_s: float = 0.0  # delay between tokens
+    output_len: int | None = None  # tokens per response; default: the request's max_tokens
+    model: str = "mock"
+    vocab_size: int | None = 8192  # exposed as `vocab_size` in /v1/models (None: not exposed)
+    max_model_len: int = 1 << 20
+    block_size: int = 16  # vllm:cache_config_info
+    num_gpu_blocks: int = 1 << 16
+    prefix_caching: bool = False
+    schedule: dict[int, str] = field(default_factory=dict)
+    token_faults: dict[int, str] = field(default_factory=dict)
+    fault_rates: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    keepalive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this (uvicorn's default)
+    exit_on_die: bool = False  # `die` ends the process (command-line use)
+    text: str | None = None  # generated text of the first token (e.g. markup, to test report escaping)
+
+    def __post_init__(self) -> None:
+        for mode in [*self.schedule.values(), *self.token_faults.values(), *self.fault_rates]:
+            if mode not in FAULT_MODES:
+                raise ValueError(f"unknown fault mode {mode!r}; known: {', '.join(FAULT_MODES)}")
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.completions = 0  # completion requests received
+        self.by_fault: dict[str, int] = {}
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.running = 0
+        self.connections = 0
+
+
+_HDR_SSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n")
+_DONE_CHUNK = b"e\r\ndata: [DONE]\n\n\r\n"
+_END = b"0\r\n\r\n"
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _simple_response(status: int, body: bytes, ctype: bytes = b"application/json", close: bool = False) -> bytes:
+    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 429: b"Too Many Requests",
+              500: b"Internal Server Error", 503: b"Service Unavailable"}.get(status, b"Error")
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (status, reason, ctype, len(body), b"connection: close\r\n" if close else b"", body))
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = ("srv", "transport", "buf", "busy", "closed", "last_active", "task")
+
+    def __init__(self, srv: "FaultServer") -> None:
+        self.srv = srv
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.busy = False
+        self.closed = False
+        self.last_active = time.monotonic()
+        self.task: asyncio.Task | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.srv._conns.add(self)
+        self.srv.stats.connections += 1
+
+    def connection_lost(self, exc) -> None:  # type: ignore[override]
+        self.closed = True
+        self.srv._conns.discard(self)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:  # type: ignore[override]
+        self.buf += data
+        if not self.busy:
+            self._process()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            try:  # RST rather than FIN: the client sees "connection reset"
+                sock = self.transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            except OSError:
+                pass
+            self.transport.abort()
+        self.closed = True
+
+    def _process(self) -> None:
+        while not self.busy and not self.closed:
+            buf = self.buf
+            i = buf.find(b"\r\n\r\n")
+            if i < 0:
+                if len(buf) > 65536:
+                    self.transport.write(_simple_response(400, b'{"error":"headers too large"}', close=True))
+                    self.transport.close()
+                    self.closed = True
+                return
+            head = buf[:i].split(b"\r\n")
+            try:
+                method, path, _ = head[0].split(b" ", 2)
+            except ValueError:
+                self.transport.write(_simple_response(400, b'{"error":"bad request line"}', close=True))
+                self.transport.close()
+                self.closed = True
+                return
+            length = 0
+            fault = None
+            close = False
+            for h in head[1:]:
+                name, _, value = h.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"x-fault":
+                    fault = value.strip().decode()
+                elif name == b"connection" and value.strip().lower() == b"close":
+                    close = True
+            end = i + 4 + length
+            if len(buf) < end:
+                return
+            body = buf[i + 4:end]
+            self.buf = buf[end:]
+            self.last_active = time.monotonic()
+            self.srv._handle(self, method, path.partition(b"?")[0], body, fault, close)
+
+
+class FaultServer:
+    """The mock server. `start()` runs it on a background thread (tests); `serve_forever()` in the foreground."""
+
+    def __init__(self, config: FaultConfig | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        if host not in _LOOPBACK:
+            raise ValueError(f"the fault server binds to loopback only, not {host!r}")
+        self.config = config or FaultConfig()
+        self.host = host
+        self.port = port
+        self.stats = _Stats()
+        self.dead = False
+        self._rng = random.Random(self.config.seed)
+        self._conns: set[_Conn] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._started = time.time()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start_async(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(lambda: _Conn(self), self.host, self.port, backlog=4096,
+                                                      reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = self._loop.call_later(1.0, self._sweep)
+
+    async def serve_forever(self) -> None:
+        await self.start_async()
+        assert self._server is not None
+        try:
+            await self._server.serve_forever()
+        except asyncio.CancelledError:
+            pass
+
+    def start(self) -> "FaultServer":
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(self.start_async())
+            self._ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="faultserver", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fault server did not start")
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        def shutdown() -> None:
+            self._close_all()
+            loop.stop()
+
+        if loop.is_running():
+            loop.call_soon_threadsafe(shutdown)
+        self._thread.join(10)
+        self._thread = None
+
+    def kill(self) -> None:
+        """From another thread: the server dies as if `die` had been requested."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._die)
+
+    def __enter__(self) -> "FaultServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_all(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for c in list(self._conns):
+            c.abort()
+
+    def _die(self) -> None:
+        self.dead = True
+        self._close_all()
+        if self.config.exit_on_die:
+            os._exit(3)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        limit = self.config.keepalive_timeout_s
+        for c in list(self._conns):
+            if not c.busy and not c.buf and now - c.last_active > limit and c.transport is not None:
+                c.transport.close()
+        if self._loop is not None and not self.dead:
+            self._sweeper = self._loop.call_later(1.0, self._sweep)
+
+    # ---- routing ------------------------------------------------------------------------------------
+    def _handle(self, conn: _Conn, method: bytes, path: bytes, body: bytes, fault: str | None, close: bool) -> None:
+        t = conn.transport
+        assert t is not None
+        if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
+            self._completion(conn, path == b"/v1/chat/completions", body, fault, close)
+            return
+        if method == b"GET" and path == b"/health":
+            out = _simple_response(200, b"", close=close)
+        elif method == b"GET" and path == b"/v1/models":
+            card: dict[str, Any] = {"id": self.config.model, "object": "model", "created": int(self._started),
+                                    "owned_by": "kvscope-mock", "root": self.config.model,
+                                    "max_model_len": self.config.max_model_len}
+            if self.config.vocab_size:
+                card["vocab_size"] = self.config.vocab_size
+            out = _simple_response(200, orjson.dumps({"object": "list", "data": [card]}), close=close)
+        elif method == b"GET" and path == b"/version":
+            out = _simple_response(200, b'{"version":"0.0.0-kvscope-mock"}', close=close)
+        elif method == b"GET" and path == b"/metrics":
+            out = _simple_response(200, self._metrics(), b"text/plain; version=0.0.4; charset=utf-8", close=close)
+        elif method == b"POST" and path == b"/reset_prefix_cache":
+            out = _simple_response(200, b"", close=close)
+        else:
+            out = _simple_response(404, b'{"detail":"Not Found"}', close=close)
+        t.write(out)
+        conn.last_active = time.monotonic()
+        if close:
+            t.close()
+            conn.closed = True
+
+    def _metrics(self) -> bytes:
+        s, c = self.stats, self.config
+        labels = f'model_name="{c.model}",engine="0"'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {s.running}.0",
+            "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
+            "# TYPE vllm:prefix_cache_queries counter", f"vllm:prefix_cache_queries_total{{{labels}}} {s.prompt_tokens}.0",
+            "# TYPE vllm:prefix_cache_hits counter", f"vllm:prefix_cache_hits_total{{{labels}}} 0.0",
+            "# TYPE vllm:prompt_tokens counter", f"vllm:prompt_tokens_total{{{labels}}} {s.prompt_tokens}.0",
+            "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total{{{labels}}} {s.generation_tokens}.0",
+            "# TYPE vllm:request_success counter", f"vllm:request_success_total{{{labels}}} {s.completions}.0",
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{c.block_size}",cache_dtype="auto",enable_prefix_caching='
+            f'"{c.prefix_caching}",engine="0",num_gpu_blocks="{c.num_gpu_blocks}",num_gpu_blocks_override="None",'
+            f'kv_cache_size_tokens="{c.num_gpu_blocks * c.block_size}",prefix_caching_hash_algo="sha256"}} 1.0',
+        ]
+        return ("\n".join(lines) + "\n").encode()
+
+    def _pick_fault(self, n: int, fault: str | None, prompt: Any) -> str:
+        c = self.config
+        if fault:
+            return fault if fault in FAULT_MODES else "ok"
+        if n in c.schedule:
+            return c.schedule[n]
+        if c.token_faults and isinstance(prompt, list) and prompt and isinstance(prompt[-1], int):
+            mode = c.token_faults.get(prompt[-1])
+            if mode:
+                return mode
+        if c.fault_rates:
+            x = self._rng.random()
+            for mode, p in c.fault_rates.items():
+                if x < p:
+                    return mode
+                x -= p
+        return "ok"
+
+    # ---- completions --------------------------------------------------------------------------------
+    def _completion(self, conn: _Conn, chat: bool, body: bytes, fault: str | None, close: bool) -> None:
+        t = conn.transport
+        assert t is not None
+        try:
+            req = orjson.loads(body)
+            max_tokens = int(req.get("max_tokens") or 16)
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+            t.write(_simple_response(400, b'{"object":"error","message":"invalid JSON body","code":400}', close=close))
+            return
+        prompt = req.get("messages") if chat else req.get("prompt")
+        n = self.stats.completions
+        self.stats.completions += 1
+        mode = self._pick_fault(n, fault, prompt)
+        self.stats.by_fault[mode] = self.stats.by_fault.get(mode, 0) + 1
+        if mode == "die":
+            self._die()
+            return
+        if mode == "reset_before":
+            conn.abort()
+            return
+        if mode.startswith("http_"):
+            parts = mode.split("_")
+            status = int(parts[1])
+            body_out = b"" if len(parts) > 2 else orjson.dumps(
+                {"object": "error", "message": f"mock fault {mode}", "type": "MockError", "param": None,
+                 "code": status})
+            t.write(_simple_response(status, body_out, close=close))
+            if close:
+                t.close()
+                conn.closed = True
+            return
+        if mode == "stall_headers":
+            conn.busy = True
+            return
+        vocab = self.config.vocab_size or 32000
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            n_prompt = len(prompt)
+            seed_tok = prompt[-1]
+        elif chat and isinstance(prompt, list):
+            n_prompt = sum(len(str(m.get("content", ""))) // 4 + 4 for m in prompt if isinstance(m, dict))
+            seed_tok = n_prompt
+        else:
+            n_prompt = max(1, len(str(prompt)) // 4)
+            seed_tok = n_prompt
+        n_out = self.config.output_len or max_tokens
+        if mode == "extra_tokens":
+            n_out += 3
+        elif mode == "fewer_tokens":
+            n_out = max(1, n_out // 2)
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        events = self._events(chat, n_prompt, n_out, seed_tok % vocab, vocab, include_usage and mode != "no_usage")
+        half = max(1, n_out // 2)
+        self.stats.prompt_tokens += n_prompt
+        head = _HDR_SSE + (b"connection: close\r\n\r\n" if close else b"\r\n")
+        if mode in ("reset_mid", "stall_mid"):
+            events = events[:half]
+        elif mode in ("malformed_sse", "invalid_json", "error_event"):
+            bad = {"malformed_sse": b"garbage without a field name\n\n", "invalid_json": b'data: {"choices": [\n\n',
+                   "error_event": b'data: {"error": {"object": "error", "message": "mock mid-stream error", '
+                                  b'"type": "MockError", "code": 500}}\n\n'}[mode]
+            events = events[:half] + [bad] + events[half:]
+        elif mode == "no_done":
+            events = events[:-1]
+        elif mode == "stall_before":
+            events = []
+        delayed = self.config.ttft_s > 0 or self.config.itl_s > 0
+        end_action = {"reset_mid": "reset", "stall_mid": "stall", "stall_before": "stall"}.get(mode, "end")
+        if close or mode == "close_after":
+            end_action = "close" if end_action == "end" else end_action
+        self.stats.generation_tokens += n_out
+        if not delayed:
+            if end_action == "end" or end_action == "close":
+                t.write(head + b"".join(_chunk(e) for e in events) + _END)
+                if end_action == "close":
+                    t.close()
+                    conn.closed = True
+                conn.last_active = time.monotonic()
+                return
+            t.write(head + b"".join(_chunk(e) for e in events))
+            if end_action == "reset":
+                conn.abort()
+            else:
+                conn.busy = True  # stalled for good
+            return
+        conn.busy = True
+        self.stats.running += 1
+        conn.task = asyncio.get_running_loop().create_task(self._stream_slow(conn, head, events, end_action))
+
+    async def _stream_slow(self, conn: _Conn, head: bytes, events: list[bytes], end_action: str) -> None:
+        t = conn.transport
+        assert t is not None
+        try:
+            t.write(head)
+            if self.config.ttft_s > 0:
+                await asyncio.sleep(self.config.ttft_s)
+            for k, e in enumerate(events):
+                if k and self.config.itl_s > 0 and not e.startswith((b'data: {"id":"cmpl-u', b"data: [DONE]")):
+                    await asyncio.sleep(self.config.itl_s)
+                if conn.closed:
+                    return
+                t.write(_chunk(e))
+            if end_action == "reset":
+                conn.abort()
+            elif end_action == "stall":
+                await asyncio.Event().wait()
+            else:
+                t.write(_END)
+                if end_action == "close":
+                    t.close()
+                    conn.closed = True
+                conn.busy = False
+                conn.last_active = time.monotonic()
+                if conn.buf:
+                    conn._process()
+        finally:
+            self.stats.running -= 1
+
+    def _events(self, chat: bool, n_prompt: int, n_out: int, tok0: int, vocab: int, usage: bool) -> list[bytes]:
+        model = self.config.model.encode()
+        out = []
+        if chat:
+            out.append(b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"%s",'
+                       b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                       b'"finish_reason":null}]}\n\n' % model)
+            tmpl = (b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"' + model +
+                    b'","choices":[{"index":0,"delta":{"content":" t%d"},"logprobs":null,"finish_reason":%s,'
+                    b'"token_ids":[%d]}]}\n\n')
+        else:
+            tmpl = (b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"' + model +
+                    b'","choices":[{"index":0,"text":" t%d","logprobs":null,"finish_reason":%s,"stop_reason":null,'
+                    b'"token_ids":[%d]}]}\n\n')
+        for k in range(n_out):
+            tok = (tok0 + 1 + k) % vocab
+            ev = tmpl % (tok, b'"length"' if k == n_out - 1 else b"null", tok)
+            if k == 0 and self.config.text is not None:
+                ev = ev.replace(b'" t%d"' % tok, json.dumps(self.config.text).encode(), 1)
+            out.append(ev)
+        if usage:
+            out.append(b'data: {"id":"cmpl-u","object":"%s","created":0,"model":"%s","choices":[],"usage":'
+                       b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":'
+                       b'{"cached_tokens":0}}}\n\n'
+                       % (b"chat.completion.chunk" if chat else b"text_completion", model, n_prompt, n_prompt + n_out,
+                          n_out))
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+
+# ---- synthetic traces for tests and benchmarks -----------------------------------------------------------
+def synthetic_trace(n_sessions: int, steps: int = 1, prompt_tokens: int = 128, output_tokens: int = 16,
+                    think_time_s: float = 0.0, vocab_size: int = 8192, seed: int = 0, last_tokens=None,
+                    session_gap_s: float = 0.0):
+    """A trace of `n_sessions` x `steps` requests, each prompt its own `prompt_tokens` random ids (ids below 100
+    are never drawn, so they can mark fault-injecting requests). `last_tokens(session, step)` may return an id to
+    put last in that prompt (the fault server's `token_faults` key). Requires the `workloads` package."""
+    import numpy as np
+
+    from kvscope.workloads.trace import TraceBuilder
+
+    rng = np.random.default_rng(seed)
+    b = TraceBuilder()
+    for s in range(n_sessions):
+        parent = -1
+        start = s * session_gap_s
+        for k in range(steps):
+            toks = rng.integers(100, vocab_size, size=prompt_tokens, dtype=np.int32)
+            if last_tokens is not None:
+                mark = last_tokens(s, k)
+                if mark is not None:
+                    toks[-1] = mark
+            seg = b.add_segment(toks, "user")
+            parent = b.add_request(session_id=f"s{s:06d}", step=k, parent_request_id=parent,
+                                   arrival_s=start + k * think_time_s, session_start_s=start,
+                                   think_time_s=think_time_s if k else 0.0, prompt_segment_ids=[seg],
+                                   output_tokens=output_tokens, max_tokens=output_tokens,
+                                   transition="first" if k == 0 else "reset", tenant=0)
+    return b.build({"name": f"synthetic-{n_sessions}x{steps}", "seed": seed,
+                    "tokenizer": {"path": None, "sha256": None, "vocab_size": vocab_size}, "spec": {"synthetic": True}})
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+def _pairs(text: str | None, key_type, value_type) -> dict:
+    out = {}
+    for part in (text or "").split(","):
+        if part.strip():
+            k, _, v = part.partition("=")
+            out[key_type(k.strip())] = value_type(v.strip())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvscope.harness.testing.faultserver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed, and written to --port-file)")
+    p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--itl-ms", type=float, default=0.0)
+    p.add_argument("--output-len", type=int, help="tokens per response (default: the request's max_tokens)")
+    p.add_argument("--model", default="mock")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--fault-rates", metavar="MODE=P,…", help="random faults, e.g. reset_mid=0.01,http_503=0.02")
+    p.add_argument("--schedule", metavar="N=MODE,…", help="fault for the N-th completion request (0-based)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--uvloop", action="store_true", help="run on uvloop (faster) when it is installed")
+    args = p.parse_args(argv)
+    cfg = FaultConfig(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, output_len=args.output_len,
+                      model=args.model, vocab_size=args.vocab_size, block_size=args.block_size,
+                      fault_rates=_pairs(args.fault_rates, str, float), schedule=_pairs(args.schedule, int, str),
+                      seed=args.seed, exit_on_die=True)
+    srv = FaultServer(cfg, args.host, args.port)
+
+    async def run() -> None:
+        await srv.start_async()
+        print(f"fault server listening on {srv.endpoint}", flush=True)
+        if args.port_file:
+            tmp = args.port_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(str(srv.port))
+            os.replace(tmp, args.port_file)
+        await asyncio.Event().wait()
+
+    try:
+        if args.uvloop:
+            try:
+                import uvloop
+
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    runner.run(run())
+                return 0
+            except ImportError:
+                pass
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
