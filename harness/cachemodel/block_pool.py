@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from itertools import repeat
 from typing import Iterable, Literal, Sequence
 
-from kvscope.harness.cachemodel.hashing import common_prefix
+from kvscope.workloads.prefix import common_prefix_len
 
 FreeOrder = Literal["split", "append"]
 
@@ -280,7 +280,7 @@ class SequentialBlockPool:
             st = self._sessions.get(session)
             if st is not None:
                 prev_h, prev_blocks, prev_epochs = st
-                shared = min(common_prefix(prev_h, hashes), cap, len(prev_blocks))
+                shared = min(common_prefix_len(prev_h, hashes), cap, len(prev_blocks))
                 if shared:
                     seg = prev_blocks[:shared]
                     ok = (self.epoch[seg] == prev_epochs[:shared]) & ~self.is_dup[seg]
