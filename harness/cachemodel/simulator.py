@@ -174,7 +174,7 @@ def simulate(
         block_size=config.block_size,
         num_gpu_blocks=config.num_gpu_blocks,
         replicas=replicas,
-        routing=routing if replicas > 1 else "none",
+        routing=router.policy if replicas > 1 else "none",
         mode=mode,
         evictions=[r.pool.evictions for r in reps],
     )
