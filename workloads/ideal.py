@@ -2,8 +2,7 @@
 ``kvscope workload stats`` (raw block view) and ``kvscope simulate``'s ideal figures (simulator requests).
 
 Chained ids make it cheap: an id stands for its whole prefix, so "seen before" is monotone along a request's
-ids and one binary search finds the leading run. Plain ints and a set suffice (no numpy), which keeps the
-simulator's start fast. Token traces with exact partial tails are scored by ``stats.IdealCache``.
+ids and one binary search finds the leading run (``prefix.leading_run``). Token traces with exact partial tails are scored by ``stats.IdealCache``.
 """
 
 from __future__ import annotations
@@ -12,18 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-
-def leading_seen(keys: list, seen: set) -> int:
-    """Length of the leading run of ``keys`` in ``seen``. Keys are chained (a key stands for its whole
-    prefix), so membership is monotone along the list and a binary search finds the boundary."""
-    lo, hi = 0, len(keys)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[mid] in seen:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+from kvscope.workloads.prefix import leading_run
 
 
 @dataclass
@@ -56,7 +44,7 @@ def ideal_block_hit(requests: Iterable[tuple[Sequence[int], int, int, str | None
     for ids, prompt, B, session in requests:
         seen = seen_sess[str(session)] if per_session else seen_global
         keys = list(ids[: max(prompt - 1, 0) // B]) if capped else list(ids)
-        k = leading_seen(keys, seen)
+        k = leading_run(keys, seen, chained=True)
         hit = min(k * B, prompt)
         seen.update(ids[k:])
         acc.hit_tokens += hit

@@ -16,7 +16,7 @@ the parent's end may change and still count as an append (``append_slack``).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Collection, Literal, Sequence
 
 import numpy as np
 
@@ -42,6 +42,29 @@ def common_prefix_len(a: Sequence | np.ndarray, b: Sequence | np.ndarray) -> int
         else:
             hi = mid - 1
     return lo
+
+
+def leading_run(keys: Sequence, present: Collection, *, chained: bool = False) -> int:
+    """Length of the leading run of ``keys`` found in ``present`` (a cache lookup stops at the first miss).
+
+    With ``chained`` the caller promises membership is monotone along ``keys`` (chained ids in a cache that
+    never evicts: an id stands for its whole prefix), and a binary search finds the boundary; otherwise one
+    C-level scan (``map`` of ``__contains__``), which is also right for pools that evict inner blocks.
+    """
+    if chained:
+        lo, hi = 0, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in present:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+    flags = list(map(present.__contains__, keys))
+    try:
+        return flags.index(False)
+    except ValueError:
+        return len(flags)
 
 
 def classify_transition(common: int, parent_len: int, *, hint: str | None = None, append_slack: int = 0) -> str:

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from kvscope.workloads.importers.blocks import BlockRequest, block_transition
-from kvscope.workloads.ideal import leading_seen, ideal_block_hit
-from kvscope.workloads.prefix import TRANSITIONS
+from kvscope.workloads.ideal import ideal_block_hit
+from kvscope.workloads.prefix import TRANSITIONS, leading_run
 from kvscope.workloads.trace import Trace
 
 _W_SEED = 0x6B7673636F7065
@@ -74,7 +74,7 @@ class IdealCache:
         n = len(tokens)
         keys = (self.chain(tokens) if chain is None else chain).tolist()
         seen = self.seen
-        k = leading_seen(keys, seen)
+        k = leading_run(keys, seen, chained=True)
         nb = len(keys)
         hit = k * self.B
         # Chained keys: once one is new, all later ones are new too.

@@ -48,3 +48,14 @@ def test_arrival_offsets_start_at_zero_and_keep_the_mean_rate():
         assert abs(np.diff(t).mean() - 0.25) < 0.02
     bursty = np.diff(arrival_offsets_s(np.random.default_rng(1), 20_000, 4.0, "gamma", 3.0))
     assert bursty.std() / bursty.mean() > 2.0
+
+
+@given(st.lists(st.integers(0, 50), unique=True, max_size=30), st.integers(0, 30), st.sets(st.integers(0, 50)))
+def test_leading_run_scan_and_chained_search_agree_on_prefix_closed_sets(keys, k, extra):
+    from kvscope.workloads.prefix import leading_run
+
+    present = set(keys[:k])
+    assert leading_run(keys, present) == leading_run(keys, present, chained=True) == min(k, len(keys))
+    # a pool that evicted an inner block: the scan stops at the first miss
+    holes = (present | extra) - ({keys[0]} if keys else set())
+    assert leading_run(keys, holes) == 0
