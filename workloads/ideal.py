@@ -2,7 +2,8 @@
 ``kvscope workload stats`` (raw block view) and ``kvscope simulate``'s ideal figures (simulator requests).
 
 Chained ids make it cheap: an id stands for its whole prefix, so "seen before" is monotone along a request's
-ids and one binary search finds the leading run (``prefix.leading_run``). Token traces with exact partial tails are scored by ``stats.IdealCache``.
+ids and one binary search finds the leading run (``prefix.leading_run``). Token traces with exact partial
+tails are scored by ``stats.IdealCache``.
 """
 
 from __future__ import annotations

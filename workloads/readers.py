@@ -139,9 +139,10 @@ def _add_session(conv: _Conversation, session: str, items: list, t0: float, stat
         require_fields(r, ("in", "out"), f"{conv.where}: session {session} request {step}")
         tool = "tool_result" in (r.get("input_types") or [])
         think = float(r.get("think_time") or 0.0)
+        ids = np.asarray(r.get("hash_ids") or [], dtype=np.int64) + conv.id_base
         conv.out.append(BlockRequest(
             session_id=session, step=step, arrival_s=t0 + float(r.get("t", 0.0)), input_length=int(r["in"]),
-            output_length=int(r["out"]), block_ids=np.asarray(r.get("hash_ids") or [], dtype=np.int64) + conv.id_base,
+            output_length=int(r["out"]), block_ids=ids,
             block_size=conv.block_size, parent=prev, session_start_s=t0,
             think_time_s=0.0 if tool else think, tool_latency_s=think if tool else 0.0,
             input_kind=("tool_output" if tool else "user") if step > 0 else "task", static_prefix_tokens=static,
@@ -196,6 +197,7 @@ def read_token_jsonl(path: str | Path) -> list[TokenRequest]:
         out.append(TokenRequest(line_no=line_no, prompt=prompt, output=output, output_tokens=n_out,
                                 max_tokens=int(r.get("max_tokens", n_out)),
                                 session_id=None if sid is None else str(sid), step=int(r.get("step", 0)),
-                                arrival_s=float(r.get("arrival_s", 0.0)), gap_s=None if gap is None else float(gap),
+                                arrival_s=float(r.get("arrival_s", 0.0)),
+                                gap_s=None if gap is None else float(gap),
                                 cache_salt=r.get("cache_salt") or None))
     return out

@@ -98,8 +98,9 @@ def read_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK) -> 
         full = r.input_length // MOONCAKE_BLOCK
         tail = ids[full] if len(ids) > full else None
         hashes = ids[:full] if len(ids) > full else ids
-        reqs.append(SimRequest(i, r.input_length, r.output_length, regroup_block_ids(hashes, MOONCAKE_BLOCK, block_size),
-                               block_size, arrival_s=r.arrival_s, tail_id=tail))
+        hashes = regroup_block_ids(hashes, MOONCAKE_BLOCK, block_size)
+        reqs.append(SimRequest(i, r.input_length, r.output_length, hashes, block_size, arrival_s=r.arrival_s,
+                               tail_id=tail))
     return LoadedTrace("mooncake", str(path), block_size, MOONCAKE_BLOCK, reqs)
 
 

@@ -42,8 +42,9 @@ class EndpointRouter:
     def pick(self, session_id: str, prompt: np.ndarray) -> int:
         if self.n == 1:
             return 0
-        first_block = hash_token_blocks(prompt[: self.block_size], self.block_size) if self.policy == "prefix-hash" else []
-        req = SimRequest(self._requests, len(prompt), 0, first_block, self.block_size, session_id=session_id)
+        B = self.block_size
+        first_block = hash_token_blocks(prompt[:B], B) if self.policy == "prefix-hash" else []
+        req = SimRequest(self._requests, len(prompt), 0, first_block, B, session_id=session_id)
         self._requests += 1
         i = self._router.choose(req, self._loads)
         self._loads[i].routed_tokens += len(prompt)

@@ -24,8 +24,8 @@ def _agent_rows(session_ids: list) -> list[dict]:
     rows = []
     for sid in session_ids:
         for step in range(3):
-            rows.append({"session_id": sid, "step": step, "prompt_token_ids": base + [sid if isinstance(sid, int) else 7] * (16 * (step + 1)),
-                         "output_tokens": 4})
+            tail = [sid if isinstance(sid, int) else 7] * (16 * (step + 1))
+            rows.append({"session_id": sid, "step": step, "prompt_token_ids": base + tail, "output_tokens": 4})
     return rows
 
 
@@ -35,7 +35,8 @@ def test_simulate_accepts_integer_session_ids(tmp_path, capsys):
     by_int = json.loads(capsys.readouterr().out)
     assert by_int["requests"] == 6 and by_int["cached_tokens"] > 0
     # the same sessions named by strings: the same prediction
-    strs = _write_jsonl(tmp_path / "str.jsonl", [{**r, "session_id": str(r["session_id"])} for r in _agent_rows([1, 2])])
+    named = [{**r, "session_id": str(r["session_id"])} for r in _agent_rows([1, 2])]
+    strs = _write_jsonl(tmp_path / "str.jsonl", named)
     for r, s in zip(load_trace(ints).requests, load_trace(strs).requests):
         assert r.session_id == s.session_id and r.hashes == s.hashes
     d = ideal_prefix_hit(load_trace(ints).requests)

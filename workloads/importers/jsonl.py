@@ -2,9 +2,9 @@
 
 Import fields (read by :func:`kvscope.workloads.readers.read_token_jsonl`, shared with ``kvscope simulate``):
 ``prompt_token_ids`` (required), optional ``output_token_ids``, ``session_id``, ``step``, ``max_tokens``,
-``output_tokens``, ``arrival_s``, ``cache_salt``. Requests of one session (same ``session_id``, ordered by ``step`` then line)
-are chained as parent → child. Prompts are stored compactly: a prompt that starts with its parent's prompt
-(+ the parent's output) references the parent's segments and adds only the new tokens.
+``output_tokens``, ``arrival_s``, ``cache_salt``. Requests of one session (same ``session_id``, ordered by
+``step`` then line) are chained as parent → child. Prompts are stored compactly: a prompt that starts with its
+parent's prompt (+ the parent's output) references the parent's segments and adds only the new tokens.
 """
 
 from __future__ import annotations
