@@ -14,6 +14,7 @@ from kvscope.harness.cachemodel.kv_memory import GiB, KiB
 from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig, load_preset
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.hashing import hash_token_blocks
+from kvscope.workloads.prefix import common_prefix_len
 
 SEED = Pricing(input_per_mtok=3.0, output_per_mtok=15.0, cache_write_multiplier=1.25, cache_read_multiplier=0.1)
 
@@ -131,7 +132,7 @@ def test_000_append_vs_edit():
         rows.append((len(req), s.cache_read, s.cache_write + s.uncached_input,
                      f"{s.cache_read / len(req):.0%}", f"{cost_breakdown(s, SEED)['input_usd'] * 1e6:.1f}"))
     assert rows == [(32, 25, 7, "78%", "33.8"), (32, 15, 17, "47%", "68.2")]
-    assert kv_demo.common_prefix_len(cached, edited) == 15
+    assert common_prefix_len(cached, edited) == 15
 
 
 @pytest.mark.parametrize("edit_at,hit,pct,recomputed,usd", [

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.workloads.policies import Item, VolatilePrefix
+from kvscope.workloads.prefix import classify_transition, common_prefix_len
 from kvscope.workloads.spec import WorkloadSpec, spec_to_dict
 from kvscope.workloads.text import ROLE, TextMode
 from kvscope.workloads.tokens import TokenSource
@@ -233,7 +235,8 @@ class SessionState:
 
 
 def common_prefix_tokens(builder: TraceBuilder, a: list[int], b: list[int]) -> int:
-    """Token-exact longest common prefix of two prompts given as segment lists."""
+    """Token-exact longest common prefix of two prompts given as segment lists (shared segments are
+    skipped by id, the rest compared token by token)."""
     n = 0
     i = 0
     while i < len(a) and i < len(b) and a[i] == b[i]:
@@ -243,18 +246,7 @@ def common_prefix_tokens(builder: TraceBuilder, a: list[int], b: list[int]) -> i
         return n
     ra = np.concatenate([builder.segment(s) for s in a[i:]])
     rb = np.concatenate([builder.segment(s) for s in b[i:]])
-    m = min(len(ra), len(rb))
-    diff = np.nonzero(ra[:m] != rb[:m])[0]
-    return n + (int(diff[0]) if len(diff) else m)
-
-
-def classify(lcp: int, parent_len: int, hint: str | None) -> str:
-    """Transition of a prompt relative to its parent's prompt (see docs/workloads.md)."""
-    if hint == "compaction":
-        return "compaction"
-    if lcp >= parent_len:
-        return "append"
-    return "edit" if lcp * 2 >= parent_len else "reset"
+    return n + common_prefix_len(ra, rb)
 
 
 def _session_starts(spec: WorkloadSpec, durations: np.ndarray, seed: int) -> np.ndarray:
@@ -271,12 +263,7 @@ def _session_starts(spec: WorkloadSpec, durations: np.ndarray, seed: int) -> np.
             starts[i] = t
             heapq.heappush(slots, t + float(durations[i]))
         return starts
-    if a.kind == "poisson":
-        gaps = rng.exponential(1.0 / a.rate, n)
-    else:
-        shape = 1.0 / a.cv**2
-        gaps = rng.gamma(shape, 1.0 / (a.rate * shape), n)
-    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    return arrival_offsets_s(rng, n, a.rate, a.kind, a.cv)
 
 
 def _zipf_choice(rng: np.random.Generator, n: int, a: float) -> int:
@@ -412,7 +399,7 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
             if step == 0:
                 transition = "first"
             else:
-                transition = classify(common_prefix_tokens(b, prev_segments, segs), prev_len, hint)
+                transition = classify_transition(common_prefix_tokens(b, prev_segments, segs), prev_len, hint=hint)
             offset += p["think"] + p["tool"]
             rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
                          "tool_latency_s": p["tool"], "prompt_segment_ids": segs, "output_segment_id": out_seg,

@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from kvscope.workloads.importers.blocks import BlockRequest, block_transition
+from kvscope.workloads.ideal import ideal_block_hit
+from kvscope.workloads.prefix import TRANSITIONS, leading_run
 from kvscope.workloads.trace import Trace
 
 _W_SEED = 0x6B7673636F7065
@@ -33,19 +35,6 @@ def _dist(x: Iterable[float]) -> dict:
     return {"count": int(len(a)), "mean": float(a.mean()), "p10": float(np.percentile(a, 10)),
             "p50": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
             "max": float(a.max())}
-
-
-def _leading_seen(keys: list, seen: set) -> int:
-    """Length of the leading run of ``keys`` in ``seen``. Keys are chained (a key stands for its whole
-    prefix), so membership is monotone along the list and a binary search finds the boundary."""
-    lo, hi = 0, len(keys)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[mid] in seen:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 class IdealCache:
@@ -85,7 +74,7 @@ class IdealCache:
         n = len(tokens)
         keys = (self.chain(tokens) if chain is None else chain).tolist()
         seen = self.seen
-        k = _leading_seen(keys, seen)
+        k = leading_run(keys, seen, chained=True)
         nb = len(keys)
         hit = k * self.B
         # Chained keys: once one is new, all later ones are new too.
@@ -134,18 +123,10 @@ def ideal_hit_ratio(trace: Trace, block_size: int, per_session: bool = False,
 
 
 def ideal_hit_ratio_blocks(reqs: list[BlockRequest], per_session: bool = False) -> float:
-    """Ideal hit on the raw block view: hit = min(k*B, input_length), k = leading run of seen ids."""
-    seen_global: set[int] = set()
-    seen_sess: dict[str, set[int]] = defaultdict(set)
-    hit = total = 0
-    for r in sorted(reqs, key=lambda r: r.arrival_s):
-        seen = seen_sess[r.session_id] if per_session else seen_global
-        ids = r.block_ids.tolist()
-        k = _leading_seen(ids, seen)
-        hit += min(k * r.block_size, r.input_length)
-        total += r.input_length
-        seen.update(ids[k:])
-    return hit / total if total else 0.0
+    """Ideal hit on the raw block view, requests in arrival order (see :func:`ideal_block_hit`)."""
+    rows = ((r.block_ids.tolist(), r.input_length, r.block_size, r.session_id)
+            for r in sorted(reqs, key=lambda r: r.arrival_s))
+    return ideal_block_hit(rows, per_session=per_session).token_hit_ratio
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -196,7 +177,7 @@ def summarize(frame: pd.DataFrame) -> dict:
     later = frame[has_parent]
     counts = later["transition"].value_counts()
     out["transitions"] = {t: float(counts.get(t, 0) / max(1, len(later)))
-                          for t in ("append", "edit", "reset", "compaction")}
+                          for t in TRANSITIONS}
     out["think_time_s"] = _dist(frame["think"][(frame["think"] > 0)])
     out["tool_latency_s"] = _dist(frame["tool"][(frame["tool"] > 0)])
     return out

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
 
 # ------------------------------------------------------------------------------------------- hit rates
@@ -218,16 +219,14 @@ def percentile_table(res: ExperimentResults) -> pd.DataFrame:
 def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | None = None) -> pd.DataFrame:
     """Share and rate of requests meeting the SLOs, per cell (recomputed here so any SLO can be tried)."""
     ok = res.ok_requests()
+    durations = res.cells.set_index("cell")["duration_s"].to_dict()
     rows = []
     for cell, g in ok.groupby("cell"):
-        meets = g["ttft_s"].astype(float) * 1000 <= slo_ttft_ms
-        if slo_tpot_ms is not None:
-            tp = g["tpot_s"].astype(float)
-            meets &= tp.isna() | (tp * 1000 <= slo_tpot_ms)
-        dur = float(res.cells.set_index("cell").loc[cell, "duration_s"]) if cell in set(res.cells["cell"]) else math.nan
+        d = goodput_block(g, float(durations.get(cell, math.nan)), slo_ttft_ms, slo_tpot_ms) or {}
+        rate = d.get("goodput_req_per_s")
         rows.append({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
-                     "load": g["load"].iloc[0], "meeting_slo": int(meets.sum()), "requests": len(g),
-                     "fraction": meets.mean(), "goodput_req_per_s": meets.sum() / dur if dur else math.nan})
+                     "load": g["load"].iloc[0], "meeting_slo": d["requests_meeting_slo"], "requests": len(g),
+                     "fraction": d["fraction"], "goodput_req_per_s": math.nan if rate is None else rate})
     return pd.DataFrame(rows)
 
 

@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from itertools import repeat
 from typing import Iterable, Literal, Sequence
 
-from kvscope.harness.cachemodel.hashing import common_prefix
+from kvscope.workloads.prefix import common_prefix_len, leading_run
 
 FreeOrder = Literal["split", "append"]
 
@@ -67,13 +67,7 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> int:
         """Length of the leading run of ``hashes[:max_blocks]`` present in the cache."""
-        if max_blocks <= 0:
-            return 0
-        flags = list(map(self.cached.__contains__, hashes[:max_blocks]))
-        try:
-            return flags.index(False)
-        except ValueError:
-            return len(flags)
+        return leading_run(hashes[:max_blocks], self.cached) if max_blocks > 0 else 0
 
     # -- mutations -------------------------------------------------------------------------------
     def take_hits(self, hashes: Sequence[int], k: int) -> list[int]:
@@ -280,7 +274,7 @@ class SequentialBlockPool:
             st = self._sessions.get(session)
             if st is not None:
                 prev_h, prev_blocks, prev_epochs = st
-                shared = min(common_prefix(prev_h, hashes), cap, len(prev_blocks))
+                shared = min(common_prefix_len(prev_h, hashes), cap, len(prev_blocks))
                 if shared:
                     seg = prev_blocks[:shared]
                     ok = (self.epoch[seg] == prev_epochs[:shared]) & ~self.is_dup[seg]
@@ -448,13 +442,7 @@ class InfinitePool:
         self.cached: set[int] = set()
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> int:
-        if max_blocks <= 0:
-            return 0
-        flags = list(map(self.cached.__contains__, hashes[:max_blocks]))
-        try:
-            return flags.index(False)
-        except ValueError:
-            return len(flags)
+        return leading_run(hashes[:max_blocks], self.cached) if max_blocks > 0 else 0
 
     def add(self, hashes: Iterable[int]) -> None:
         self.cached.update(hashes)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import xxhash
 
+from kvscope.workloads.prefix import common_prefix_len
+
 if TYPE_CHECKING:  # numpy is imported lazily: block-id traces never need it (fast CLI start)
     import numpy as np
 
@@ -83,8 +85,6 @@ class IncrementalHasher:
 
     def hashes(self, key: object, tokens: np.ndarray, n_blocks: int, cache_salt: str | None = None) -> list[int]:
         """Hashes of the first ``n_blocks`` full blocks of ``tokens``; remembers them under ``key``."""
-        import numpy as np
-
         B = self.block_size
         known: list[int] = []
         prev = self._last.get(key)
@@ -92,11 +92,7 @@ class IncrementalHasher:
             p_arr, p_hashes, _ = prev
             m = min(len(p_hashes), n_blocks) * B
             if m:
-                if np.array_equal(p_arr[:m], tokens[:m]):
-                    common = m
-                else:
-                    common = int(np.flatnonzero(p_arr[:m] != tokens[:m])[0])
-                known = p_hashes[: common // B]
+                known = p_hashes[: common_prefix_len(p_arr[:m], tokens[:m]) // B]
         out = extend_hashes(tokens, B, known, salt_seed(cache_salt), n_blocks)
         self._last[key] = (tokens, out, cache_salt)
         self._last.move_to_end(key)
@@ -120,24 +116,3 @@ def regroup_block_ids(ids: Sequence[int], native_block_size: int, block_size: in
         )
     m = block_size // native_block_size
     return list(ids[m - 1::m])
-
-
-def common_prefix(a: Sequence, b: Sequence) -> int:
-    """Length of the common prefix of two sequences, using C-level slice comparisons.
-
-    The common case in agent traces is "b extends a", checked with one comparison; otherwise a binary
-    search over slice equality (each comparison runs in C and short-circuits on shared objects).
-    """
-    m = min(len(a), len(b))
-    if m == 0:
-        return 0
-    if a[:m] == b[:m]:
-        return m
-    lo, hi = 0, m - 1  # answer in [lo, hi]; a[:lo] == b[:lo] holds, a[:m] != b[:m]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

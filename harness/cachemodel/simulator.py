@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder, InfinitePool, SequentialBlockPool
-from kvscope.harness.cachemodel.hashing import common_prefix
+from kvscope.workloads.prefix import common_prefix_len
 from kvscope.harness.cachemodel.routing import Router
 from kvscope.harness.cachemodel.sim_types import RequestResult, SimRequest, SimResult
 
@@ -174,7 +174,7 @@ def simulate(
         block_size=config.block_size,
         num_gpu_blocks=config.num_gpu_blocks,
         replicas=replicas,
-        routing=routing if replicas > 1 else "none",
+        routing=router.policy if replicas > 1 else "none",
         mode=mode,
         evictions=[r.pool.evictions for r in reps],
     )
@@ -209,7 +209,7 @@ def _run_infinite_sessions(reqs: list[SimRequest], pool: InfinitePool, B: int) -
         cap, _total, full = _shape(req, B)
         h = req.hashes
         prev = last.get(req.session_id) if req.session_id is not None else None
-        shared = min(common_prefix(prev, h), cap) if prev else 0
+        shared = min(common_prefix_len(prev, h), cap) if prev else 0
         k = shared
         if k < cap:
             flags = list(map(contains, h[k:cap]))

@@ -15,6 +15,8 @@ def _floats(s: str) -> list[float]:
 
 
 def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
+    from kvscope.harness.cachemodel.routing import POLICIES
+
     p = subparsers.add_parser(
         "simulate",
         help="predict vLLM prefix-cache hits for a trace (no GPU needed)",
@@ -33,8 +35,7 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                      help="vLLM's 'KV cache size: T tokens' (= num_gpu_blocks * block size); a comma list "
                      "(1e5,1e6,...) prints the hit-ratio curve")
     p.add_argument("--replicas", type=int, default=1, help="number of vLLM replicas")
-    p.add_argument("--routing", default="round-robin",
-                   choices=["round-robin", "least-loaded", "session-affinity", "prefix-aware"],
+    p.add_argument("--routing", default="round-robin", choices=POLICIES, type=lambda s: s.replace("_", "-"),
                    help="how requests are spread over replicas")
     p.add_argument("--mode", default="sequential", choices=["sequential", "timed"],
                    help="sequential: one request at a time (exact); timed: overlap by arrival time")

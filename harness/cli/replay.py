@@ -7,7 +7,13 @@ import json
 import sys
 
 
+def _routing_name(name: str) -> str:
+    return name.replace("_", "-")  # the underscore spelling is an alias
+
+
 def add_subcommands(sub) -> None:
+    from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES
+
     from kvscope.harness.cli.common import Formatter as _Formatter
 
     p = sub.add_parser(
@@ -39,8 +45,8 @@ def add_subcommands(sub) -> None:
     p.add_argument("--duration", type=float, metavar="S", help="stop sending after S seconds")
     p.add_argument("--warmup-s", type=float, default=0.0, metavar="S", help="exclude requests sent in the first S s")
     p.add_argument("--cooldown-s", type=float, default=0.0, metavar="S", help="exclude requests sent in the last S s")
-    p.add_argument("--routing", choices=["round_robin", "session_affinity", "prefix_hash"], default="session_affinity",
-                   help="how requests are spread over several endpoints (default session_affinity)")
+    p.add_argument("--routing", choices=CACHE_BLIND_POLICIES, default="session-affinity", type=_routing_name,
+                   help="how requests are spread over several endpoints (default session-affinity)")
     p.add_argument("--on-error", choices=["end_session", "continue"], default="end_session",
                    help="what a session does after a failed step (default end_session)")
     p.add_argument("--retries", type=int, default=0, metavar="N",

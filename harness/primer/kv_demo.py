@@ -74,11 +74,3 @@ def edit_invalidation(n: int = 6, d: int = 8, n_layers: int = 2, edit_pos: int =
     return [[i for i in range(n) if np.abs(old[l][i] - new[l][i]).max() > 1e-12] for l in range(n_layers)]
 
 
-def common_prefix_len(a, b) -> int:
-    """Token-level longest common prefix (the provider cache rule at granularity 1)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, policy_name
 
 from kvscope.harness.serving.client import Timeouts
 
@@ -27,7 +29,8 @@ class ReplayOptions(BaseModel):
     duration_s: float | None = Field(None, gt=0)
     warmup_s: float = Field(0.0, ge=0, description="requests sent earlier are excluded from statistics")
     cooldown_s: float = Field(0.0, ge=0, description="requests sent in the last S seconds are excluded")
-    routing: Literal["round_robin", "session_affinity", "prefix_hash"] = "session_affinity"
+    routing: str = Field("session-affinity", description="endpoint routing policy: "
+                         + ", ".join(CACHE_BLIND_POLICIES) + " (underscores accepted)")
     on_error: Literal["end_session", "continue"] = "end_session"
     retries: int = Field(0, ge=0, le=10, description="retries of a failed request (each try is its own record, "
                                                      "with `attempt` 1, 2, ...; off by default)")
@@ -53,6 +56,11 @@ class ReplayOptions(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvloop when installed (auto)")
     records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "
                                                             "complete (0: each one at once)")
+
+    @field_validator("routing")
+    @classmethod
+    def _routing_policy(cls, v: str) -> str:
+        return policy_name(v, CACHE_BLIND_POLICIES)
 
     @model_validator(mode="after")
     def _one_loop(self) -> "ReplayOptions":

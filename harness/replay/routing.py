@@ -1,39 +1,51 @@
-"""Client-side routing over replicas of one deployment (several endpoints)."""
+"""Client-side routing over the endpoints of one deployment, with the cache model's :class:`Router`.
+
+The policies and their names are the simulator's (:mod:`kvscope.harness.cachemodel.routing`), so a replay
+and a ``kvscope simulate --replicas N --routing P`` of the same trace split the traffic the same way. A client
+cannot see the servers' caches, so ``prefix-aware`` is not offered; the load a policy balances is what this
+client has routed (requests are not tracked to completion here).
+"""
 
 from __future__ import annotations
 
-import zlib
-from typing import Literal
+from dataclasses import dataclass
 
 import numpy as np
 
-Policy = Literal["round_robin", "session_affinity", "prefix_hash"]
+from kvscope.harness.cachemodel.hashing import hash_token_blocks
+from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, Router, policy_name
+from kvscope.harness.cachemodel.sim_types import SimRequest
+
+
+@dataclass
+class _EndpointLoad:
+    in_flight: int = 0
+    routed_tokens: int = 0
+
+    def probe(self, req: SimRequest) -> int:  # pragma: no cover - prefix-aware is refused up front
+        raise NotImplementedError("a client cannot probe a server's prefix cache")
 
 
 class EndpointRouter:
-    """Picks the endpoint for each request.
+    """Picks the endpoint for each request (see :mod:`kvscope.harness.cachemodel.routing`)."""
 
-    `session_affinity` keeps a session on one replica (its history stays in that replica's cache);
-    `prefix_hash` routes by the first block of the prompt (requests sharing a system prompt meet on one
-    replica); `round_robin` spreads requests evenly and shows what a cache-unaware balancer costs.
-    """
-
-    def __init__(self, n: int, policy: Policy = "session_affinity", block_size: int = 16) -> None:
+    def __init__(self, n: int, policy: str = "session-affinity", block_size: int = 16) -> None:
         if n < 1:
             raise ValueError("at least one endpoint is needed")
         self.n = n
-        self.policy = policy
+        self.policy = policy_name(policy, CACHE_BLIND_POLICIES)
         self.block_size = block_size
-        self._next = 0
+        self._router = Router(self.policy, n)
+        self._loads = [_EndpointLoad() for _ in range(n)]
+        self._requests = 0
 
     def pick(self, session_id: str, prompt: np.ndarray) -> int:
         if self.n == 1:
             return 0
-        if self.policy == "round_robin":
-            i = self._next
-            self._next = (i + 1) % self.n
-            return i
-        if self.policy == "session_affinity":
-            return zlib.crc32(session_id.encode()) % self.n
-        head = np.ascontiguousarray(prompt[: self.block_size], dtype=np.int32)
-        return zlib.crc32(head.tobytes()) % self.n
+        B = self.block_size
+        first_block = hash_token_blocks(prompt[:B], B) if self.policy == "prefix-hash" else []
+        req = SimRequest(self._requests, len(prompt), 0, first_block, B, session_id=session_id)
+        self._requests += 1
+        i = self._router.choose(req, self._loads)
+        self._loads[i].routed_tokens += len(prompt)
+        return i

@@ -35,6 +35,7 @@ from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.predict import OnlinePredictor
 from kvscope.harness.results.records import RecordWriter, RequestRecord, compact, read_records
 from kvscope.harness.replay.routing import EndpointRouter
+from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.harness.replay.watch import MetricsWatcher
 
 
@@ -112,14 +113,7 @@ def _session_starts(n: int, opts: ReplayOptions, planned: Sequence[float]) -> li
         base = min(planned) if planned else 0.0
         return [(p - base) * opts.time_scale for p in planned]
     rng = np.random.default_rng(opts.seed)
-    mean_gap = 1.0 / opts.session_rate
-    if opts.arrival_process == "poisson":
-        gaps = rng.exponential(mean_gap, size=n)
-    else:
-        shape = 1.0 / (opts.arrival_cv**2)
-        gaps = rng.gamma(shape, mean_gap / shape, size=n)
-    gaps[0] = 0.0
-    return np.cumsum(gaps).tolist()
+    return arrival_offsets_s(rng, n, opts.session_rate, opts.arrival_process, opts.arrival_cv).tolist()
 
 
 class Replayer:

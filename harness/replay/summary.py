@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvscope.harness.results.goodput import goodput
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -71,21 +73,6 @@ def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | N
         out["would_hit"] = simulated_rate
         out["would_hit_cached_tokens"] = int(simulated.sum())
     return out
-
-
-def goodput(ok: pd.DataFrame, duration_s: float, slo_ttft_ms: float | None, slo_tpot_ms: float | None
-            ) -> dict[str, Any] | None:
-    if slo_ttft_ms is None and slo_tpot_ms is None:
-        return None
-    meets = np.ones(len(ok), dtype=bool)
-    if slo_ttft_ms is not None:
-        meets &= ok["ttft_s"].to_numpy(float) * 1000 <= slo_ttft_ms
-    if slo_tpot_ms is not None:
-        tpot = ok["tpot_s"].to_numpy(float)
-        meets &= np.where(np.isnan(tpot), True, tpot * 1000 <= slo_tpot_ms)
-    n = int(meets.sum())
-    return {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "requests_meeting_slo": n,
-            "fraction": _ratio(n, len(ok)), "goodput_req_per_s": _ratio(n, duration_s)}
 
 
 def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,

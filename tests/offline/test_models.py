@@ -12,7 +12,8 @@ import pytest
 from kvscope.harness.cachemodel import api
 from kvscope.harness.pricing.api import cost_report
 from kvscope.harness.pricing.cost import Pricing, self_hosted_cost
-from kvscope.harness.cachemodel.hashing import IncrementalHasher, common_prefix, hash_token_blocks, regroup_block_ids
+from kvscope.harness.cachemodel.hashing import IncrementalHasher, hash_token_blocks, regroup_block_ids
+from kvscope.workloads.prefix import common_prefix_len as common_prefix
 from kvscope.harness.cachemodel.kv_memory import kv_bytes_for_sequence, kv_bytes_per_token, kv_memory_report, shape_from_hf_config
 from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig, list_presets, load_preset
 from kvscope.harness.cachemodel.sim_types import SimRequest

@@ -1,9 +1,10 @@
 """Plain JSONL traces: one request per line with explicit token ids.
 
-Import fields: ``prompt_token_ids`` (required), optional ``output_token_ids``, ``session_id``, ``step``,
-``max_tokens``, ``arrival_s``. Requests of one session (same ``session_id``, ordered by ``step`` then line)
-are chained as parent → child. Prompts are stored compactly: a prompt that starts with its parent's prompt
-(+ the parent's output) references the parent's segments and adds only the new tokens.
+Import fields (read by :func:`kvscope.workloads.readers.read_token_jsonl`, shared with ``kvscope simulate``):
+``prompt_token_ids`` (required), optional ``output_token_ids``, ``session_id``, ``step``, ``max_tokens``,
+``output_tokens``, ``arrival_s``, ``cache_salt``. Requests of one session (same ``session_id``, ordered by
+``step`` then line) are chained as parent → child. Prompts are stored compactly: a prompt that starts with its
+parent's prompt (+ the parent's output) references the parent's segments and adds only the new tokens.
 """
 
 from __future__ import annotations
@@ -13,60 +14,50 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.workloads.prefix import classify_transition, common_prefix_len
+from kvscope.workloads.readers import read_token_jsonl
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(len(a), len(b))
-    d = np.nonzero(a[:m] != b[:m])[0]
-    return int(d[0]) if len(d) else m
+def _reused_segments(b: TraceBuilder, parent_segments: list[int], common: int) -> tuple[list[int], int]:
+    """The parent's whole segments inside the first ``common`` tokens, and the tokens they cover."""
+    segs: list[int] = []
+    pos = 0
+    for s in parent_segments:
+        n = b.segment_len(s)
+        if pos + n > common:
+            break
+        segs.append(s)
+        pos += n
+    return segs, pos
 
 
 def import_jsonl(path: str | Path) -> Trace:
-    from kvscope.workloads.errors import iter_json_lines, require_fields
-
-    numbered = list(iter_json_lines(path))
-    for line_no, r in numbered:
-        require_fields(r, ("prompt_token_ids",), f"{path}: line {line_no}")
-    lines = [r for _, r in numbered]
+    lines = read_token_jsonl(path)
     b = TraceBuilder()
-    order = sorted(range(len(lines)), key=lambda i: (str(lines[i].get("session_id", f"line{i}")),
-                                                     int(lines[i].get("step", 0)), i))
+    sessions = [r.session_id if r.session_id is not None else f"line{i:06d}" for i, r in enumerate(lines)]
+    order = sorted(range(len(lines)), key=lambda i: (sessions[i], lines[i].step, i))
     last: dict[str, tuple[int, list[int], np.ndarray]] = {}  # session -> (row, segments, full prompt)
-    rows: dict[int, dict] = {}
     for i in order:
-        r = lines[i]
-        sess = str(r.get("session_id", f"line{i:06d}"))
-        prompt = np.asarray(r["prompt_token_ids"], dtype=np.int32)
-        out = r.get("output_token_ids")
+        r, sess = lines[i], sessions[i]
         segs: list[int] = []
         parent = -1
         transition = "first"
         if sess in last:
             parent, psegs, pfull = last[sess]
-            k = _lcp(pfull, prompt)
-            transition = "append" if k >= len(pfull) else ("edit" if 2 * k >= len(pfull) else "reset")
-            # reuse whole parent segments that lie inside the common prefix
-            pos = 0
-            for s in psegs:
-                n = b.segment_len(s)
-                if pos + n > k:
-                    break
-                segs.append(s)
-                pos += n
-            if pos < len(prompt):
-                segs.append(b.add_segment(prompt[pos:], "imported"))
-        elif len(prompt):
-            segs.append(b.add_segment(prompt, "imported"))
-        out_seg = b.add_segment(np.asarray(out, dtype=np.int32), "assistant") if out is not None else -1
-        n_out = len(out) if out is not None else int(r.get("max_tokens", r.get("output_tokens", 1)))
-        rows[i] = dict(session_id=sess, step=int(r.get("step", 0)), parent_request_id=parent,
-                       arrival_s=float(r.get("arrival_s", 0.0)), prompt_segment_ids=segs, output_segment_id=out_seg,
-                       output_tokens=n_out, max_tokens=int(r.get("max_tokens", n_out)), transition=transition)
-        idx = b.add_request(**rows[i])
-        full = prompt if out is None else np.concatenate([prompt, np.asarray(out, dtype=np.int32)])
-        full_segs = segs + ([out_seg] if out_seg >= 0 else [])
-        last[sess] = (idx, full_segs, full)
+            k = common_prefix_len(pfull, r.prompt)
+            transition = classify_transition(k, len(pfull))
+            segs, pos = _reused_segments(b, psegs, k)
+            if pos < len(r.prompt):
+                segs.append(b.add_segment(r.prompt[pos:], "imported"))
+        elif len(r.prompt):
+            segs.append(b.add_segment(r.prompt, "imported"))
+        out_seg = b.add_segment(r.output, "assistant") if r.output is not None else -1
+        idx = b.add_request(session_id=sess, step=r.step, parent_request_id=parent, arrival_s=r.arrival_s,
+                            prompt_segment_ids=segs, output_segment_id=out_seg, output_tokens=r.output_tokens,
+                            max_tokens=r.max_tokens, transition=transition, cache_salt=r.cache_salt)
+        full = r.prompt if r.output is None else np.concatenate([r.prompt, r.output])
+        last[sess] = (idx, segs + ([out_seg] if out_seg >= 0 else []), full)
     return b.build({"name": Path(path).stem, "spec": {"importer": "jsonl", "source": str(path)},
                     "created_by": CREATED_BY})
 
