@@ -20,13 +20,14 @@ VERSION = 1
 
 
 class TokenizerInfo(BaseModel):
-    """The tokenizer the token ids came from (null for imported traces without `--tokenizer`)."""
+    """The tokenizer the token ids came from (null for imported traces without `--tokenizer`; synthetic traces
+    know only a vocabulary size)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    sha256: str
-    vocab_size: int
+    path: str | None
+    sha256: str | None
+    vocab_size: int | None
 
 
 class TextModeInfo(BaseModel):
