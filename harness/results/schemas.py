@@ -109,7 +109,7 @@ class HitRates(_Block):
 class Speculative(_Block):
     acceptance_rate: float | None
     mean_acceptance_length: float | None
-    acceptance_by_position: list[float] | None
+    acceptance_by_position: list[float | None] | None  # per draft position; null where not measured
     drafts: float | None
     weights_random: bool | None
     note: str | None
