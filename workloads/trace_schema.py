@@ -9,14 +9,14 @@ The fields and their meaning are documented in docs/architecture.md (Trace direc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
 
-FORMAT = "kvscope-trace"
-VERSION = 1
+FORMAT: Final = "kvscope-trace"
+VERSION: Final = 1
 
 
 class TokenizerInfo(BaseModel):
@@ -44,7 +44,7 @@ class TraceFile(VersionedFile):
     FORMAT = FORMAT
     SUPPORTED_VERSIONS = (VERSION,)
 
-    format: Literal["kvscope-trace"] = FORMAT
+    format: Literal["kvscope-trace"] = "kvscope-trace"
     version: int = VERSION
     name: str | None = None
     # The validated workload spec as a dict (its model, WorkloadSpec, is the schema of the YAML file) or an
