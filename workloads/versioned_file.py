@@ -66,8 +66,10 @@ def check_header(path: Path, data: str | bytes, model: type[VersionedFile], erro
         raise error(f"{path}: not a JSON object; this kvscope reads format {model.FORMAT!r} version "
                     f"{_versions(model)}") from None
     supported = _versions(model)
-    if header.format != model.FORMAT or header.version not in model.SUPPORTED_VERSIONS:
-        found_version = "none" if header.version is None else header.version
+    version = header.version
+    is_int = isinstance(version, int) and not isinstance(version, bool)
+    if header.format != model.FORMAT or not is_int or version not in model.SUPPORTED_VERSIONS:
+        found_version = "none" if version is None else (version if is_int else repr(version))
         raise error(f"{path}: found format {header.format!r} version {found_version}; this kvscope reads "
                     f"format {model.FORMAT!r} version {supported}")
 
