@@ -294,3 +294,18 @@ def test_writers_refuse_data_that_does_not_fit(tmp_path):
     with pytest.raises(KvscopeError, match=r"manifest\.json \(writing\): kvscope_version"):
         write_result_file(tmp_path / "manifest.json", ManifestFile, {"trace": {}})
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_a_speculative_summary_validates(run_dir):
+    """The speculative block (not produced by the fault server) from the real summariser fits the model."""
+    from kvscope.harness.replay.summary import summarize
+    from kvscope.harness.results.records import read_records
+
+    raw = json.loads((run_dir / "summary.json").read_text())
+    deltas = {"spec_decode_num_drafts": 12.0, "spec_acceptance_rate": 0.4, "spec_mean_acceptance_length": 1.8,
+              "spec_acceptance_by_position": [0.6, float("nan"), 0.1], "prefix_cache_hit_rate": 0.5}
+    body = summarize(read_records(run_dir), deltas, 1.0, False, weights_random=True)
+    extras = {k: raw[k] for k in ("aborted", "client", "server_facts")}
+    s = SummaryFile.model_validate({**body, **extras})
+    assert s.speculative is not None and s.speculative.acceptance_by_position == [0.6, None, 0.1]
+    assert s.speculative.note and s.hit_rate.would_hit is not None
