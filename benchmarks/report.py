@@ -60,6 +60,8 @@ def _records(trace, cell_meta: dict, rng: np.random.Generator, prefix_on: bool, 
 
 def build_experiment(root: Path, records: int, tokenizer: Path) -> Path:
     from kvscope.harness.replay.summary import summarize
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import ExperimentFile, SummaryFile
     from kvscope.workloads.generate import generate_from_file
 
     rng = np.random.default_rng(0)
@@ -109,14 +111,21 @@ def build_experiment(root: Path, records: int, tokenizer: Path) -> Path:
                 summary = summarize(df, deltas, dur, prefix_on)
                 summary["server_facts"] = [{"block_size": 128, "num_blocks": 256, "kv_capacity_tokens": 32768,
                                             "prefix_caching": prefix_on, "speculative_enabled": spec_on}]
-                (cdir / "summary.json").write_text(json.dumps(summary))
+                summary["aborted"] = None
+                summary["client"] = {"cpu_s": 0.0, "cpu_utilization": None, "cpu_us_per_request": None,
+                                     "event_loop": None, "stale_connection_resends": 0, "saturated": False,
+                                     "note": None}
+                write_result_file(cdir / "summary.json", SummaryFile, summary)
                 cells[name] = {"server": s, "workload": w, "load": load, "repeat": 0, "status": "ok",
                                "dir": f"cells/{name}"}
     manifest = {"experiment": "bench", "run_id": "r1", "cells": cells, "traces": {w: f"traces/{w}" for w in workloads},
                 "servers": {s: {"facts": {"block_size": 128, "num_blocks": 256, "kv_capacity_tokens": 32768,
                                           "prefix_caching": p}} for s, (p, _) in servers.items()},
-                "model": {"path": str(tokenizer), "weights_random": True}, "spec": {"name": "bench"}}
-    (run / "experiment.json").write_text(json.dumps(manifest))
+                "model": {"path": str(tokenizer), "tokenizer": str(tokenizer), "card": None, "weights_random": True},
+                "spec": {"name": "bench"}, "spec_path": "bench.yaml", "created_at": time.time()}
+    for srv in manifest["servers"].values():
+        srv.update(config={}, log="servers/none.log")
+    write_result_file(run / "experiment.json", ExperimentFile, manifest)
     print(f"built {len(cells)} cells, {total:,} request records in {run}", flush=True)
     return run
 
@@ -147,7 +156,10 @@ def main() -> int:
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "report", str(run)], capture_output=True, text=True)
         t_report = time.perf_counter() - t0
-        status = json.loads((run / "report" / "report.json").read_text()) if (run / "report" / "report.json").exists() else []
+        from kvscope.harness.results.loaders import load_report_file
+
+        report_file = run / "report" / "report.json"
+        status = [e.model_dump() for e in load_report_file(report_file).notebooks] if report_file.exists() else []
         if r.returncode != 0:
             print(r.stdout[-3000:], r.stderr[-3000:])
         per_nb = {s["notebook"]: s["seconds"] for s in status}

@@ -67,6 +67,16 @@ def test_every_cell_ran_and_results_load_as_tidy_frames(experiment):
     manifest = json.loads((experiment / "experiment.json").read_text())
     assert manifest["failed_cells"] == []
     assert len(manifest["cells"]) == 8
+    # experiment.json validates, and records the validated spec with its defaults (not the raw YAML)
+    from kvscope.harness.experiment.spec import ExperimentSpec
+    from kvscope.harness.results.loaders import load_experiment_file, load_summary
+
+    recorded = load_experiment_file(experiment, ExperimentSpec).spec
+    assert recorded.replay.warmup_pass and recorded.replay.request_timeout_s == manifest["spec"]["replay"][
+        "request_timeout_s"] > 0
+    assert recorded.cost.gpu_hourly_usd == 1.0 and recorded.slo.ttft_ms == 500
+    for entry in manifest["cells"].values():
+        assert load_summary(experiment / entry["dir"]).requests.sent == entry["headline"]["requests"]
     res = load_results(experiment)
     assert set(res.requests["cell"]) == set(manifest["cells"])
     assert {"server", "workload", "load", "repeat", "ttft_s", "cached_tokens"} <= set(res.requests.columns)
@@ -89,7 +99,7 @@ def test_hit_rates_timestamp_far_below_append_only_and_zero_without_cache(experi
 
 def test_every_notebook_executes_without_error_cells_and_makes_its_figures(report):
     report_dir = report.parent
-    status = json.loads((report_dir / "report.json").read_text())
+    status = json.loads((report_dir / "report.json").read_text())["notebooks"]
     assert [s["notebook"] for s in status] == ALL_NOTEBOOKS
     for s in status:
         assert s["ok"], s

@@ -8,6 +8,7 @@ import pytest
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.report.render import run_notebook, write_index
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore
 from kvscope.harness.experiment.runner import safe_child
 
 SCRIPT = "<script>alert(1)</script>"
@@ -16,8 +17,10 @@ SCRIPT = "<script>alert(1)</script>"
 def _results(tmp_path) -> ExperimentResults:
     cells = pd.DataFrame([{"cell": "a__w__c1__r0", "server": "a", "workload": "w", "load": "c1", "repeat": 0,
                            "status": "failed", "reason": f"server said {SCRIPT}", "requests": 3}])
-    return ExperimentResults(root=tmp_path, manifest={"experiment": "x", "spec": {"description": SCRIPT}},
-                             cells=cells, requests=pd.DataFrame(), metrics=pd.DataFrame())
+    experiment = ExperimentFile(experiment="x", run_id="r", spec=ExperimentSpecCore(name="x", description=SCRIPT),
+                                spec_path="x.yaml", created_at=0.0)
+    return ExperimentResults(root=tmp_path, manifest=experiment.model_dump(mode="json"), cells=cells,
+                             requests=pd.DataFrame(), metrics=pd.DataFrame(), experiment=experiment)
 
 
 def test_index_escapes_everything_it_shows(tmp_path):
@@ -25,6 +28,7 @@ def test_index_escapes_everything_it_shows(tmp_path):
     html = index.read_text()
     assert SCRIPT not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>" in html  # the spec's description, read typed
     assert "Content-Security-Policy" in html
 
 

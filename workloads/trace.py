@@ -10,7 +10,6 @@ and ``prompt_token_ids`` is a single ``np.concatenate``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -20,8 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FORMAT = "kvscope-trace"
-VERSION = 1
+from kvscope.workloads.trace_schema import FORMAT, VERSION, read_trace_file, write_trace_file
+
 CREATED_BY = "kvscope workloads 0.1.0"
 
 SEGMENT_KINDS = ("system", "tools", "document", "task", "user", "assistant", "tool_call", "tool_output",
@@ -202,7 +201,7 @@ class Trace:
         meta = {**self.meta, "format": FORMAT, "version": VERSION, "num_requests": self.num_requests,
                 "num_sessions": self.num_sessions, "num_segments": self.num_segments,
                 "num_segment_tokens": int(len(self.seg_tokens))}
-        (out / "trace.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        write_trace_file(out / "trace.json", meta)
         return out
 
     def requests_table(self) -> pa.Table:
@@ -221,19 +220,12 @@ class Trace:
 
     @classmethod
     def read(cls, path: str | Path) -> "Trace":
-        from kvscope.workloads.errors import TraceFileError, parse_json
+        from kvscope.workloads.errors import TraceFileError
 
         p = Path(path)
         if not p.is_dir():
             raise TraceFileError(f"{p}: no such trace directory")
-        try:
-            meta = parse_json((p / "trace.json").read_bytes(), f"{p / 'trace.json'}")
-        except OSError as exc:
-            raise TraceFileError(f"{p / 'trace.json'}: cannot read ({exc.strerror}); not a kvscope trace?") from None
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{p}: not a kvscope trace (trace.json format={meta.get('format')!r})")
-        if int(meta.get("version", 0)) > VERSION:
-            raise ValueError(f"{p}: trace version {meta['version']} is newer than this kvscope ({VERSION})")
+        meta = read_trace_file(p / "trace.json").model_dump(mode="json")
         seg = _read_parquet(p / "segments.parquet", ["segment_id", "kind", "token_ids"])
         ids = seg.column("segment_id").to_numpy()
         if not np.array_equal(ids, np.arange(len(ids))):

@@ -92,8 +92,8 @@ def reconciliation(res: ExperimentResults) -> pd.DataFrame:
 
 def capacity_table(res: ExperimentResults) -> pd.DataFrame:
     rows = []
-    for server, entry in (res.manifest.get("servers") or {}).items():
-        f = entry.get("facts") or {}
+    for server in res.manifest.get("servers") or {}:
+        f = res.server_facts(server)
         rows.append({"server": server, "block_size": f.get("block_size"), "num_blocks": f.get("num_blocks"),
                      "kv_capacity_tokens": f.get("kv_capacity_tokens"), "max_model_len": f.get("max_model_len"),
                      "max_concurrency_at_max_len": f.get("max_concurrency"), "prefix_caching": f.get("prefix_caching"),
@@ -353,8 +353,8 @@ def speculative_table(res: ExperimentResults) -> pd.DataFrame:
 def acceptance_by_position(res: ExperimentResults) -> pd.DataFrame:
     rows = []
     for cell, s in res.summaries.items():
-        spec = s.get("speculative") or {}
-        for i, a in enumerate(spec.get("acceptance_by_position") or []):
+        positions = s.speculative.acceptance_by_position if s.speculative else None
+        for i, a in enumerate(positions or []):
             meta = res.cells.set_index("cell").loc[cell]
             rows.append({"cell": cell, "server": meta["server"], "workload": meta["workload"], "position": i,
                          "acceptance": a})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -66,11 +65,11 @@ def _cmd_cells(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from kvscope.harness.report.render import render_report
     from kvscope.harness.experiment.runner import run_experiment
+    from kvscope.harness.results.loaders import load_experiment_file
 
     run_dir = run_experiment(args.spec, out=args.out, run_id=args.run_id, resume=args.resume, only_cells=args.cells)
 
-    manifest = json.loads((run_dir / "experiment.json").read_text())
-    failed = manifest.get("failed_cells") or []
+    failed = load_experiment_file(run_dir).failed_cells or []
     print(f"\nexperiment directory: {run_dir}")
     if failed:
         print(f"{len(failed)} cell(s) failed: " + ", ".join(failed))
@@ -82,12 +81,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from kvscope.harness.report.render import render_report
+    from kvscope.harness.results.loaders import load_report_file
 
     names = [n.strip() for n in args.notebooks.split(",")] if args.notebooks else None
     index = render_report(args.dir, names, args.notebooks_dir, args.show_input)
-    report = json.loads((index.parent / "report.json").read_text())
+    report = load_report_file(index.parent)
     print(f"report: {index}")
-    return 0 if all(r["ok"] for r in report) else 1
+    return 0 if all(r.ok for r in report.notebooks) else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

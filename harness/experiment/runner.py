@@ -15,7 +15,6 @@ next cell. `--resume` skips cells whose status is `ok`.
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from dataclasses import dataclass
@@ -58,9 +57,11 @@ def safe_child(root: Path, *parts: str) -> Path:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    """experiment.json: validated as ExperimentFile (the full spec model) and written atomically."""
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import ExperimentFile
+
+    write_result_file(path, ExperimentFile[ExperimentSpec], data)
 
 
 def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume: bool) -> Path:
@@ -172,18 +173,21 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     from kvscope.workloads.generate import generate_from_file
 
     spec_path = Path(spec_path)
-    spec, raw = load_experiment_spec(spec_path)
+    spec, _ = load_experiment_spec(spec_path)
     out = Path(out)
     run_dir = _resolve_run_dir(spec, out, run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
     manifest: dict[str, Any]
     if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
+        from kvscope.harness.results.loaders import load_experiment_file
+
         if not resume:
             raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
+        manifest = load_experiment_file(manifest_path, ExperimentSpec).model_dump(mode="json")
     else:
-        manifest = {"experiment": spec.name, "run_id": run_dir.name, "spec": raw, "spec_path": str(spec_path),
+        manifest = {"experiment": spec.name, "run_id": run_dir.name, "spec": spec.model_dump(mode="json"),
+                    "spec_path": str(spec_path),
                     "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
     repo_root = Path.cwd()
     model_path, tokenizer_dir, card = prepare_model(spec, repo_root)

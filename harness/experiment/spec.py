@@ -14,6 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
+from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
+
+__all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "WorkloadRef",
+           "check_name", "load_experiment_spec", "server_config_dict"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -86,27 +90,12 @@ class ReplaySettings(BaseModel):
                                                  "use it to compare repeats of one configuration")
 
 
-class SloSpec(BaseModel):
+class ExperimentSpec(ExperimentSpecCore):
+    """The whole spec. Name, description, notebooks, `slo` and `cost` come from `ExperimentSpecCore` (results
+    layer), the part that experiment.json records for reports; the rest only the runner reads."""
+
     model_config = ConfigDict(extra="forbid")
 
-    ttft_ms: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
-
-
-class CostSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    pricing: list[str] = Field(default_factory=lambda: ["anthropic-5m", "openai"],
-                               description="provider pricing presets (kvscope cost --help)")
-    gpu_hourly_usd: float = Field(2.0, gt=0, description="self-hosted $/GPU-hour for cost per token")
-    gpu_name: str = "the serving machine"
-
-
-class ExperimentSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    description: str = ""
     model: ModelSpec = Field(default_factory=ModelSpec)
     server_defaults: dict[str, Any] = Field(default_factory=dict,
                                             description="ServerConfig fields shared by every configuration")
@@ -115,9 +104,6 @@ class ExperimentSpec(BaseModel):
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
     repeats: int = Field(1, ge=1)
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
-    slo: SloSpec = Field(default_factory=SloSpec)
-    cost: CostSpec = Field(default_factory=CostSpec)
-    notebooks: list[str] | None = Field(None, description="notebooks to render (default: all)")
 
     @field_validator("name")
     @classmethod

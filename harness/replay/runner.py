@@ -482,7 +482,10 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
                  "sessions per process or several processes") if util is not None and util > 0.9 else None,
     }
     summary["server_facts"] = facts
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import ManifestFile, SummaryFile
+
+    summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
     manifest = {
         "kvscope_version": _kvscope_version(),
         "vllm_version": facts[0].get("vllm_version"),
@@ -497,7 +500,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
         "aborted": st.abort_reason,
         "prefix_cache_reset": reset,
     }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_result_file(run_dir / "manifest.json", ManifestFile, manifest)
     return ReplayOutcome(run_dir=run_dir, summary=summary, aborted=st.abort_reason)
 
 

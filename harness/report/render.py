@@ -9,13 +9,14 @@ and every string kvscope writes into `index.html` is escaped: text from traces o
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
+from kvscope.harness.results.schemas import NotebookEntry, ReportFile
 
 ANALYSIS_NOTEBOOKS = ["hit_rates", "concurrency", "latency", "cost", "speculative", "ab_compare"]
 ALL_NOTEBOOKS = ["primer", *ANALYSIS_NOTEBOOKS]
@@ -94,12 +95,9 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
                   show_input: bool = False, extra_parameters: dict[str, dict[str, Any]] | None = None,
                   progress: bool = True) -> Path:
     """Execute the notebooks on an experiment (or replay run) directory; returns the path of index.html."""
-    from kvscope.harness.results.loaders import load_results
-
     run_dir = Path(run_dir).resolve()
     res = load_results(run_dir)  # validates the directory before any notebook runs
-    spec = (res.manifest.get("spec") or {})
-    names = notebooks or spec.get("notebooks") or ALL_NOTEBOOKS
+    names = notebooks or (res.spec.notebooks if res.spec else None) or ALL_NOTEBOOKS
     unknown = [n for n in names if n not in ALL_NOTEBOOKS and notebooks_dir is None]
     if unknown:
         raise KvscopeError(f"unknown notebook(s) {', '.join(unknown)}; available: {', '.join(ALL_NOTEBOOKS)}")
@@ -119,46 +117,44 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
         if progress:
             print(f"report: {name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
         results.append(r)
-    # Notebooks rendered earlier and not re-run this time stay listed (a subset re-run keeps the index whole).
-    previous = report_dir / "report.json"
-    if previous.exists():
-        done = {r.name for r in results}
-        kept = []
-        for entry in json.loads(previous.read_text()):
-            html_file = report_dir / (entry.get("html") or "")
-            if entry["notebook"] not in done and entry.get("html") and html_file.exists():
-                kept.append(NotebookResult(entry["notebook"], entry["ok"], html_file,
-                                           report_dir / f"{entry['notebook']}.ipynb", entry["seconds"], entry["error"],
-                                           [report_dir / f for f in entry.get("figures", [])]))
-        order = {n: i for i, n in enumerate(ALL_NOTEBOOKS)}
-        results = sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
+    results = _keep_earlier_results(report_dir, results)
     index = write_index(res, report_dir, results)
-    (report_dir / "report.json").write_text(json.dumps(
-        [{"notebook": r.name, "ok": r.ok, "error": r.error, "seconds": round(r.seconds, 2),
-          "html": r.html.name if r.html else None, "figures": [str(f.relative_to(report_dir)) for f in r.figures]}
-         for r in results], indent=2))
+    write_result_file(report_dir / REPORT_NAME, ReportFile, ReportFile(notebooks=[
+        NotebookEntry(notebook=r.name, ok=r.ok, error=r.error, seconds=round(r.seconds, 2),
+                      html=r.html.name if r.html else None,
+                      figures=[str(f.relative_to(report_dir)) for f in r.figures]) for r in results]))
     return index
 
 
+def _keep_earlier_results(report_dir: Path, results: list[NotebookResult]) -> list[NotebookResult]:
+    """Notebooks rendered earlier and not re-run this time stay listed (a subset re-run keeps the index whole)."""
+    if not (report_dir / REPORT_NAME).exists():
+        return results
+    done = {r.name for r in results}
+    kept = []
+    for entry in load_report_file(report_dir / REPORT_NAME).notebooks:
+        html_file = report_dir / (entry.html or "")
+        if entry.notebook not in done and entry.html and html_file.exists():
+            kept.append(NotebookResult(entry.notebook, entry.ok, html_file, report_dir / f"{entry.notebook}.ipynb",
+                                       entry.seconds, entry.error, [report_dir / f for f in entry.figures]))
+    order = {n: i for i, n in enumerate(ALL_NOTEBOOKS)}
+    return sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
+
+
 def _default_parameters(res) -> dict[str, dict[str, Any]]:
-    spec = res.manifest.get("spec") or {}
-    slo = spec.get("slo") or {}
-    cost = spec.get("cost") or {}
-    out: dict[str, dict[str, Any]] = {}
+    """Notebook parameters from the validated spec (defaults included); a single replay run has none."""
+    spec = res.spec
+    if spec is None:
+        return {}
     lat: dict[str, Any] = {}
-    if slo.get("ttft_ms"):
-        lat["slo_ttft_ms"] = float(slo["ttft_ms"])
-    if slo.get("tpot_ms"):
-        lat["slo_tpot_ms"] = float(slo["tpot_ms"])
+    if spec.slo.ttft_ms is not None:
+        lat["slo_ttft_ms"] = spec.slo.ttft_ms
+    if spec.slo.tpot_ms is not None:
+        lat["slo_tpot_ms"] = spec.slo.tpot_ms
+    out: dict[str, dict[str, Any]] = {"cost": {"pricing": list(spec.cost.pricing),
+                                               "gpu_hourly_usd": spec.cost.gpu_hourly_usd}}
     if lat:
         out["latency"] = lat
-    c: dict[str, Any] = {}
-    if cost.get("pricing"):
-        c["pricing"] = list(cost["pricing"])
-    if cost.get("gpu_hourly_usd"):
-        c["gpu_hourly_usd"] = float(cost["gpu_hourly_usd"])
-    if c:
-        out["cost"] = c
     return out
 
 
@@ -211,7 +207,7 @@ def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
     if res.weights_random:
         warn = ("<p class=warn>The model has <b>random weights</b>: greedy output repeats itself, so n-gram "
                 "speculative decoding looks far better accepted than it would be with a real model.</p>")
-    desc = e(str((res.manifest.get("spec") or {}).get("description") or ""))
+    desc = e(res.spec.description if res.spec else "")
     doc = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>kvscope — {e(res.name)}</title>
 <meta http-equiv="Content-Security-Policy" content="default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'">

@@ -5,7 +5,14 @@
     res.requests      # one row per request, with cell columns (cell, server, workload, load, repeat)
     res.cells         # one row per cell: status, headline figures, server settings
     res.metrics       # /metrics time series of every cell
-    res.manifest      # experiment.json (spec, model, servers and their facts)
+    res.manifest      # experiment.json as a dict (spec, model, servers and their facts)
+    res.experiment    # the same file as a validated ExperimentFile (res.spec: its spec, defaults included)
+    res.summaries     # cell -> validated SummaryFile
+
+Every result file is read through one loader here (`load_summary`, `load_run_manifest`,
+`load_experiment_file`, `load_report_file`), which checks format name and version and then validates every
+field: a file of another version, another format or corrupt JSON is a one-line `KvscopeError` naming the file
+(schemas: `kvscope.harness.results.schemas`). Writers use `write_result_file`.
 
 A single `kvscope replay` run directory loads as an experiment of one cell, so every notebook and
 `kvscope compare` work on either.
@@ -13,27 +20,80 @@ A single `kvscope replay` run directory loads as an experiment of one cell, so e
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.schemas import (ExperimentFile, ExperimentSpecCore, ManifestFile, ReportFile,
+                                            SummaryFile)
+from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
 
 CELL_COLUMNS = ["cell", "server", "workload", "load", "repeat"]
+SUMMARY_NAME = "summary.json"
+MANIFEST_NAME = "manifest.json"
+EXPERIMENT_NAME = "experiment.json"
+REPORT_NAME = "report.json"
+
+FileT = TypeVar("FileT", bound=VersionedFile)
+SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
+
+
+# One loader per result file: each checks format and version, then every field (KvscopeError, one line).
+
+def load_summary(path: str | Path) -> SummaryFile:
+    """A run's `summary.json` (give the file or its run directory)."""
+    return read_versioned(_file(path, SUMMARY_NAME), SummaryFile, KvscopeError)
+
+
+def load_run_manifest(path: str | Path) -> ManifestFile:
+    """A run's `manifest.json` (give the file or its run directory)."""
+    return read_versioned(_file(path, MANIFEST_NAME), ManifestFile, KvscopeError)
+
+
+def load_experiment_file(path: str | Path, spec_model: type[SpecT] = ExperimentSpecCore  # type: ignore[assignment]
+                         ) -> ExperimentFile[SpecT]:
+    """An experiment's `experiment.json`; `spec_model` is the model its spec validates as (the experiment
+    runner passes the full ExperimentSpec, reports the core that they read)."""
+    return read_versioned(_file(path, EXPERIMENT_NAME), ExperimentFile[spec_model], KvscopeError)  # type: ignore[valid-type]
+
+
+def load_report_file(path: str | Path) -> ReportFile:
+    """A report's `report.json` (give the file or its report directory)."""
+    return read_versioned(_file(path, REPORT_NAME), ReportFile, KvscopeError)
+
+
+def write_result_file(path: str | Path, model: type[FileT], data: Any) -> FileT:
+    """Validate `data` (a dict or a model instance) as `model` and write it atomically; returns the model."""
+    path = Path(path)
+    obj = data if isinstance(data, model) else validate_data(f"{path} (writing)", data, model, KvscopeError)
+    write_versioned(path, obj)
+    return obj
+
+
+def _file(path: str | Path, name: str) -> Path:
+    p = Path(path)
+    return p / name if p.is_dir() else p
 
 
 @dataclass
 class ExperimentResults:
     root: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # experiment.json as a dict (or a synthesised one for a single run): for notebooks
     cells: pd.DataFrame
     requests: pd.DataFrame
     metrics: pd.DataFrame
-    summaries: dict[str, dict] = field(default_factory=dict)
+    summaries: dict[str, SummaryFile] = field(default_factory=dict)
     cell_dirs: dict[str, Path] = field(default_factory=dict)
+    experiment: ExperimentFile | None = None  # the validated experiment.json (None for a single replay run)
+    run_manifest: ManifestFile | None = None  # the validated manifest.json of a single replay run
+
+    @property
+    def spec(self) -> ExperimentSpecCore | None:
+        """The experiment's validated spec (defaults included); None for a single replay run."""
+        return self.experiment.spec if self.experiment is not None else None
 
     @property
     def name(self) -> str:
@@ -59,44 +119,42 @@ class ExperimentResults:
         return ((self.manifest.get("servers") or {}).get(server) or {}).get("facts") or {}
 
 
-def _summary_row(name: str, meta: dict, s: dict) -> dict[str, Any]:
-    lat, hit, thr = s["latency"], s["hit_rate"], s["throughput"]
-    facts = (s.get("server_facts") or [{}])[0]
-    spec = s.get("speculative") or {}
-    opts_conc = meta.get("concurrency")
+def _summary_row(name: str, meta: dict, s: SummaryFile) -> dict[str, Any]:
+    lat, hit, thr, req = s.latency, s.hit_rate, s.throughput, s.requests
+    facts = s.server_facts[0] if s.server_facts else {}
+    spec = s.speculative
     row = {
         "cell": name, "server": meta.get("server", name), "workload": meta.get("workload", "trace"),
         "load": meta.get("load", "run"), "repeat": meta.get("repeat", 0), "status": meta.get("status", "ok"),
         "reason": meta.get("reason"),
-        "requests": s["requests"]["sent"], "ok": s["requests"]["ok"], "failed": s["requests"]["failed"],
-        "error_rate": s["requests"]["error_rate"], "duration_s": s["duration_s"],
-        "req_per_s": thr["requests_per_s"], "output_tok_per_s": thr["output_tokens_per_s"],
-        "prompt_tok_per_s": thr["prompt_tokens_per_s"],
-        "hit_server": hit["server_per_request"], "hit_metrics": hit["metrics_counters"],
-        "hit_predicted": hit["predicted"], "would_hit": hit.get("would_hit"),
-        "requests_predicted_exactly": hit["requests_predicted_exactly"], "requests_compared": hit["requests_compared"],
+        "requests": req.sent, "ok": req.ok, "failed": req.failed,
+        "error_rate": req.error_rate, "duration_s": s.duration_s,
+        "req_per_s": thr.requests_per_s, "output_tok_per_s": thr.output_tokens_per_s,
+        "prompt_tok_per_s": thr.prompt_tokens_per_s,
+        "hit_server": hit.server_per_request, "hit_metrics": hit.metrics_counters,
+        "hit_predicted": hit.predicted, "would_hit": hit.would_hit,
+        "requests_predicted_exactly": hit.requests_predicted_exactly, "requests_compared": hit.requests_compared,
         "prefix_caching": facts.get("prefix_caching"), "speculative": bool(facts.get("speculative_enabled")),
         "block_size": facts.get("block_size"), "num_blocks": facts.get("num_blocks"),
         "kv_capacity_tokens": facts.get("kv_capacity_tokens"),
-        "spec_acceptance_rate": spec.get("acceptance_rate"), "spec_mean_acceptance_length": spec.get("mean_acceptance_length"),
-        "concurrency": opts_conc, "aborted": s.get("aborted"),
+        "spec_acceptance_rate": spec.acceptance_rate if spec else None,
+        "spec_mean_acceptance_length": spec.mean_acceptance_length if spec else None,
+        "concurrency": meta.get("concurrency"), "aborted": s.aborted,
     }
     for metric in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        pcts = getattr(lat, metric)
         for q in ("p50", "p90", "p99", "mean"):
-            row[f"{metric[:-2]}_{q}_s"] = lat[metric][q]
-    if s.get("goodput"):
-        row["goodput_fraction"] = s["goodput"]["fraction"]
-        row["goodput_req_per_s"] = s["goodput"]["goodput_req_per_s"]
+            row[f"{metric[:-2]}_{q}_s"] = getattr(pcts, q)
+    if s.goodput is not None:
+        row["goodput_fraction"] = s.goodput.fraction
+        row["goodput_req_per_s"] = s.goodput.goodput_req_per_s
     return row
 
 
-def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict | None]:
+def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame, SummaryFile | None]:
     from kvscope.harness.results.records import read_records
 
-    summary = None
-    sp = cell_dir / "summary.json"
-    if sp.exists():
-        summary = json.loads(sp.read_text())
+    summary = load_summary(cell_dir / SUMMARY_NAME) if (cell_dir / SUMMARY_NAME).exists() else None
     try:
         req = read_records(cell_dir)
     except Exception:  # noqa: BLE001 - a failed cell may have no records
@@ -111,37 +169,44 @@ def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.
     return req, met, summary
 
 
+def _single_run_manifest(root: Path) -> tuple[dict[str, Any], ManifestFile | None]:
+    """A replay run directory described as an experiment of one cell."""
+    run_manifest = load_run_manifest(root / MANIFEST_NAME) if (root / MANIFEST_NAME).exists() else None
+    name = root.name
+    server_conf = (run_manifest.server_config if run_manifest else None) or {}
+    manifest = {"experiment": name, "single_run": True, "cells": {name: {"status": "ok", "dir": "."}},
+                "model": {"path": server_conf.get("model"), "weights_random": None},
+                "single_run_trace": run_manifest.trace.path if run_manifest else None,
+                "run_manifest": run_manifest.model_dump(mode="json") if run_manifest else {}}
+    return manifest, run_manifest
+
+
 def load_results(path: str | Path) -> ExperimentResults:
     """Load an experiment run directory (`experiment.json`) or a single replay run (`summary.json`)."""
     root = Path(path)
-    if (root / "experiment.json").exists():
-        manifest = json.loads((root / "experiment.json").read_text())
-        entries = manifest.get("cells") or {}
-    elif (root / "summary.json").exists() or (root / "requests.jsonl").exists():
-        run_manifest = json.loads((root / "manifest.json").read_text()) if (root / "manifest.json").exists() else {}
-        name = root.name
-        server_conf = run_manifest.get("server_config") or {}
-        manifest = {"experiment": name, "single_run": True, "cells": {name: {"status": "ok", "dir": "."}},
-                    "model": {"path": server_conf.get("model"), "weights_random": None},
-                    "single_run_trace": (run_manifest.get("trace") or {}).get("path"), "run_manifest": run_manifest}
-        entries = manifest["cells"]
+    experiment: ExperimentFile | None = None
+    run_manifest: ManifestFile | None = None
+    if (root / EXPERIMENT_NAME).exists():
+        experiment = load_experiment_file(root / EXPERIMENT_NAME)
+        manifest = experiment.model_dump(mode="json")
+    elif (root / SUMMARY_NAME).exists() or (root / "requests.jsonl").exists():
+        manifest, run_manifest = _single_run_manifest(root)
     else:
         raise KvscopeError(f"{root}: not an experiment run (experiment.json) or a replay run (summary.json)")
+    entries = manifest["cells"]
     req_frames, met_frames, rows = [], [], []
-    summaries: dict[str, dict] = {}
+    summaries: dict[str, SummaryFile] = {}
     dirs: dict[str, Path] = {}
     for name, meta in entries.items():
         cdir = root / meta["dir"] if meta.get("dir") else root / "cells" / name
         dirs[name] = cdir
-        if not cdir.exists():
-            rows.append({"cell": name, **{k: meta.get(k) for k in ("server", "workload", "load", "repeat")},
-                         "status": meta.get("status"), "reason": meta.get("reason")})
-            continue
-        req, met, summary = _load_cell(cdir, name, meta)
-        if len(req):
-            req_frames.append(req)
-        if len(met):
-            met_frames.append(met)
+        summary = None
+        if cdir.exists():
+            req, met, summary = _load_cell(cdir, name, meta)
+            if len(req):
+                req_frames.append(req)
+            if len(met):
+                met_frames.append(met)
         if summary is not None:
             summaries[name] = summary
             rows.append(_summary_row(name, meta, summary))
@@ -150,9 +215,10 @@ def load_results(path: str | Path) -> ExperimentResults:
                          "status": meta.get("status"), "reason": meta.get("reason")})
     if manifest.get("single_run") and summaries:
         s = next(iter(summaries.values()))
-        manifest.setdefault("servers", {})[next(iter(entries))] = {"facts": (s.get("server_facts") or [{}])[0]}
+        manifest.setdefault("servers", {})[next(iter(entries))] = {"facts": s.server_facts[0] if s.server_facts
+                                                                   else {}}
     cells = pd.DataFrame(rows)
     requests = pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame()
     metrics = pd.concat(met_frames, ignore_index=True) if met_frames else pd.DataFrame()
     return ExperimentResults(root=root, manifest=manifest, cells=cells, requests=requests, metrics=metrics,
-                             summaries=summaries, cell_dirs=dirs)
+                             summaries=summaries, cell_dirs=dirs, experiment=experiment, run_manifest=run_manifest)

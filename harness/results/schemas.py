@@ -1,0 +1,318 @@
+"""The result files kvscope writes, as versioned pydantic models: `summary.json` and `manifest.json` (a replay
+run directory), `experiment.json` (an experiment run directory) and `report.json` (its `report/` folder).
+
+Why models: these files are read back by `load_results`, the report, `kvscope compare` and notebooks, maybe by
+another kvscope release. Writers build the model (so a misspelt or missing field fails when the file is
+written, not when a notebook reads it) and dump it; readers go through one loader per file
+(`kvscope.harness.results.loaders`) that checks format name and version first and then every field. Field
+names and meanings are the ones docs/architecture.md documents, so notebooks keep working.
+
+Top levels are strict (`extra="forbid"`). Nested blocks are typed sub-models where they are stable; a block is
+`dict[str, Any]` only where its content is open-ended or its model lives in a higher layer (the comment at each
+says which). Versioning rule: see `kvscope.workloads.versioned_file` (a file without a version is refused).
+
+The experiment spec recorded in `experiment.json` is the validated spec with its defaults. The part the report
+reads (name, description, notebooks, SLOs, cost) is `ExperimentSpecCore`, defined here so that the report
+layer can read it typed; `kvscope.harness.experiment.spec.ExperimentSpec` extends it with the fields that only
+the runner needs, and `ExperimentFile` is generic in the spec model so the runner reads its own files back as
+full `ExperimentSpec`s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+from kvscope.workloads.versioned_file import VersionedFile
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------------------------------ summary.json
+
+
+class RequestCounts(_Block):
+    sent: int
+    in_window: int
+    ok: int
+    failed: int
+    error_rate: float | None
+    errors_by_class: dict[str, int]
+    retries: int
+    length_mismatch: int
+    errors_by_status: dict[str, int]  # HTTP status (as a string: JSON keys) -> count
+
+
+class Throughput(_Block):
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
+
+
+class Percentiles(_Block):
+    """Seconds; every figure is null when no successful request had the value."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+
+
+class LatencyStats(_Block):
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    itl_s: Percentiles
+    e2e_s: Percentiles
+
+
+class Goodput(_Block):
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    requests_meeting_slo: int
+    fraction: float | None
+    goodput_req_per_s: float | None
+
+
+class HitRates(_Block):
+    """The hit rate three ways. `would_hit*` exist only when prefix caching is off (readers test for them)."""
+
+    prompt_tokens: int
+    server_cached_tokens: int
+    predicted_cached_tokens: int
+    server_per_request: float | None
+    predicted: float | None
+    metrics_counters: float | None
+    metrics_hits: float | None
+    metrics_queries: float | None
+    predicted_minus_server: float | None
+    server_minus_metrics: float | None
+    requests_compared: int
+    requests_predicted_exactly: int
+    would_hit: float | None = None
+    would_hit_cached_tokens: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_would_hit(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if "would_hit" not in self.model_fields_set:
+            out.pop("would_hit", None)
+            out.pop("would_hit_cached_tokens", None)
+        return out
+
+
+class Speculative(_Block):
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    acceptance_by_position: list[float | None] | None  # per draft position; null where not measured
+    drafts: float | None
+    weights_random: bool | None
+    note: str | None
+
+
+class ClientStats(_Block):
+    """The replay client's own cost: a saturated client inflates latencies."""
+
+    cpu_s: float
+    cpu_utilization: float | None
+    cpu_us_per_request: float | None
+    event_loop: str | None
+    stale_connection_resends: int
+    saturated: bool
+    note: str | None
+
+
+class SummaryFile(VersionedFile):
+    FORMAT = "kvscope-summary"
+    SUPPORTED_VERSIONS = (1,)
+
+    format: Literal["kvscope-summary"] = "kvscope-summary"
+    version: int = 1
+    requests: RequestCounts
+    duration_s: float
+    throughput: Throughput
+    latency: LatencyStats
+    goodput: Goodput | None
+    hit_rate: HitRates
+    speculative: Speculative | None
+    # Counter deltas from /metrics, one key per series the metrics watcher reconciles: which ones exist
+    # depends on the vLLM version and the features on, so the block is open.
+    server_deltas: dict[str, Any] | None
+    aborted: str | None
+    client: ClientStats
+    # One ServerFacts dump per endpoint; ServerFacts is the serving layer's model (above this one) and
+    # unknown facts are null, so the block is kept as data here.
+    server_facts: list[dict[str, Any]]
+
+
+# ----------------------------------------------------------------------------------------- manifest.json
+
+
+class TraceRef(_Block):
+    path: str
+    sha256: str
+    name: str | None
+    seed: int | None
+
+
+class HostInfo(_Block):
+    hostname: str
+    platform: str
+    cpus: int | None
+
+
+class ManifestFile(VersionedFile):
+    FORMAT = "kvscope-run-manifest"
+    SUPPORTED_VERSIONS = (1,)
+
+    format: Literal["kvscope-run-manifest"] = "kvscope-run-manifest"
+    version: int = 1
+    kvscope_version: str
+    vllm_version: str | None
+    trace: TraceRef
+    # ReplayOptions.model_dump(): that model lives in the replay layer, above this one.
+    options: dict[str, Any]
+    endpoints: list[str]
+    # ServerConfig.redacted() (serving layer) when kvscope launched the server, else null.
+    server_config: dict[str, Any] | None
+    host: HostInfo
+    started_at: float  # Unix time
+    ended_at: float
+    aborted: str | None
+    prefix_cache_reset: dict[str, str] | None  # endpoint -> outcome; null when the reset was switched off
+
+
+# --------------------------------------------------------------------------------------- experiment.json
+
+
+class SloSpec(_Block):
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+
+
+DEFAULT_PRICING = ["anthropic-sonnet-5m", "anthropic-sonnet-1h", "openai-gpt-4.1", "gemini-2.5-flash-implicit",
+                   "deepseek-v3.2"]
+
+
+class CostSpec(_Block):
+    """Inputs of the cost report (notebooks/cost.ipynb)."""
+
+    pricing: list[str] = Field(default_factory=lambda: list(DEFAULT_PRICING),
+                               description="provider pricing presets (kvscope cost --help) or preset YAML files")
+    gpu_hourly_usd: float = Field(2.0, gt=0, description="self-hosted $/GPU-hour for cost per token")
+    gpu_name: str = Field("the serving machine", description="a label for the machine the price is for")
+
+    @field_validator("pricing")
+    @classmethod
+    def _known_presets(cls, v: list[str]) -> list[str]:
+        from kvscope.harness.pricing.provider_cache import list_presets
+
+        known = list_presets()
+        unknown = [p for p in v if p not in known and not Path(p).is_file()]
+        if unknown:
+            raise ValueError(f"unknown pricing preset(s) {', '.join(unknown)}; known: {', '.join(known)} "
+                             "(or a path to a preset YAML file)")
+        return v
+
+
+class ExperimentSpecCore(BaseModel):
+    """The fields of an experiment spec that reports read. Extra fields (the rest of the spec) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str = ""
+    notebooks: list[str] | None = Field(None, description="notebooks to render (default: all)")
+    slo: SloSpec = Field(default_factory=SloSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+
+
+SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
+
+CellStatus = Literal["pending", "running", "ok", "failed"]
+
+
+class CellHeadline(_Block):
+    requests: int
+    errors: int
+    hit_rate: float | None
+    ttft_p50_s: float | None
+    req_per_s: float | None
+
+
+class CellEntry(_Block):
+    server: str
+    workload: str
+    load: str
+    repeat: int
+    status: CellStatus
+    reason: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    warmup_requests: int | None = None
+    dir: str | None = None  # the cell's run directory, relative to the experiment directory
+    headline: CellHeadline | None = None
+    traceback: str | None = None
+
+
+class ServerEntry(_Block):
+    # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
+    config: dict[str, Any]
+    restarts: int = 0
+    log: str
+    facts: dict[str, Any] | None = None
+    ready_after_s: float | None = None
+
+
+class ModelEntry(_Block):
+    path: str
+    tokenizer: str
+    # The tiny model's build card (kvscope_model.json), null for other models: its fields are the builder's.
+    card: dict[str, Any] | None
+    weights_random: bool
+
+
+class ExperimentFile(VersionedFile, Generic[SpecT]):
+    FORMAT = "kvscope-experiment"
+    SUPPORTED_VERSIONS = (1,)
+
+    format: Literal["kvscope-experiment"] = "kvscope-experiment"
+    version: int = 1
+    experiment: str
+    run_id: str
+    spec: SpecT  # the validated spec, defaults included
+    spec_path: str
+    created_at: float
+    kvscope_version: str = "unknown"
+    model: ModelEntry | None = None
+    cells: dict[str, CellEntry] = Field(default_factory=dict)
+    servers: dict[str, ServerEntry] = Field(default_factory=dict)
+    traces: dict[str, str] = Field(default_factory=dict)  # workload -> trace dir relative to the experiment dir
+    completed_at: float | None = None
+    failed_cells: list[str] | None = None
+
+
+# ------------------------------------------------------------------------------------------- report.json
+
+
+class NotebookEntry(_Block):
+    notebook: str
+    ok: bool
+    error: str | None
+    seconds: float
+    html: str | None  # file name inside report/
+    figures: list[str]  # paths relative to report/
+
+
+class ReportFile(VersionedFile):
+    FORMAT = "kvscope-report"
+    SUPPORTED_VERSIONS = (1,)
+
+    format: Literal["kvscope-report"] = "kvscope-report"
+    version: int = 1
+    notebooks: list[NotebookEntry]

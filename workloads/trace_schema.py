@@ -1,0 +1,82 @@
+"""`trace.json`, the metadata file of a trace directory, as a versioned pydantic model.
+
+The trace directory has carried `{"format": "kvscope-trace", "version": 1}` since the first release, so old
+traces keep reading. `Trace.meta` stays a plain dict (the model's dump) because generators and importers build
+it incrementally and notebooks read it as one; the model is the gate on the way out and on the way in.
+The fields and their meaning are documented in docs/architecture.md (Trace directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
+
+FORMAT: Final = "kvscope-trace"
+VERSION: Final = 1
+
+
+class TokenizerInfo(BaseModel):
+    """The tokenizer the token ids came from (null for imported traces without `--tokenizer`; synthetic traces
+    know only a vocabulary size)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None
+    sha256: str | None
+    vocab_size: int | None
+
+
+class TextModeInfo(BaseModel):
+    """Text mode (`generate --text`): how the chat template was applied."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat_template_sha256: str
+    template_segments: int
+    resized_segments: int
+
+
+class TraceFile(VersionedFile):
+    FORMAT = FORMAT
+    SUPPORTED_VERSIONS = (VERSION,)
+
+    format: Literal["kvscope-trace"] = "kvscope-trace"
+    version: int = VERSION
+    name: str | None = None
+    # The validated workload spec as a dict (its model, WorkloadSpec, is the schema of the YAML file) or an
+    # importer's description of its source ({"importer", "source", ...}, different per importer): open here.
+    spec: dict[str, Any] | None = None
+    seed: int | None = None
+    scale: float | None = None
+    tokenizer: TokenizerInfo | None = None
+    block_size_hint: int | None = None  # native block size of imported block-id traces
+    # The spec's arrival block, already validated by workloads.spec (a union of arrival processes); the
+    # replayer reads `closed_loop.concurrency` from it.
+    arrival: dict[str, Any] | None = None
+    truncated_sessions: int = 0
+    text: TextModeInfo | None = None
+    # Derived counts, always written; a hand-made trace.json may leave them out (the reader recounts).
+    num_requests: int | None = None
+    num_sessions: int | None = None
+    num_segments: int | None = None
+    num_segment_tokens: int | None = None
+    created_by: str | None = None
+
+
+def read_trace_file(path: str | Path) -> TraceFile:
+    """The validated `trace.json` (missing, corrupt, of another format or version: `TraceFileError`)."""
+    from kvscope.workloads.errors import TraceFileError
+
+    return read_versioned(path, TraceFile, TraceFileError)
+
+
+def write_trace_file(path: str | Path, meta: dict[str, Any]) -> Path:
+    """Validate the metadata and write it with sorted keys (same spec + seed: byte-identical files)."""
+    from kvscope.workloads.errors import TraceFileError
+
+    model = validate_data(f"{path}: trace metadata", meta, TraceFile, TraceFileError)
+    return write_versioned(path, model, sort_keys=True)
