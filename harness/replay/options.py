@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvscope.harness.serving.client import Timeouts
+from kvscope.harness.serving.request import Timeouts
 
 
 class ReplayOptions(BaseModel):
