@@ -39,10 +39,6 @@ from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.harness.replay.watch import MetricsWatcher
 
 
-class ReplayAborted(KvscopeError):
-    """The run could not go on (server gone); records up to this point are saved."""
-
-
 @dataclass
 class ReplayOutcome:
     run_dir: Path

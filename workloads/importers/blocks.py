@@ -18,7 +18,7 @@ from __future__ import annotations
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -217,9 +217,3 @@ def import_kvcache_tester(src: str | Path, source: TokenSource | None = None, se
     return blocks_to_trace(reqs, source, seed, fill_tail=True,
                            meta={"name": Path(src).name.split(".")[0],
                                  "spec": {"importer": "kvcache-tester", "source": str(src), "limit": limit}})
-
-
-def iter_block_prompts(reqs: Iterable[BlockRequest]) -> Iterator[tuple[np.ndarray, int]]:
-    """(block ids, input length) per request: what an ideal-hit computation on the raw view needs."""
-    for r in reqs:
-        yield r.block_ids, r.input_length
