@@ -33,7 +33,7 @@ workloads:
   agent-ts: {{spec: agent-coding-timestamped, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
 loads: [{{concurrency: 1}}]
 repeats: 2
-replay: {{warmup_pass: true}}
+replay: {{warmup_pass: true, time_scale: 0}}
 slo: {{ttft_ms: 500}}
 cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
 """

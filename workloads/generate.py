@@ -13,6 +13,7 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -323,107 +324,147 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
     """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
     max_model_len) and ``text`` (text mode, see :mod:`kvscope.workloads.text`) override the spec's values. Text mode
     needs a ``source`` made by ``TokenSource.from_tokenizer(model_dir)`` on a model with a chat template."""
-    if max_context is not None:
-        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
+    spec = _with_overrides(spec, max_context, output_scale, sessions)
     seed = spec.seed if seed is None else seed
     scale = spec.scale if scale is None else scale
-    if output_scale is not None:
-        spec = spec.model_copy(update={"output_scale": output_scale})
-    if sessions is not None:
-        spec = spec.model_copy(update={"sessions": spec.sessions.model_copy(update={"count": sessions})})
-    text = spec.text if text is None else text
-    text_mode = None
-    if text:
-        if not source.info or not source.info.get("path"):
-            raise ValueError("text mode needs a tokenizer: TokenSource.from_tokenizer(MODEL_DIR) / --tokenizer MODEL_DIR")
-        text_mode = TextMode(source.info["path"])
+    text_mode = _text_mode(source, spec.text if text is None else text)
     ctx = _Context(spec, source, seed, scale, text_mode)
-    b = ctx.builder
-    limits = [x for x in (spec.limits.max_context_tokens,
-                          round(spec.limits.context_window_tokens * scale) if spec.limits.context_window_tokens
-                          else None) if x is not None]
-    limit = min(limits) if limits else None
+    limit = _context_limit(spec, scale)
     n_sessions = spec.sessions.count
     width = len(str(n_sessions - 1))
     per_session: list[list[dict]] = []
     truncated = 0
-    it = range(n_sessions)
+    it: Iterable[int] = range(n_sessions)
     if progress:
         from tqdm import tqdm
 
         it = tqdm(it, desc=f"generating {spec.name}", unit="session")
     for si in it:
-        rng = np.random.default_rng([seed, 1, si])
-        t = _zipf_choice(rng, spec.prefix.tenants, spec.prefix.tenant_popularity_a)
-        doc = None
-        d = spec.prefix.documents
-        if d is not None and rng.random() < d.probability:
-            doc = ctx.document(_zipf_choice(rng, d.count, d.popularity_a))
-        plan = _plan_session(spec, rng, scale)
-        state = SessionState(ctx, ctx.tenant(t), doc, rng)
-        sid = f"s{si:0{width}d}"
-        salt = {"none": None, "session": f"kvscope-{sid}", "tenant": f"kvscope-t{t}"}[spec.sessions.cache_salt]
-        rows: list[dict] = []
-        prev_segments: list[int] = []
-        prev_len = 0
-        offset = 0.0
-        for step, p in enumerate(plan):
-            state.step = step
-            if step > 0:
-                last = rows[-1]
-                state.history.append(Item(last["output_segment_id"], plan[step - 1]["output_kind"],
-                                          last["output_tokens"], step - 1, plan[step - 1]["reasoning"]))
-            inp = state.new_segment(p["input_kind"], p["input_tokens"])
-            state.history.append(inp)
-            hint = None
-            for policy in spec.sessions.policies:
-                h = policy.apply(state, rng)
-                hint = h if h == "compaction" else hint
-            messages = None
-            if text_mode is not None:
-                segs, messages, static = ctx.render(state)
-                n_prompt = sum(b.segment_len(x) for x in segs)
-            else:
-                segs = state.prompt_segments()
-                n_prompt = state.prompt_tokens()
-                static = sum(b.segment_len(x) for x in state.prefix_segments())
-            if limit is not None and n_prompt + p["output_tokens"] > limit:
-                truncated += 1
-                break
-            if text_mode is not None:
-                out_toks, p["reasoning"] = text_mode.output(p["output_kind"], p["output_tokens"], p["reasoning"], rng)
-                p["output_tokens"] = len(out_toks)
-            else:
-                out_toks = source.draw(p["output_kind"], p["output_tokens"], rng)
-            out_seg = b.add_segment(out_toks, p["output_kind"])
-            if step == 0:
-                transition = "first"
-            else:
-                transition = classify_transition(common_prefix_tokens(b, prev_segments, segs), prev_len, hint=hint)
-            offset += p["think"] + p["tool"]
-            rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
-                         "tool_latency_s": p["tool"], "prompt_segment_ids": segs, "output_segment_id": out_seg,
-                         "output_tokens": p["output_tokens"], "output_reasoning_tokens": p["reasoning"],
-                         "max_tokens": p["output_tokens"], "cache_salt": salt, "tenant": t,
-                         "transition": transition, "input_kind": p["input_kind"], "static_prefix_tokens": static,
-                         "messages": messages})
-            prev_segments, prev_len = segs, n_prompt
+        rows, was_truncated = _generate_session(ctx, si, f"s{si:0{width}d}", limit)
         per_session.append(rows)
+        truncated += was_truncated
     durations = np.array([r[-1]["offset"] if r else 0.0 for r in per_session])
-    starts = _session_starts(spec, durations, seed)
+    _add_requests(ctx.builder, per_session, _session_starts(spec, durations, seed))
+    return ctx.builder.build(_trace_meta(ctx, seed, scale, truncated))
+
+
+def _with_overrides(spec: WorkloadSpec, max_context: int | None, output_scale: float | None,
+                    sessions: int | None) -> WorkloadSpec:
+    if max_context is not None:
+        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_context_tokens": max_context})})
+    if output_scale is not None:
+        spec = spec.model_copy(update={"output_scale": output_scale})
+    if sessions is not None:
+        spec = spec.model_copy(update={"sessions": spec.sessions.model_copy(update={"count": sessions})})
+    return spec
+
+
+def _text_mode(source: TokenSource, text: bool) -> TextMode | None:
+    if not text:
+        return None
+    if not source.info or not source.info.get("path"):
+        raise ValueError("text mode needs a tokenizer: TokenSource.from_tokenizer(MODEL_DIR) / --tokenizer MODEL_DIR")
+    return TextMode(source.info["path"])
+
+
+def _context_limit(spec: WorkloadSpec, scale: float) -> int | None:
+    """The tighter of the server's max_model_len and the agent's own (scaled) context window."""
+    window = spec.limits.context_window_tokens
+    limits = [x for x in (spec.limits.max_context_tokens, round(window * scale) if window else None) if x is not None]
+    return min(limits) if limits else None
+
+
+def _generate_session(ctx: _Context, si: int, sid: str, limit: int | None) -> tuple[list[dict], bool]:
+    """One session's request rows (prompt segments, output segment, timing, transition); True when the
+    context limit ended it early."""
+    spec, scale, b = ctx.spec, ctx.scale, ctx.builder
+    rng = np.random.default_rng([ctx.seed, 1, si])
+    t = _zipf_choice(rng, spec.prefix.tenants, spec.prefix.tenant_popularity_a)
+    doc = None
+    d = spec.prefix.documents
+    if d is not None and rng.random() < d.probability:
+        doc = ctx.document(_zipf_choice(rng, d.count, d.popularity_a))
+    plan = _plan_session(spec, rng, scale)
+    state = SessionState(ctx, ctx.tenant(t), doc, rng)
+    salt = {"none": None, "session": f"kvscope-{sid}", "tenant": f"kvscope-t{t}"}[spec.sessions.cache_salt]
+    rows: list[dict] = []
+    prev_segments: list[int] = []
+    prev_len = 0
+    offset = 0.0
+    for step, p in enumerate(plan):
+        hint = _advance_history(state, step, plan, rows, rng)
+        segs, messages, n_prompt, static = _prompt(ctx, state)
+        if limit is not None and n_prompt + p["output_tokens"] > limit:
+            return rows, True
+        out_seg = _draw_output(ctx, p, rng)
+        transition = "first" if step == 0 else classify_transition(
+            common_prefix_tokens(b, prev_segments, segs), prev_len, hint=hint)
+        offset += p["think"] + p["tool"]
+        rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
+                     "tool_latency_s": p["tool"], "prompt_segment_ids": segs, "output_segment_id": out_seg,
+                     "output_tokens": p["output_tokens"], "output_reasoning_tokens": p["reasoning"],
+                     "max_tokens": p["output_tokens"], "cache_salt": salt, "tenant": t,
+                     "transition": transition, "input_kind": p["input_kind"], "static_prefix_tokens": static,
+                     "messages": messages})
+        prev_segments, prev_len = segs, n_prompt
+    return rows, False
+
+
+def _advance_history(state: "SessionState", step: int, plan: list[dict], rows: list[dict],
+                     rng: np.random.Generator) -> str | None:
+    """Append the previous output and this step's input, then run the history policies; returns the
+    transition hint (``compaction``) a policy gave, if any."""
+    state.step = step
+    if step > 0:
+        last = rows[-1]
+        state.history.append(Item(last["output_segment_id"], plan[step - 1]["output_kind"],
+                                  last["output_tokens"], step - 1, plan[step - 1]["reasoning"]))
+    p = plan[step]
+    state.history.append(state.new_segment(p["input_kind"], p["input_tokens"]))
+    hint = None
+    for policy in state.ctx.spec.sessions.policies:
+        h = policy.apply(state, rng)
+        hint = h if h == "compaction" else hint
+    return hint
+
+
+def _prompt(ctx: _Context, state: "SessionState") -> tuple[list[int], list | None, int, int]:
+    """(prompt segments, chat messages in text mode, prompt tokens, static prefix tokens)."""
+    b = ctx.builder
+    if ctx.text is not None:
+        segs, messages, static = ctx.render(state)
+        return segs, messages, sum(b.segment_len(x) for x in segs), static
+    static = sum(b.segment_len(x) for x in state.prefix_segments())
+    return state.prompt_segments(), None, state.prompt_tokens(), static
+
+
+def _draw_output(ctx: _Context, p: dict, rng: np.random.Generator) -> int:
+    """The step's output segment; text mode may resize the output (``p`` is updated)."""
+    if ctx.text is not None:
+        out_toks, p["reasoning"] = ctx.text.output(p["output_kind"], p["output_tokens"], p["reasoning"], rng)
+        p["output_tokens"] = len(out_toks)
+    else:
+        out_toks = ctx.source.draw(p["output_kind"], p["output_tokens"], rng)
+    return ctx.builder.add_segment(out_toks, p["output_kind"])
+
+
+def _add_requests(b: TraceBuilder, per_session: list[list[dict]], starts: np.ndarray) -> None:
     for si, rows in enumerate(per_session):
         parent = -1
         for r in rows:
             off = r.pop("offset")
             parent = b.add_request(**r, parent_request_id=parent, session_start_s=float(starts[si]),
                                    arrival_s=float(starts[si] + off))
-    meta = {"name": spec.name, "spec": spec_to_dict(spec), "seed": seed, "scale": scale,
-            "tokenizer": source.info, "block_size_hint": None, "created_by": CREATED_BY,
+
+
+def _trace_meta(ctx: _Context, seed: int, scale: float, truncated: int) -> dict:
+    spec, text_mode = ctx.spec, ctx.text
+    return {"name": spec.name, "spec": spec_to_dict(spec), "seed": seed, "scale": scale,
+            "tokenizer": ctx.source.info, "block_size_hint": None, "created_by": CREATED_BY,
             "arrival": spec.arrival.model_dump(mode="json"), "truncated_sessions": truncated,
             "text": None if text_mode is None else {
                 "chat_template_sha256": text_mode.template.sha256, "template_segments": len(ctx._template_segments),
                 "resized_segments": text_mode.resized}}
-    return b.build(meta)
 
 
 def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed: int | None = None,

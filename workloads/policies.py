@@ -8,15 +8,23 @@ at the changed item, and the request's ``transition`` says why (``edit``, ``rese
 
 Token parameters (``tokens``, ``position``, ``budget_tokens``, …) are multiplied by the spec's ``scale`` so that
 a preset keeps its shape when it is shrunk to run on a CPU.
+
+Adding a policy is one registration: ``@history_policy("name")`` on a :class:`HistoryPolicy` subclass. The
+decorator gives the class its ``kind: Literal["name"]`` tag and records it in one registry, from which the spec's
+discriminated union (:data:`Policy`), the allowed kinds (:func:`policy_kinds`) and the tag → model map used by
+the spec's error messages (:func:`policy_models`) are all derived. The union is validated through a lazily built
+``TypeAdapter`` rather than a static ``Union[...]`` so that a policy registered after ``workloads.spec`` was
+imported (a plug-in, a test) is accepted by the spec models without rebuilding them; pydantic's own
+``union_tag_invalid`` errors (and their locations) are kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, TypeVar, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, create_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvscope.workloads.generate import SessionState
@@ -36,22 +44,76 @@ class Item:
     meta: dict = field(default_factory=dict)
 
 
-class AppendOnly(BaseModel):
-    """Keep everything: each prompt is the parent's prompt + the parent's output + the new input."""
+class HistoryPolicy(BaseModel):
+    """Base of every history policy. ``kind`` is set by :func:`history_policy`; ``apply`` edits the session's
+    history in place and returns the transition it caused (``edit``, ``reset``, ``compaction``) or None."""
 
     model_config = _BASE
-    kind: Literal["append_only"]
+    kind: str
+
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+        raise NotImplementedError
+
+
+_P = TypeVar("_P", bound=type[HistoryPolicy])
+_REGISTRY: dict[str, type[HistoryPolicy]] = {}
+_adapter: TypeAdapter | None = None
+
+
+def history_policy(kind: str) -> Callable[[_P], _P]:
+    """Register a policy model under the spec tag ``kind``; returns the tagged model (a subclass of the
+    decorated class with ``kind: Literal[kind]``, so ``isinstance`` checks against the module name hold)."""
+
+    def register(cls: _P) -> _P:
+        global _adapter
+        if kind in _REGISTRY:
+            raise ValueError(f"history policy {kind!r} is already registered by {_REGISTRY[kind].__name__}")
+        tagged = create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
+                              kind=(Literal[kind], Field(default=kind)))  # type: ignore[call-overload]
+        tagged.__qualname__ = cls.__qualname__
+        _REGISTRY[kind] = tagged
+        _adapter = None
+        return tagged  # type: ignore[return-value]
+
+    return register
+
+
+def policy_kinds() -> tuple[str, ...]:
+    """The registered spec tags, in registration order (the order error messages list them in)."""
+    return tuple(_REGISTRY)
+
+
+def policy_models() -> dict[str, type[HistoryPolicy]]:
+    """Spec tag → policy model."""
+    return dict(_REGISTRY)
+
+
+def _validate_policy(value: Any) -> HistoryPolicy:
+    global _adapter
+    if isinstance(value, HistoryPolicy) and _REGISTRY.get(value.kind) is type(value):
+        return value
+    if _adapter is None:
+        members = tuple(_REGISTRY.values())
+        _adapter = TypeAdapter(Annotated[Union[members], Field(discriminator="kind")])  # type: ignore[valid-type]
+    return _adapter.validate_python(value)
+
+
+Policy = Annotated[SerializeAsAny[HistoryPolicy], PlainValidator(_validate_policy)]
+"""One entry of ``sessions.policies``: any registered policy, chosen by its ``kind``."""
+
+
+@history_policy("append_only")
+class AppendOnly(HistoryPolicy):
+    """Keep everything: each prompt is the parent's prompt + the parent's output + the new input."""
 
     def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
         return None
 
 
-class VolatilePrefix(BaseModel):
+@history_policy("volatile_prefix")
+class VolatilePrefix(HistoryPolicy):
     """A value that changes on every request (a timestamp, a request id) of ``tokens`` tokens inserted at
     token ``position`` of the system prompt. Nothing after ``position`` can be reused across requests."""
-
-    model_config = _BASE
-    kind: Literal["volatile_prefix"]
     tokens: int = Field(default=8, ge=1)
     position: int = Field(default=0, ge=0)
 
@@ -60,12 +122,10 @@ class VolatilePrefix(BaseModel):
         return "edit" if state.step > 0 else None
 
 
-class EditTurn(BaseModel):
+@history_policy("edit_turn")
+class EditTurn(HistoryPolicy):
     """With probability ``probability`` per request, rewrite ``tokens`` tokens of the history item ``depth``
     items back from the newest (1 = the newest). The rewrite persists, like a client that edits a message."""
-
-    model_config = _BASE
-    kind: Literal["edit_turn"]
     depth: int = Field(default=2, ge=1)
     tokens: int = Field(default=16, ge=1)
     probability: float = Field(default=0.1, ge=0, le=1)
@@ -80,12 +140,10 @@ class EditTurn(BaseModel):
         return "edit"
 
 
-class TruncateToolOutputs(BaseModel):
+@history_policy("truncate_tool_outputs")
+class TruncateToolOutputs(HistoryPolicy):
     """Tool outputs older than the last ``keep_last`` steps are cut to ``max_tokens`` tokens (retroactive
     clearing of stale tool results). Each truncation changes history already cached."""
-
-    model_config = _BASE
-    kind: Literal["truncate_tool_outputs"]
     keep_last: int = Field(default=3, ge=0)
     max_tokens: int = Field(default=32, ge=0)
 
@@ -101,12 +159,10 @@ class TruncateToolOutputs(BaseModel):
         return "edit" if changed else None
 
 
-class SlidingWindow(BaseModel):
+@history_policy("sliding_window")
+class SlidingWindow(HistoryPolicy):
     """Drop the oldest history items (never the system/tools/document prefix) until the prompt fits
     ``budget_tokens``. Every drop moves all later tokens, so reuse falls back to the static prefix."""
-
-    model_config = _BASE
-    kind: Literal["sliding_window"]
     budget_tokens: int = Field(ge=1)
 
     def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
@@ -118,12 +174,10 @@ class SlidingWindow(BaseModel):
         return "reset" if dropped else None
 
 
-class Compaction(BaseModel):
+@history_policy("compaction")
+class Compaction(HistoryPolicy):
     """When the prompt passes ``threshold_tokens``, replace the history (all but the newest
     ``keep_last`` items) by a summary of ``summary_tokens`` tokens, like Claude Code's auto-compact."""
-
-    model_config = _BASE
-    kind: Literal["compaction"]
     threshold_tokens: int = Field(ge=1)
     summary_tokens: int = Field(default=2000, ge=1)
     keep_last: int = Field(default=1, ge=0)
@@ -137,30 +191,10 @@ class Compaction(BaseModel):
         return "compaction"
 
 
-class DropHistory(BaseModel):
-    """With probability ``probability`` per request, drop the oldest ``fraction`` of the history items (the
-    system/tools/document prefix stays): a client that clears or rebuilds its context (``/clear``, a resumed
-    session, a context rebuilt from files). Reuse falls back to the static prefix (``reset``)."""
-
-    model_config = _BASE
-    kind: Literal["drop_history"]
-    probability: float = Field(default=0.01, ge=0, le=1)
-    fraction: float = Field(default=0.5, gt=0, le=1)
-
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
-        if state.step == 0 or rng.random() >= self.probability or len(state.history) < 2:
-            return None
-        k = min(len(state.history) - 1, max(1, int(round(self.fraction * len(state.history)))))
-        state.history = state.history[k:]
-        return "reset"
-
-
-class ReorderTools(BaseModel):
+@history_policy("reorder_tools")
+class ReorderTools(HistoryPolicy):
     """With probability ``probability`` per request, shuffle the tool definitions (clients that build the
     tool list from an unordered set). The new order persists until the next shuffle."""
-
-    model_config = _BASE
-    kind: Literal["reorder_tools"]
     probability: float = Field(default=0.1, ge=0, le=1)
 
     def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
@@ -173,13 +207,11 @@ class ReorderTools(BaseModel):
         return "edit"
 
 
-class StripReasoning(BaseModel):
+@history_policy("strip_reasoning")
+class StripReasoning(HistoryPolicy):
     """Drop the reasoning part of assistant outputs from history, except in the newest ``keep_last``
     outputs. With keep_last = 0 the parent's output is re-sent without its reasoning (the parent's prompt is
     still a prefix); with keep_last >= 1 each older output is stripped later, which edits cached history."""
-
-    model_config = _BASE
-    kind: Literal["strip_reasoning"]
     keep_last: int = Field(default=0, ge=0)
 
     def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
@@ -189,10 +221,17 @@ class StripReasoning(BaseModel):
         return None
 
 
-Policy = Annotated[
-    Union[AppendOnly, VolatilePrefix, EditTurn, TruncateToolOutputs, SlidingWindow, Compaction, ReorderTools,
-          StripReasoning, DropHistory],
-    Field(discriminator="kind"),
-]
-POLICY_KINDS = ("append_only", "volatile_prefix", "edit_turn", "truncate_tool_outputs", "sliding_window",
-                "compaction", "reorder_tools", "strip_reasoning", "drop_history")
+@history_policy("drop_history")
+class DropHistory(HistoryPolicy):
+    """With probability ``probability`` per request, drop the oldest ``fraction`` of the history items (the
+    system/tools/document prefix stays): a client that clears or rebuilds its context (``/clear``, a resumed
+    session, a context rebuilt from files). Reuse falls back to the static prefix (``reset``)."""
+    probability: float = Field(default=0.01, ge=0, le=1)
+    fraction: float = Field(default=0.5, gt=0, le=1)
+
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+        if state.step == 0 or rng.random() >= self.probability or len(state.history) < 2:
+            return None
+        k = min(len(state.history) - 1, max(1, int(round(self.fraction * len(state.history)))))
+        state.history = state.history[k:]
+        return "reset"

@@ -7,13 +7,13 @@ allowed values, because a spec is hand-written and the raw pydantic output is ha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kvscope.workloads.distributions import DISTRIBUTION_KINDS, Distribution, Empirical, coerce_distribution
-from kvscope.workloads.policies import POLICY_KINDS, Policy
+from kvscope.workloads.policies import Policy, policy_kinds, policy_models
 
 Dist = Annotated[Distribution, BeforeValidator(coerce_distribution)]
 _BASE = ConfigDict(extra="forbid", validate_default=True)
@@ -149,7 +149,7 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in POLICY_KINDS or part in DISTRIBUTION_KINDS or part.startswith("function-"):
+        elif part in policy_kinds() or part in DISTRIBUTION_KINDS or part.startswith("function-"):
             continue  # pydantic's union-member tag, not a field the user wrote
         else:
             out += ("." if out else "") + str(part)
@@ -158,14 +158,8 @@ def _loc(loc: tuple) -> str:
 
 def _fields_at(loc: tuple) -> list[str] | None:
     """Field names of the model that a location points into, for 'unknown field' messages."""
-    from kvscope.workloads import distributions as d
-    from kvscope.workloads import policies as p
-
-    tags = {**{k: getattr(p, n) for k, n in zip(POLICY_KINDS, (
-        "AppendOnly", "VolatilePrefix", "EditTurn", "TruncateToolOutputs", "SlidingWindow", "Compaction",
-        "ReorderTools", "StripReasoning", "DropHistory"))},
-        **{k: getattr(d, n) for k, n in zip(DISTRIBUTION_KINDS, (
-            "Constant", "Uniform", "Normal", "LogNormal", "Zipf", "Empirical"))}}
+    distributions = get_args(get_args(Distribution)[0])
+    tags = {**policy_models(), **{get_args(m.model_fields["kind"].annotation)[0]: m for m in distributions}}
     model: Any = WorkloadSpec
     for part in loc:
         if isinstance(part, int) or part.startswith("function-"):
@@ -200,11 +194,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         typ, ctx = e["type"], e.get("ctx", {})
         if typ == "union_tag_invalid":
             what = "policy" if "policies" in loc else ("arrival" if "arrival" in loc else "distribution")
-            allowed = ", ".join(POLICY_KINDS if what == "policy" else DISTRIBUTION_KINDS)
+            allowed = ", ".join(policy_kinds() if what == "policy" else DISTRIBUTION_KINDS)
             msg = f"unknown {what} {ctx.get('tag')!r}; allowed: {allowed}"
             loc = f"{loc}.kind" if loc else "kind"
         elif typ == "union_tag_not_found":
-            allowed = ", ".join(POLICY_KINDS if "policies" in loc else DISTRIBUTION_KINDS)
+            allowed = ", ".join(policy_kinds() if "policies" in loc else DISTRIBUTION_KINDS)
             msg = f"missing 'kind'; allowed: {allowed}"
         elif typ == "literal_error":
             msg = f"invalid value {e.get('input')!r}; allowed: {ctx.get('expected', '').replace(' or ', ', ')}"

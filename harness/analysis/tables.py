@@ -7,7 +7,7 @@ and reusable from a user's own analysis.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -381,18 +381,6 @@ def workload_character(res: ExperimentResults) -> pd.DataFrame:
 def records_for_cells(res: ExperimentResults, cells: Iterable[str]) -> pd.DataFrame:
     r = res.requests
     return r[r["cell"].isin(list(cells))]
-
-
-def to_markdown_safe(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
-    """Escaped HTML for a table (reports never render raw text from traces or model output)."""
-    return df.to_html(index=False, escape=True, float_format=lambda x: format(x, floatfmt))
-
-
-def describe(res: ExperimentResults) -> dict[str, Any]:
-    c = res.cells
-    return {"experiment": res.name, "cells": int(len(c)),
-            "failed_cells": c.loc[c["status"] != "ok", "cell"].tolist() if "status" in c else [],
-            "requests": int(len(res.requests)), "weights_random": res.weights_random}
 
 
 def default_pairs(res: ExperimentResults) -> list[tuple[str, str, str, str]]:

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from kvscope.harness.cachemodel.ideal import ideal_prefix_hit
 from kvscope.harness.cachemodel.simulator import ServiceModel, SimConfig, simulate
-from kvscope.harness.cachemodel.trace_io import detect_kind, load_trace
+from kvscope.harness.cachemodel.trace_io import load_trace
 
 
 def _config(block_size: int, num_gpu_blocks: int | None, capacity_tokens: float | None) -> SimConfig:

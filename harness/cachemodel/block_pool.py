@@ -81,15 +81,6 @@ class BlockPool:
             ref[b] += 1
         return blocks
 
-    def take_hits_idle(self, hashes: Sequence[int], k: int) -> list[int]:
-        """:meth:`take_hits` when no request is running (sequential mode): every hit block is free.
-
-        Ref counts are left at 0 and the caller frees with :meth:`free_idle`; the pool state is the same.
-        """
-        blocks = list(map(self.cached.__getitem__, hashes[:k]))
-        _consume(map(self.free_queue.__delitem__, blocks))
-        return blocks
-
     def take_leading_hits_idle(self, hashes: Sequence[int], cap: int) -> tuple[list[int], int]:
         """Lookup and idle touch in one pass: (hit blocks, k) for the leading run of ``hashes[:cap]``."""
         if cap <= 0:

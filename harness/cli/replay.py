@@ -5,15 +5,40 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
+import typing
+from typing import Any, Literal
+
+from kvscope.harness.replay.options import ReplayOptions
+
+def _option(parser: Any, flag: str, field: str, **overrides: Any) -> None:
+    """Add one flag whose default, type, choices and help come from the ReplayOptions field; a ``--no-…`` flag
+    turns a boolean field off. Only the flag name (and a metavar or a longer help) is the CLI's own."""
+    info = ReplayOptions.model_fields[field]
+    ann = info.annotation
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if isinstance(ann, types.UnionType) else [ann]
+    kind = args[0]
+    kw: dict[str, Any] = {"dest": field, "default": info.default, "help": info.description}
+    if kind is bool:
+        if not flag.startswith("--no-") or info.default is not True:
+            raise ValueError(f"{flag}: a boolean option is a --no-… flag over a field that defaults to True")
+        kw["action"] = "store_false"
+    elif typing.get_origin(kind) is Literal:
+        kw["choices"] = list(typing.get_args(kind))
+    else:
+        kw["type"] = kind
+    kw.update(overrides)
+    if kw.get("help") and kw.get("action") != "store_false" and info.default is not None:
+        kw["help"] += f" (default {info.default})"
+    parser.add_argument(flag, **kw)
 
 
-def _routing_name(name: str) -> str:
-    return name.replace("_", "-")  # the underscore spelling is an alias
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    """The ReplayOptions that the parsed flags describe (raises pydantic's ValidationError)."""
+    return ReplayOptions(**{field: getattr(args, field) for field in ReplayOptions.model_fields if hasattr(args, field)})
 
 
 def add_subcommands(sub) -> None:
-    from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES
-
     from kvscope.harness.cli.common import Formatter as _Formatter
 
     p = sub.add_parser(
@@ -28,50 +53,42 @@ def add_subcommands(sub) -> None:
                        help="vLLM base URL; repeat for replicas of one deployment")
     where.add_argument("--server", metavar="CONFIG.yaml", help="start this server config for the run, then stop it")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to create")
-    p.add_argument("--mode", choices=["live", "recorded"], default="recorded",
-                   help="live: history carries the model's real output; recorded: the trace's tokens (default)")
-    p.add_argument("--api", choices=["completions", "chat"], default="completions",
-                   help="token-id prompts on /v1/completions (exact, default) or rendered messages on chat")
+    _option(p, "--mode", "mode")
+    _option(p, "--api", "api")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, metavar="N", help="closed loop: N sessions at a time")
-    load.add_argument("--session-rate", type=float, metavar="R",
-                      help="open loop: R new sessions per second (default: the trace's own start times)")
-    p.add_argument("--arrival-process", choices=["poisson", "gamma"], default="poisson")
-    p.add_argument("--arrival-cv", type=float, default=1.0, metavar="CV", help="gamma arrivals: burstiness")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                   help="multiply think times, tool latencies and trace start times (0.1 = 10x faster)")
-    p.add_argument("--max-active-sessions", type=int, metavar="N")
-    p.add_argument("--max-requests", type=int, metavar="N", help="stop after sending N requests")
-    p.add_argument("--duration", type=float, metavar="S", help="stop sending after S seconds")
-    p.add_argument("--warmup-s", type=float, default=0.0, metavar="S", help="exclude requests sent in the first S s")
-    p.add_argument("--cooldown-s", type=float, default=0.0, metavar="S", help="exclude requests sent in the last S s")
-    p.add_argument("--routing", choices=CACHE_BLIND_POLICIES, default="session-affinity", type=_routing_name,
-                   help="how requests are spread over several endpoints (default session-affinity)")
-    p.add_argument("--on-error", choices=["end_session", "continue"], default="end_session",
-                   help="what a session does after a failed step (default end_session)")
-    p.add_argument("--retries", type=int, default=0, metavar="N",
-                   help="retry failed requests N times (default 0); every try is its own record")
-    p.add_argument("--retry-backoff", type=float, default=0.5, metavar="S",
-                   help="wait S * 2**(k-1) before retry k (at most 30 s)")
-    p.add_argument("--client", choices=["auto", "fast", "aiohttp"], default="auto",
-                   help="streaming client: built-in keep-alive HTTP/1.1 (http://) or aiohttp")
-    p.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto",
-                   help="asyncio event loop implementation (auto: uvloop when installed)")
-    p.add_argument("--records-flush", type=float, default=0.05, metavar="S",
-                   help="write records at most S seconds after they complete (0: each at once)")
-    p.add_argument("--request-timeout", type=float, default=1800.0, metavar="S", help="total time per request")
-    p.add_argument("--idle-timeout", type=float, default=120.0, metavar="S", help="max gap between chunks")
-    p.add_argument("--first-token-timeout", type=float, default=600.0, metavar="S")
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
-    p.add_argument("--slo-ttft-ms", type=float, metavar="MS", help="goodput: TTFT objective")
-    p.add_argument("--slo-tpot-ms", type=float, metavar="MS", help="goodput: TPOT objective")
-    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="/metrics scrape period")
-    p.add_argument("--model", metavar="NAME", help="model name for requests (default: the server's)")
-    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    p.add_argument("--no-reset-prefix-cache", action="store_true",
-                   help="keep the server's prefix cache as it is (default: reset it so predictions are exact)")
-    p.add_argument("--seed", type=int, default=0, help="seed for rate-driven arrivals")
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    _option(load, "--concurrency", "concurrency", metavar="N")
+    _option(load, "--session-rate", "session_rate", metavar="R",
+            help="open loop: R new sessions per second (default: the trace's own start times)")
+    _option(p, "--arrival-process", "arrival_process")
+    _option(p, "--arrival-cv", "arrival_cv", metavar="CV")
+    _option(p, "--time-scale", "time_scale", metavar="X",
+            help="multiply think times, tool latencies and trace start times (0.1 = 10x faster, 0 = no waits)")
+    _option(p, "--max-active-sessions", "max_active_sessions", metavar="N")
+    _option(p, "--max-requests", "max_requests", metavar="N")
+    _option(p, "--duration", "duration_s", metavar="S")
+    _option(p, "--warmup-s", "warmup_s", metavar="S")
+    _option(p, "--cooldown-s", "cooldown_s", metavar="S")
+    _option(p, "--routing", "routing")
+    _option(p, "--on-error", "on_error")
+    _option(p, "--retries", "retries", metavar="N")
+    _option(p, "--retry-backoff", "retry_backoff_s", metavar="S")
+    _option(p, "--client", "client")
+    _option(p, "--event-loop", "event_loop")
+    _option(p, "--records-flush", "records_flush_s", metavar="S")
+    _option(p, "--request-timeout", "total_timeout_s", metavar="S")
+    _option(p, "--idle-timeout", "idle_timeout_s", metavar="S")
+    _option(p, "--first-token-timeout", "first_token_timeout_s", metavar="S")
+    _option(p, "--connect-timeout", "connect_timeout_s", metavar="S")
+    _option(p, "--slo-ttft-ms", "slo_ttft_ms", metavar="MS")
+    _option(p, "--slo-tpot-ms", "slo_tpot_ms", metavar="MS")
+    _option(p, "--scrape-interval", "scrape_interval_s", metavar="S")
+    _option(p, "--model", "model", metavar="NAME")
+    _option(p, "--api-key-env", "api_key_env", metavar="VAR")
+    _option(p, "--no-reset-prefix-cache", "reset_prefix_cache",
+            help="keep the server's prefix cache as it is (default: reset it so predictions are exact)")
+    _option(p, "--no-predict", "predict", help="do not predict cached tokens (default: predict them)")
+    _option(p, "--seed", "seed")
+    _option(p, "--no-progress", "progress", help="no live progress bar")
     p.set_defaults(func=_cmd_replay)
 
 
@@ -79,21 +96,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from kvscope.harness.common.errors import ConfigError, format_validation_error
-    from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
 
     try:
-        opts = ReplayOptions(
-            mode=args.mode, api=args.api, concurrency=args.concurrency, session_rate=args.session_rate,
-            arrival_process=args.arrival_process, arrival_cv=args.arrival_cv, time_scale=args.time_scale,
-            max_active_sessions=args.max_active_sessions, max_requests=args.max_requests, duration_s=args.duration,
-            warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, routing=args.routing, on_error=args.on_error,
-            retries=args.retries, retry_backoff_s=args.retry_backoff, client=args.client,
-            records_flush_s=args.records_flush, event_loop=args.event_loop, total_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
-            first_token_timeout_s=args.first_token_timeout, connect_timeout_s=args.connect_timeout,
-            slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, scrape_interval_s=args.scrape_interval,
-            model=args.model, api_key_env=args.api_key_env, seed=args.seed, progress=not args.no_progress,
-            reset_prefix_cache=not args.no_reset_prefix_cache)
+        opts = options_from_args(args)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
     outcome = replay(args.trace, args.out, opts, endpoints=args.endpoint, server_config_path=args.server)

@@ -139,17 +139,11 @@ def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: 
 
 
 def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, config):
-    from kvscope.harness.replay.options import ReplayOptions
-
-    settings, lv = spec.replay, loads[cell.load]
-    return ReplayOptions(
-        mode=settings.mode, concurrency=lv.concurrency, session_rate=lv.session_rate,
-        time_scale=settings.time_scale, max_requests=settings.max_requests,
-        duration_s=settings.duration_s, warmup_s=settings.warmup_s, cooldown_s=settings.cooldown_s,
-        total_timeout_s=settings.request_timeout_s, idle_timeout_s=settings.idle_timeout_s,
-        first_token_timeout_s=settings.request_timeout_s, scrape_interval_s=settings.scrape_interval_s,
-        slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat,
-        model=config.name_for_clients, progress=False, reset_prefix_cache=False)
+    lv = loads[cell.load]
+    return spec.replay.cell_options(
+        concurrency=lv.concurrency, session_rate=lv.session_rate, slo_ttft_ms=spec.slo.ttft_ms,
+        slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat, model=config.name_for_clients, progress=False,
+        reset_prefix_cache=False)
 
 
 def _reset_cache(endpoint: str) -> bool:

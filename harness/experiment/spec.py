@@ -18,6 +18,7 @@ from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpe
 
 __all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "WorkloadRef",
            "check_name", "load_experiment_spec", "server_config_dict"]
+from kvscope.harness.replay.options import ReplayOptions
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -71,23 +72,38 @@ class LoadLevel(BaseModel):
         return self
 
 
-class ReplaySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+PER_CELL_OPTIONS = {"concurrency": "loads", "session_rate": "loads", "seed": "the repeat index",
+                    "slo_ttft_ms": "slo.ttft_ms", "slo_tpot_ms": "slo.tpot_ms", "model": "the server configuration",
+                    "progress": "the experiment", "reset_prefix_cache": "the experiment (it resets before each cell)"}
+"""ReplayOptions fields that the experiment sets per cell, and where the spec sets them instead."""
 
-    mode: Literal["live", "recorded"] = "recorded"
-    time_scale: float = Field(0.0, ge=0)
-    max_requests: int | None = Field(None, gt=0)
-    duration_s: float | None = Field(None, gt=0)
-    warmup_s: float = Field(0.0, ge=0)
-    cooldown_s: float = Field(0.0, ge=0)
-    request_timeout_s: float = Field(600.0, gt=0)
-    idle_timeout_s: float = Field(120.0, gt=0)
-    scrape_interval_s: float = Field(0.5, gt=0)
+
+class ReplaySettings(ReplayOptions):
+    """An experiment's ``replay:`` section: any :class:`ReplayOptions` field with the same default (one model,
+    so library, CLI and experiments agree), minus those set per cell, plus the experiment's warm-up."""
+
     warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell on top of those "
                                                       "that write every KV block once; then the prefix cache is reset")
     warmup_pass: bool = Field(False, description="replay each cell's trace once, unrecorded, before measuring it: "
                                                  "CPU kernels specialise per shape, so a first pass is slower; "
                                                  "use it to compare repeats of one configuration")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_per_cell_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name in PER_CELL_OPTIONS:
+                    raise ValueError(f"{name} is set per cell by {PER_CELL_OPTIONS[name]}, not in replay:")
+        return data
+
+    def cell_options(self, **per_cell: Any) -> ReplayOptions:
+        """The ReplayOptions of one cell: these settings plus the per-cell fields."""
+        unknown = set(per_cell) - set(PER_CELL_OPTIONS)
+        if unknown:
+            raise ValueError(f"not per-cell replay options: {sorted(unknown)}")
+        shared = self.model_dump(exclude={"warmup_requests", "warmup_pass", *PER_CELL_OPTIONS})
+        return ReplayOptions(**shared, **per_cell)
 
 
 class ExperimentSpec(ExperimentSpecCore):

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -312,6 +313,37 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _write_hf_files(tmp: Path, tokenizer: Any, shape: TinyModelShape, bos_id: int, eos_ids: list[int]) -> None:
+    """Tokenizer, tokenizer config, chat template and model configs, as Hugging Face loaders expect them."""
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    (tmp / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": BOS,
+                "eos_token": EOT,
+                "pad_token": PAD,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": shape.max_position_embeddings,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    (tmp / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": BOS, "eos_token": EOT, "pad_token": PAD}, indent=2, sort_keys=True) + "\n"
+    )
+    (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
+    (tmp / "config.json").write_text(json.dumps(_config_json(shape, bos_id, eos_ids), indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}, indent=2) + "\n"
+    )
+
+
 def build_tiny_model(
     out_dir: str | Path,
     seed: int = 0,
@@ -344,33 +376,7 @@ def build_tiny_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tinymodel-", dir=out.parent))
     try:
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(
-            json.dumps(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "bos_token": BOS,
-                    "eos_token": EOT,
-                    "pad_token": PAD,
-                    "add_bos_token": False,
-                    "add_eos_token": False,
-                    "clean_up_tokenization_spaces": False,
-                    "model_max_length": shape.max_position_embeddings,
-                    "chat_template": CHAT_TEMPLATE,
-                },
-                indent=2,
-                sort_keys=True,
-            )
-            + "\n"
-        )
-        (tmp / "special_tokens_map.json").write_text(
-            json.dumps({"bos_token": BOS, "eos_token": EOT, "pad_token": PAD}, indent=2, sort_keys=True) + "\n"
-        )
-        (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
-        (tmp / "config.json").write_text(json.dumps(_config_json(shape, bos_id, eos_ids), indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}, indent=2) + "\n"
-        )
+        _write_hf_files(tmp, tokenizer, shape, bos_id, eos_ids)
         _write_safetensors(tensors, tmp / "model.safetensors")
         info = BuildInfo(
             seed=seed,

@@ -24,11 +24,6 @@ def prefill_flops(params: float, tokens: int) -> float:
     return 2.0 * params * tokens
 
 
-def ridge_point(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
-    """FLOPs/byte above which a kernel is compute-bound."""
-    return peak_flops / bandwidth_bytes_per_s
-
-
 def request_latency_s(ttft_s: float, output_tokens: int, tpot_s: float) -> float:
     """Non-streamed latency ~ TTFT + output_tokens * TPOT."""
     return ttft_s + output_tokens * tpot_s

@@ -1,4 +1,14 @@
-"""Replay options: how sessions start, how time is scaled, when to stop, how requests are bounded."""
+"""Replay options: how sessions start, how time is scaled, when to stop, how requests are bounded.
+
+:class:`ReplayOptions` is the one definition of every replay option and its default. ``kvscope replay`` builds
+its flags from these fields (default, choices, help text; only the flag names are its own), and an experiment's
+``replay:`` section is a :class:`ReplayOptions` too (``experiment.spec.ReplaySettings``), so the library, the CLI
+and experiments cannot drift apart. Chosen defaults: ``time_scale`` 1 (a replay keeps the trace's think times
+and tool latencies, which decide how long cached prefixes must survive; CPU experiments set 0 explicitly),
+``total_timeout_s`` 1800 s (the first-token and idle timeouts already catch stalls, so the total only bounds
+very long generations), ``scrape_interval_s`` 1 s (enough resolution for the time-series figures at little
+server CPU cost).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, policy_name
 
-from kvscope.harness.serving.client import Timeouts
+from kvscope.harness.serving.request import Timeouts
 
 
 class ReplayOptions(BaseModel):
+    """Every replay option, with its default; the CLI and experiment specs take theirs from here."""
+
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["live", "recorded"] = Field(
@@ -21,39 +33,40 @@ class ReplayOptions(BaseModel):
         "completions", description="completions: token-id prompts (exact); chat: the trace's rendered messages")
     concurrency: int | None = Field(None, gt=0, description="closed loop: this many sessions at once")
     session_rate: float | None = Field(None, gt=0, description="open loop: new sessions per second")
-    arrival_process: Literal["poisson", "gamma"] = "poisson"
+    arrival_process: Literal["poisson", "gamma"] = Field("poisson", description="open loop: session arrivals")
     arrival_cv: float = Field(1.0, gt=0, description="gamma arrivals: coefficient of variation (>1 is bursty)")
     time_scale: float = Field(1.0, ge=0, description="multiplies think times, tool latencies and trace start times")
-    max_active_sessions: int | None = Field(None, gt=0)
-    max_requests: int | None = Field(None, gt=0)
-    duration_s: float | None = Field(None, gt=0)
+    max_active_sessions: int | None = Field(None, gt=0, description="at most this many sessions in flight")
+    max_requests: int | None = Field(None, gt=0, description="stop after sending this many requests")
+    duration_s: float | None = Field(None, gt=0, description="stop sending after this many seconds")
     warmup_s: float = Field(0.0, ge=0, description="requests sent earlier are excluded from statistics")
     cooldown_s: float = Field(0.0, ge=0, description="requests sent in the last S seconds are excluded")
     routing: str = Field("session-affinity", description="endpoint routing policy: "
                          + ", ".join(CACHE_BLIND_POLICIES) + " (underscores accepted)")
-    on_error: Literal["end_session", "continue"] = "end_session"
+    on_error: Literal["end_session", "continue"] = Field(
+        "end_session", description="what a session does after a failed step")
     retries: int = Field(0, ge=0, le=10, description="retries of a failed request (each try is its own record, "
                                                      "with `attempt` 1, 2, ...; off by default)")
     retry_backoff_s: float = Field(0.5, ge=0, description="wait before retry k: backoff * 2**(k-1), at most 30 s")
     health_timeout_s: float = Field(5.0, gt=0, description="/health check after a connection-level failure")
-    connect_timeout_s: float = Field(10.0, gt=0)
-    first_token_timeout_s: float = Field(600.0, gt=0)
-    idle_timeout_s: float = Field(120.0, gt=0)
-    total_timeout_s: float = Field(1800.0, gt=0)
-    slo_ttft_ms: float | None = Field(None, gt=0)
-    slo_tpot_ms: float | None = Field(None, gt=0)
-    scrape_interval_s: float = Field(1.0, gt=0)
-    seed: int = 0
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, per request")
+    first_token_timeout_s: float = Field(600.0, gt=0, description="from sending a request to its first token")
+    idle_timeout_s: float = Field(120.0, gt=0, description="max gap between streamed chunks")
+    total_timeout_s: float = Field(1800.0, gt=0, description="total time per request")
+    slo_ttft_ms: float | None = Field(None, gt=0, description="goodput: TTFT objective")
+    slo_tpot_ms: float | None = Field(None, gt=0, description="goodput: TPOT objective")
+    scrape_interval_s: float = Field(1.0, gt=0, description="/metrics scrape period")
+    seed: int = Field(0, description="seed for rate-driven arrivals")
     model: str | None = Field(None, description="model name sent in requests; default: the server's first model")
-    api_key_env: str | None = None
-    predict: bool = True
+    api_key_env: str | None = Field(None, description="environment variable holding the API key")
+    predict: bool = Field(True, description="predict each request's cached tokens with the simulator")
     reset_prefix_cache: bool = Field(True, description="POST /reset_prefix_cache first (needs dev mode) so "
                                                          "predictions start from the same empty cache")
-    progress: bool = True
+    progress: bool = Field(True, description="live progress bar")
     client: Literal["auto", "fast", "aiohttp"] = Field(
         "auto", description="streaming client: the built-in HTTP/1.1 keep-alive client for http:// endpoints "
                             "(auto, fast) or aiohttp (https, proxies)")
-    event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvloop when installed (auto)")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="asyncio event loop implementation (auto: uvloop when installed)")
     records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "
                                                             "complete (0: each one at once)")
 

@@ -24,11 +24,12 @@ import numpy as np
 import orjson
 
 from kvscope.harness.serving.client import (
+    AiohttpStreamClient,
     CompletionResult,
     FastStreamClient,
+    StreamClient,
     chat_payload,
     completion_payload,
-    stream_request,
 )
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.options import ReplayOptions
@@ -37,10 +38,6 @@ from kvscope.harness.results.records import RecordWriter, RequestRecord, compact
 from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.harness.replay.watch import MetricsWatcher
-
-
-class ReplayAborted(KvscopeError):
-    """The run could not go on (server gone); records up to this point are saved."""
 
 
 @dataclass
@@ -151,6 +148,7 @@ class Replayer:
                        df["tool_latency_s"].fillna(0).to_numpy(float)).tolist()
         self._messages = df["messages"].tolist() if opts.api == "chat" else [None] * n
         self._fast: FastStreamClient | None = None
+        self._clients: list[StreamClient] = []  # per endpoint: the pooled fast client, or aiohttp
         self._alive_check: asyncio.Task | None = None
         self._url_path = "/v1/chat/completions" if opts.api == "chat" else "/v1/completions"
         self._urls = [e + self._url_path for e in self.endpoints]
@@ -181,7 +179,7 @@ class Replayer:
         max_tokens = self._max_tokens[rid]
         body = self._body(rid, prompt, max_tokens)
         url = self._urls[ep]
-        fast = self._fast if self._use_fast(url) else None
+        client = self._clients[ep]
         result: CompletionResult | None = None
         for attempt in range(opts.retries + 1):
             if attempt:
@@ -189,10 +187,7 @@ class Replayer:
                 if st.stop:
                     break
             st.sent += 1
-            if fast is not None:
-                result = await fast.post_stream(url, body, opts.timeouts)
-            else:
-                result = await stream_request(session, url, body, self.headers, opts.timeouts)
+            result = await client.post_stream(url, body, opts.timeouts)
             self._record(st, rid, session_id, attempt, ep, scheduled_s, len(prompt), predicted, max_tokens, result)
             if result.ok or attempt == opts.retries:
                 break
@@ -365,6 +360,9 @@ class Replayer:
         self._fast = FastStreamClient(opts.timeouts, {"Authorization": self.headers["Authorization"]}
                                       if "Authorization" in self.headers else None)
         async with aiohttp.ClientSession(connector=connector) as session:
+            self._clients = [self._fast if self._use_fast(url) else AiohttpStreamClient(session, opts.timeouts,
+                                                                                         self.headers)
+                             for url in self._urls]
             watcher = MetricsWatcher(self.endpoints, opts.scrape_interval_s, self.headers, t0=t0,
                                      spool_path=self.run_dir / "server_metrics.jsonl")
             self.watcher = watcher

@@ -2,12 +2,19 @@
 
 Everything here is computed from `requests.parquet` alone (plus the metrics deltas), so anyone can recompute
 the summary from the published records and get the same numbers.
+
+Each entry of summary.json is one :class:`SummaryMetric` class with a dotted ``tag`` (its place in the file:
+``latency.ttft_s``, ``throughput.requests_per_s``, ``hit_rate``), registered with ``@summary_metric``, as in
+AIPerf. :func:`summarize` builds one :class:`RunView` and fills the summary from the registry in registration
+order, so adding a metric is one class in one file; the entries that are computed together (the request counts,
+the three hit rates, goodput) stay one metric each, because their parts share one computation.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -25,16 +32,6 @@ def _pcts(values: np.ndarray) -> dict[str, float | None]:
     for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
         out[f"p{p}"] = float(v)
     return out
-
-
-def latency_stats(ok: pd.DataFrame) -> dict[str, Any]:
-    itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_s"]]) if len(ok) else np.zeros(0)
-    return {
-        "ttft_s": _pcts(ok["ttft_s"].to_numpy(float)),
-        "tpot_s": _pcts(ok["tpot_s"].dropna().to_numpy(float)),
-        "itl_s": _pcts(itl),
-        "e2e_s": _pcts(ok["e2e_s"].to_numpy(float)),
-    }
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -75,50 +72,191 @@ def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | N
     return out
 
 
-def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
-              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-              weights_random: bool | None = None) -> dict[str, Any]:
-    """The summary.json body. Latency and hit statistics use successful requests inside the window."""
-    window = records[records["in_window"].astype(bool)] if len(records) else records
-    ok = window[window["error_class"].isna()]
-    failed = window[window["error_class"].notna()]
-    errors_by_class = {str(k): int(v) for k, v in failed["error_class"].value_counts().items()}
-    out_tokens = float(ok["output_tokens"].sum())
-    summary: dict[str, Any] = {
-        "requests": {
+@dataclass(frozen=True)
+class RunView:
+    """What every summary metric reads: the records, their measured window and the run's settings."""
+
+    records: pd.DataFrame
+    window: pd.DataFrame  # records inside the warm-up/cool-down window
+    ok: pd.DataFrame  # successful requests in the window
+    failed: pd.DataFrame  # failed requests in the window
+    deltas: dict[str, Any]  # /metrics counter deltas over the run
+    duration_s: float
+    prefix_caching: bool | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    weights_random: bool | None
+
+
+class SummaryMetric:
+    """One entry of summary.json: ``tag`` is its dotted path in the file, ``compute`` its value."""
+
+    tag: ClassVar[str]
+
+    def compute(self, run: RunView) -> Any:
+        raise NotImplementedError
+
+
+_METRICS: dict[str, type[SummaryMetric]] = {}
+
+
+def summary_metric(cls: type[SummaryMetric]) -> type[SummaryMetric]:
+    """Register a metric under its ``tag``; summary.json lists metrics in registration order."""
+    if cls.tag in _METRICS:
+        raise ValueError(f"summary metric {cls.tag!r} is already registered by {_METRICS[cls.tag].__name__}")
+    _METRICS[cls.tag] = cls
+    return cls
+
+
+def summary_metrics() -> dict[str, type[SummaryMetric]]:
+    return dict(_METRICS)
+
+
+@summary_metric
+class RequestCounts(SummaryMetric):
+    tag = "requests"
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        records, window, ok, failed = run.records, run.window, run.ok, run.failed
+        return {
             "sent": int(len(records)),
             "in_window": int(len(window)),
             "ok": int(len(ok)),
             "failed": int(len(failed)),
             "error_rate": _ratio(len(failed), len(window)),
-            "errors_by_class": errors_by_class,
+            "errors_by_class": {str(k): int(v) for k, v in failed["error_class"].value_counts().items()},
             "retries": int((records["attempt"] > 0).sum()) if len(records) else 0,
             "length_mismatch": int(ok["length_mismatch"].astype(bool).sum())
             if len(ok) and "length_mismatch" in ok else 0,
             "errors_by_status": {str(int(k)): int(v) for k, v in failed["http_status"].dropna().value_counts().items()},
-        },
-        "duration_s": duration_s,
-        "throughput": {
-            "requests_per_s": _ratio(len(ok), duration_s),
-            "output_tokens_per_s": _ratio(out_tokens, duration_s),
-            "prompt_tokens_per_s": _ratio(float(ok["prompt_tokens"].sum()), duration_s),
-        },
-        "latency": latency_stats(ok),
-        "goodput": goodput(ok, duration_s, slo_ttft_ms, slo_tpot_ms),
-        "hit_rate": hit_rates(ok, deltas, prefix_caching),
-        "speculative": None,
-        "server_deltas": deltas or None,
-    }
-    if deltas and deltas.get("spec_decode_num_drafts"):
-        summary["speculative"] = {
+        }
+
+
+@summary_metric
+class Duration(SummaryMetric):
+    tag = "duration_s"
+
+    def compute(self, run: RunView) -> float:
+        return run.duration_s
+
+
+@summary_metric
+class RequestThroughput(SummaryMetric):
+    tag = "throughput.requests_per_s"
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(len(run.ok), run.duration_s)
+
+
+@summary_metric
+class OutputTokenThroughput(SummaryMetric):
+    tag = "throughput.output_tokens_per_s"
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(float(run.ok["output_tokens"].sum()), run.duration_s)
+
+
+@summary_metric
+class PromptTokenThroughput(SummaryMetric):
+    tag = "throughput.prompt_tokens_per_s"
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(float(run.ok["prompt_tokens"].sum()), run.duration_s)
+
+
+@summary_metric
+class TimeToFirstToken(SummaryMetric):
+    tag = "latency.ttft_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["ttft_s"].to_numpy(float))
+
+
+@summary_metric
+class TimePerOutputToken(SummaryMetric):
+    tag = "latency.tpot_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["tpot_s"].dropna().to_numpy(float))
+
+
+@summary_metric
+class InterTokenLatency(SummaryMetric):
+    tag = "latency.itl_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        ok = run.ok
+        return _pcts(np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_s"]]) if len(ok) else np.zeros(0))
+
+
+@summary_metric
+class EndToEndLatency(SummaryMetric):
+    tag = "latency.e2e_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["e2e_s"].to_numpy(float))
+
+
+@summary_metric
+class Goodput(SummaryMetric):
+    tag = "goodput"
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        return goodput(run.ok, run.duration_s, run.slo_ttft_ms, run.slo_tpot_ms)
+
+
+@summary_metric
+class HitRates(SummaryMetric):
+    tag = "hit_rate"
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        return hit_rates(run.ok, run.deltas, run.prefix_caching)
+
+
+@summary_metric
+class Speculative(SummaryMetric):
+    tag = "speculative"
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        deltas = run.deltas
+        if not (deltas and deltas.get("spec_decode_num_drafts")):
+            return None
+        return {
             "acceptance_rate": deltas.get("spec_acceptance_rate"),
             "mean_acceptance_length": deltas.get("spec_mean_acceptance_length"),
             "acceptance_by_position": deltas.get("spec_acceptance_by_position"),
             "drafts": deltas.get("spec_decode_num_drafts"),
-            "weights_random": weights_random,
+            "weights_random": run.weights_random,
             "note": ("random weights: greedy output repeats itself, so n-gram drafts are accepted far more often "
-                     "than with a real model") if weights_random else None,
+                     "than with a real model") if run.weights_random else None,
         }
+
+
+@summary_metric
+class ServerDeltas(SummaryMetric):
+    tag = "server_deltas"
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        return run.deltas or None
+
+
+def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
+              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+              weights_random: bool | None = None) -> dict[str, Any]:
+    """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
+    requests inside the window."""
+    window = records[records["in_window"].astype(bool)] if len(records) else records
+    run = RunView(records=records, window=window, ok=window[window["error_class"].isna()],
+                  failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
+                  prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                  weights_random=weights_random)
+    summary: dict[str, Any] = {}
+    for tag, metric in _METRICS.items():
+        *parents, leaf = tag.split(".")
+        node = summary
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = metric().compute(run)
     return _clean(summary)
 
 

@@ -3,7 +3,8 @@
 Notebooks run from the project's `notebooks/` folder unless the user names another folder explicitly, so a
 results directory can never bring code of its own into a report. HTML outputs are sanitised by nbconvert
 and every string kvscope writes into `index.html` is escaped: text from traces or model output (a generated
-`<script>` included) shows as text and never runs.
+`<script>` included) shows as text and never runs. Which notebooks exist, their order, their parameters and
+the figures the index shows come from the one registry in `report/notebooks.py`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, BY_NAME, NOTEBOOKS
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
-from kvscope.harness.results.schemas import NotebookEntry, ReportFile
+from kvscope.harness.results.schemas import ExperimentSpecCore, NotebookEntry, ReportFile
 
-ANALYSIS_NOTEBOOKS = ["hit_rates", "concurrency", "latency", "cost", "speculative", "ab_compare"]
-ALL_NOTEBOOKS = ["primer", *ANALYSIS_NOTEBOOKS]
-KEY_FIGURES = [("hit_rates", "hit_rate_by_workload"), ("hit_rates", "hit_rate_by_step"),
-               ("latency", "latency_ecdf"), ("concurrency", "ttft_vs_load"),
-               ("speculative", "acceptance_and_tpot"), ("cost", "provider_cost_per_session")]
+__all__ = ["ALL_NOTEBOOKS", "NotebookResult", "render_compare", "render_report", "run_notebook", "write_index"]
 
 
 def project_notebooks_dir() -> Path:
@@ -104,9 +102,7 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
     report_dir = run_dir / "report"
     report_dir.mkdir(exist_ok=True)
     nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else None
-    params_by_nb = _default_parameters(res)
-    for k, v in (extra_parameters or {}).items():
-        params_by_nb.setdefault(k, {}).update(v)
+    params_by_nb = _parameters(res.spec, extra_parameters or {})
     results: list[NotebookResult] = []
     for name in names:
         params = {"experiment_dir": str(run_dir), "figures_dir": str(report_dir / "figures" / name),
@@ -141,20 +137,17 @@ def _keep_earlier_results(report_dir: Path, results: list[NotebookResult]) -> li
     return sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
 
 
-def _default_parameters(res) -> dict[str, dict[str, Any]]:
-    """Notebook parameters from the validated spec (defaults included); a single replay run has none."""
-    spec = res.spec
-    if spec is None:
-        return {}
-    lat: dict[str, Any] = {}
-    if spec.slo.ttft_ms is not None:
-        lat["slo_ttft_ms"] = spec.slo.ttft_ms
-    if spec.slo.tpot_ms is not None:
-        lat["slo_tpot_ms"] = spec.slo.tpot_ms
-    out: dict[str, dict[str, Any]] = {"cost": {"pricing": list(spec.cost.pricing),
-                                               "gpu_hourly_usd": spec.cost.gpu_hourly_usd}}
-    if lat:
-        out["latency"] = lat
+def _parameters(spec: ExperimentSpecCore | None, extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per notebook: what the experiment's validated spec (none for a single replay run) gives it (registry ``from_spec``), then ``extra`` over it;
+    an extra parameter a registered notebook does not declare is an error naming the allowed ones."""
+    out = {nb.name: nb.from_spec(spec) if spec is not None else {} for nb in NOTEBOOKS}
+    for name, params in extra.items():
+        nb = BY_NAME.get(name)
+        bad = [k for k in params if nb is not None and not nb.accepts(k)]
+        if bad:
+            raise KvscopeError(f"notebook {name}: unknown parameter(s) {', '.join(bad)}; allowed: "
+                               f"{', '.join(nb.parameters) or 'none besides experiment_dir, figures_dir'}")
+        out.setdefault(name, {}).update(params)
     return out
 
 
@@ -185,21 +178,24 @@ def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
     links = []
     for r in results:
         status = "ok" if r.ok else f"failed: {e(r.error or '')}"
+        title = f": {e(BY_NAME[r.name].title)}" if r.name in BY_NAME else ""
         if r.html:
-            links.append(f'<li><a href="{e(r.html.name)}">{e(r.name)}</a> — {status} ({r.seconds:.0f} s)</li>')
+            links.append(f'<li><a href="{e(r.html.name)}">{e(r.name)}</a>{title} — {status} ({r.seconds:.0f} s)</li>')
         else:
-            links.append(f"<li>{e(r.name)} — {status}</li>")
+            links.append(f"<li>{e(r.name)}{title} — {status}</li>")
     figs = []
     by_name = {r.name: r for r in results}
-    for nb, fig in KEY_FIGURES:
-        r = by_name.get(nb)
+    for entry in NOTEBOOKS:
+        r = by_name.get(entry.name)
         if r is None:
             continue
-        for f in r.figures:
-            if f.stem == fig:
-                rel = f.relative_to(report_dir)
-                figs.append(f'<figure><a href="{e(nb)}.html"><img src="{e(str(rel))}" alt="{e(fig)}"></a>'
-                            f"<figcaption>{e(nb)}: {e(fig.replace('_', ' '))}</figcaption></figure>")
+        nb = entry.name
+        for fig in entry.key_figures:
+            for f in r.figures:
+                if f.stem == fig:
+                    rel = f.relative_to(report_dir)
+                    figs.append(f'<figure><a href="{e(nb)}.html"><img src="{e(str(rel))}" alt="{e(fig)}"></a>'
+                                f"<figcaption>{e(nb)}: {e(fig.replace('_', ' '))}</figcaption></figure>")
     failed = cells[cells["status"] != "ok"] if "status" in cells else cells.iloc[0:0]
     failed_html = "".join(f"<li>{e(str(c['cell']))}: {e(str(c.get('reason') or c.get('status')))}</li>"
                           for _, c in failed.iterrows())

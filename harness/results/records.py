@@ -19,7 +19,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import orjson
 
@@ -111,10 +111,6 @@ class RecordWriter:
                 self.flush()
                 return
             self._timer = loop.call_later(self.flush_interval_s, self.flush)
-
-    def write_many(self, records: Iterable[RequestRecord]) -> None:
-        for r in records:
-            self.write(r)
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Mapping
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -303,11 +303,3 @@ def fetch_metrics(endpoint: str, timeout_s: float = 10.0, headers: Mapping[str, 
     resp = httpx.get(url, timeout=timeout_s, headers=dict(headers or {}))
     resp.raise_for_status()
     return parse_metrics(resp.text, scraped_at=time.time())
-
-
-def spec_decode_positions(snapshots: Iterable[MetricsSnapshot]) -> int:
-    """Number of speculative positions the server exports (k), 0 when speculation is off."""
-    k = 0
-    for s in snapshots:
-        k = max(k, len(s.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")))
-    return k

@@ -105,6 +105,36 @@ _DONE_CHUNK = b"e\r\ndata: [DONE]\n\n\r\n"
 _END = b"0\r\n\r\n"
 
 
+
+def _prompt_size(prompt: Any, chat: bool) -> tuple[int, int]:
+    """(prompt tokens, the token that seeds the output): exact for token ids, ~4 characters a token for text."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt), prompt[-1]
+    if chat and isinstance(prompt, list):
+        n_prompt = sum(len(str(m.get("content", ""))) // 4 + 4 for m in prompt if isinstance(m, dict))
+        return n_prompt, n_prompt
+    n_prompt = max(1, len(str(prompt)) // 4)
+    return n_prompt, n_prompt
+
+
+_BAD_EVENTS = {"malformed_sse": b"garbage without a field name\n\n", "invalid_json": b'data: {"choices": [\n\n',
+               "error_event": b'data: {"error": {"object": "error", "message": "mock mid-stream error", '
+                              b'"type": "MockError", "code": 500}}\n\n'}
+
+
+def _faulty_events(mode: str, events: list[bytes], half: int) -> list[bytes]:
+    """The SSE events a fault mode sends instead of the full stream."""
+    if mode in ("reset_mid", "stall_mid"):
+        return events[:half]
+    if mode in _BAD_EVENTS:
+        return events[:half] + [_BAD_EVENTS[mode]] + events[half:]
+    if mode == "no_done":
+        return events[:-1]
+    if mode == "stall_before":
+        return []
+    return events
+
+
 def _chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
@@ -381,13 +411,41 @@ class FaultServer:
         self.stats.completions += 1
         mode = self._pick_fault(n, fault, prompt)
         self.stats.by_fault[mode] = self.stats.by_fault.get(mode, 0) + 1
+        if self._fail_before_stream(conn, mode, close):
+            return
+        vocab = self.config.vocab_size or 32000
+        n_prompt, seed_tok = _prompt_size(prompt, chat)
+        n_out = self.config.output_len or max_tokens
+        if mode == "extra_tokens":
+            n_out += 3
+        elif mode == "fewer_tokens":
+            n_out = max(1, n_out // 2)
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        events = self._events(chat, n_prompt, n_out, seed_tok % vocab, vocab, include_usage and mode != "no_usage")
+        events = _faulty_events(mode, events, max(1, n_out // 2))
+        self.stats.prompt_tokens += n_prompt
+        self.stats.generation_tokens += n_out
+        head = _HDR_SSE + (b"connection: close\r\n\r\n" if close else b"\r\n")
+        end_action = {"reset_mid": "reset", "stall_mid": "stall", "stall_before": "stall"}.get(mode, "end")
+        if close or mode == "close_after":
+            end_action = "close" if end_action == "end" else end_action
+        if self.config.ttft_s > 0 or self.config.itl_s > 0:
+            conn.busy = True
+            self.stats.running += 1
+            conn.task = asyncio.get_running_loop().create_task(self._stream_slow(conn, head, events, end_action))
+        else:
+            self._stream_at_once(conn, head, events, end_action)
+
+    def _fail_before_stream(self, conn: _Conn, mode: str, close: bool) -> bool:
+        """The faults that strike before any SSE byte (die, reset, an HTTP error, stalled headers); True when
+        ``mode`` was one of them and has been acted out."""
+        t = conn.transport
+        assert t is not None
         if mode == "die":
             self._die()
-            return
-        if mode == "reset_before":
+        elif mode == "reset_before":
             conn.abort()
-            return
-        if mode.startswith("http_"):
+        elif mode.startswith("http_"):
             parts = mode.split("_")
             status = int(parts[1])
             body_out = b"" if len(parts) > 2 else orjson.dumps(
@@ -397,63 +455,28 @@ class FaultServer:
             if close:
                 t.close()
                 conn.closed = True
-            return
-        if mode == "stall_headers":
+        elif mode == "stall_headers":
             conn.busy = True
-            return
-        vocab = self.config.vocab_size or 32000
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            n_prompt = len(prompt)
-            seed_tok = prompt[-1]
-        elif chat and isinstance(prompt, list):
-            n_prompt = sum(len(str(m.get("content", ""))) // 4 + 4 for m in prompt if isinstance(m, dict))
-            seed_tok = n_prompt
         else:
-            n_prompt = max(1, len(str(prompt)) // 4)
-            seed_tok = n_prompt
-        n_out = self.config.output_len or max_tokens
-        if mode == "extra_tokens":
-            n_out += 3
-        elif mode == "fewer_tokens":
-            n_out = max(1, n_out // 2)
-        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        events = self._events(chat, n_prompt, n_out, seed_tok % vocab, vocab, include_usage and mode != "no_usage")
-        half = max(1, n_out // 2)
-        self.stats.prompt_tokens += n_prompt
-        head = _HDR_SSE + (b"connection: close\r\n\r\n" if close else b"\r\n")
-        if mode in ("reset_mid", "stall_mid"):
-            events = events[:half]
-        elif mode in ("malformed_sse", "invalid_json", "error_event"):
-            bad = {"malformed_sse": b"garbage without a field name\n\n", "invalid_json": b'data: {"choices": [\n\n',
-                   "error_event": b'data: {"error": {"object": "error", "message": "mock mid-stream error", '
-                                  b'"type": "MockError", "code": 500}}\n\n'}[mode]
-            events = events[:half] + [bad] + events[half:]
-        elif mode == "no_done":
-            events = events[:-1]
-        elif mode == "stall_before":
-            events = []
-        delayed = self.config.ttft_s > 0 or self.config.itl_s > 0
-        end_action = {"reset_mid": "reset", "stall_mid": "stall", "stall_before": "stall"}.get(mode, "end")
-        if close or mode == "close_after":
-            end_action = "close" if end_action == "end" else end_action
-        self.stats.generation_tokens += n_out
-        if not delayed:
-            if end_action == "end" or end_action == "close":
-                t.write(head + b"".join(_chunk(e) for e in events) + _END)
-                if end_action == "close":
-                    t.close()
-                    conn.closed = True
-                conn.last_active = time.monotonic()
-                return
-            t.write(head + b"".join(_chunk(e) for e in events))
-            if end_action == "reset":
-                conn.abort()
-            else:
-                conn.busy = True  # stalled for good
+            return False
+        return True
+
+    def _stream_at_once(self, conn: _Conn, head: bytes, events: list[bytes], end_action: str) -> None:
+        """Zero delays: the whole response (or the part before a reset or stall) in one write."""
+        t = conn.transport
+        assert t is not None
+        if end_action in ("end", "close"):
+            t.write(head + b"".join(_chunk(e) for e in events) + _END)
+            if end_action == "close":
+                t.close()
+                conn.closed = True
+            conn.last_active = time.monotonic()
             return
-        conn.busy = True
-        self.stats.running += 1
-        conn.task = asyncio.get_running_loop().create_task(self._stream_slow(conn, head, events, end_action))
+        t.write(head + b"".join(_chunk(e) for e in events))
+        if end_action == "reset":
+            conn.abort()
+        else:
+            conn.busy = True  # stalled for good
 
     async def _stream_slow(self, conn: _Conn, head: bytes, events: list[bytes], end_action: str) -> None:
         t = conn.transport
