@@ -312,3 +312,20 @@ def test_experiment_servers_select_a_backend_and_shipped_specs_stay_valid(tmp_pa
     p.write_text("name: e\nworkloads: {w: {spec: chat}}\nservers: {remote: {backend: openai, block_size: 16}}\n")
     with pytest.raises(ConfigError, match=r"servers\.remote.*endpoint"):
         load_experiment_spec(p)
+
+
+def test_cli_serve_refuses_an_attach_only_backend_and_server_info_uses_the_backend(auth_server, tmp_path,
+                                                                                     monkeypatch, capsys):
+    from kvscope.harness.cli.main import main
+
+    cfg = tmp_path / "remote.yaml"
+    cfg.write_text(f"backend: openai\nendpoint: {auth_server.endpoint}\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "backend openai attaches to a running server" in capsys.readouterr().err
+    assert main(["server-info", "--endpoint", auth_server.endpoint, "--api-key-env", "NOPE_UNSET", "--json"]) == 2
+    assert "--api-key-env: environment variable NOPE_UNSET is not set" in capsys.readouterr().err
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    assert main(["server-info", "--endpoint", auth_server.endpoint, "--api-key-env", "UNIT_KEY", "--backend",
+                 "openai", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["backend"] == "openai" and facts["model"] == "tiny" and facts["block_size"] is None
