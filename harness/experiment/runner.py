@@ -219,15 +219,16 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     return run_dir
 
 
-def _open_manifest(spec: ExperimentSpec, raw: dict, spec_path: Path, run_dir: Path, resume: bool) -> dict[str, Any]:
+def _open_manifest(spec: ExperimentSpec, raw: dict, spec_path: Path, run_dir: Path,
+                   resume: bool) -> dict[str, Any]:
     """The run's experiment.json (an earlier one on --resume); the spec is recorded with secrets redacted."""
     manifest_path = run_dir / MANIFEST
     if manifest_path.exists():
         if not resume:
             raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
         return json.loads(manifest_path.read_text())
-    return {"experiment": spec.name, "run_id": run_dir.name, "spec": redact_config(raw), "spec_path": str(spec_path),
-            "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
+    return {"experiment": spec.name, "run_id": run_dir.name, "spec": redact_config(raw),
+            "spec_path": str(spec_path), "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
 
 
 def _generate_traces(run: _Run, spec_path: Path, tokenizer_dir: str) -> None:
@@ -258,7 +259,8 @@ def _run_server(run: _Run, server_name: str, cells: list[Cell],
     """Every cell of one server configuration against one backend (started once, restarted if it died)."""
     backend = server_backend(run.spec, server_name, run.model_path)
     log_path = safe_child(run.run_dir, "servers", f"{server_name}.log")
-    srec = run.manifest["servers"].setdefault(server_name, {"restarts": 0, "log": str(log_path.relative_to(run.run_dir))})
+    srec = run.manifest["servers"].setdefault(
+        server_name, {"restarts": 0, "log": str(log_path.relative_to(run.run_dir))})
     srec.update(backend=backend.name, config=backend.redacted_config())
     started = False
     try:

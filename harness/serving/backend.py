@@ -84,7 +84,7 @@ class Backend(ABC):
                  api_key_env: str | None = None) -> None:
         self.config = config
         self._endpoint = endpoint.rstrip("/") if endpoint else None
-        self._api_key_env = api_key_env or (getattr(config, "api_key_env", None) if config is not None else None)
+        self._api_key_env = api_key_env or getattr(config, "api_key_env", None)
         self.ready_after_s: float | None = None
         self.log_path: Path | None = None
 
@@ -104,11 +104,13 @@ class Backend(ABC):
         try:
             return Backend._registry[name]
         except KeyError:
-            raise ConfigError(f"backend: unknown backend {name!r}; allowed: {', '.join(backend_names())}") from None
+            allowed = ", ".join(backend_names())
+            raise ConfigError(f"backend: unknown backend {name!r}; allowed: {allowed}") from None
 
     @classmethod
-    def create(cls, name: str, config: BaseModel | Mapping[str, Any] | None = None, endpoint: str | None = None,
-               api_key_env: str | None = None, source: str = "server config") -> "Backend":
+    def create(cls, name: str, config: BaseModel | Mapping[str, Any] | None = None,
+               endpoint: str | None = None, api_key_env: str | None = None,
+               source: str = "server config") -> "Backend":
         """A backend by registered name, its config validated (a mapping) or taken as is (a model)."""
         backend_cls = cls.get(name)
         if isinstance(config, Mapping):
@@ -234,7 +236,7 @@ def split_backend(data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 def load_backend(path: str | Path) -> Backend:
     """A backend from a server config YAML (`backend:` selects the engine, vllm by default)."""
     data = load_yaml_mapping(path, "server config")
-    if "server" in data and isinstance(data["server"], dict) and "model" not in data and "endpoint" not in data:
+    if isinstance(data.get("server"), dict) and "model" not in data and "endpoint" not in data:
         data = data["server"]
     name, fields = split_backend(data)
     return Backend.create(name, fields, source=str(path))

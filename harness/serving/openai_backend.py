@@ -25,7 +25,7 @@ class OpenAIEndpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint: str = Field(description="base URL, e.g. http://127.0.0.1:8000 (without /v1)")
-    model: str | None = Field(None, description="model name sent in requests; default: the first of /v1/models")
+    model: str | None = Field(None, description="model name sent in requests; default: the first in /v1/models")
     block_size: int | None = Field(None, gt=0, description="the engine's KV block size in tokens, for predictions "
                                                            "(unknown unless given)")
     kv_capacity_tokens: int | None = Field(None, gt=0, description="KV cache capacity in tokens, if known")
@@ -93,7 +93,8 @@ class OpenAIBackend(Backend):
         try:
             models = self._models()
         except (httpx.HTTPError, ValueError) as exc:
-            raise ServerError(f"cannot read /v1/models from {self.endpoint}: {exc.__class__.__name__}: {exc}") from exc
+            raise ServerError(f"cannot read /v1/models from {self.endpoint}: "
+                              f"{exc.__class__.__name__}: {exc}") from exc
         card = next((m for m in models if cfg.model in (None, m.get("id"))), models[0] if models else {})
         max_len = card.get("max_model_len")
         return ServerFacts(

@@ -100,12 +100,14 @@ class VllmBackend(Backend):
         import httpx
 
         try:
-            r = httpx.post(self.endpoint + "/reset_prefix_cache", headers=self.auth_headers(), timeout=timeout_s)
+            r = httpx.post(self.endpoint + "/reset_prefix_cache", headers=self.auth_headers(),
+                           timeout=timeout_s)
         except httpx.HTTPError as exc:
             return ResetOutcome(False, f"not reset ({exc.__class__.__name__})")
         if r.status_code == 200:
             return ResetOutcome(True, "reset")
-        return ResetOutcome(False, f"not reset (HTTP {r.status_code}; start vLLM with VLLM_SERVER_DEV_MODE=1)")
+        return ResetOutcome(False, f"not reset (HTTP {r.status_code}; start vLLM with "
+                                   "VLLM_SERVER_DEV_MODE=1)")
 
     def request_extras(self, cache_salt: str | None) -> dict[str, Any]:
         return vllm_request_extras(cache_salt)
