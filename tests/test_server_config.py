@@ -169,8 +169,9 @@ def test_server_log_never_shows_the_key(tiny_model_dir, tmp_path):
     # /bin/echo as the "interpreter" prints the whole command line into the log, then exits before ready.
     cfg = ServerConfig(model=str(tiny_model_dir), python="/bin/echo", extra_args=["--api-key", "sk-log-secret-1"],
                        env={"HF_TOKEN": "hf-log-secret-2"}, startup_timeout_s=10)
-    with pytest.raises(ServerError, match="exited"):
+    with pytest.raises(ServerError, match="exited") as failure:
         VllmServer(cfg, log_path=tmp_path / "server.log", device="cpu").start()
+    assert "--api-key" in str(failure.value) and "sk-log-secret-1" not in str(failure.value)  # the log tail
     log = (tmp_path / "server.log").read_text()
     assert "--api-key" in log and "sk-log-secret-1" not in log and "hf-log-secret-2" not in log
 

@@ -368,7 +368,7 @@ class VllmServer:
         return self.log_path.read_text(errors="replace")
 
     def _failure(self, what: str) -> ServerError:
-        log = self.log_text()
+        log = self._scrubbed(self.log_text())  # the message lands in experiment.json and on the console
         cause = diagnose_log(log)
         msg = what + (f": {cause}" if cause else "")
         return ServerError(f"{msg}\n--- last lines of {self.log_path} ---\n{tail(log)}", cause=cause, log_path=self.log_path)
@@ -453,16 +453,18 @@ class VllmServer:
         self.process = None
         _LIVE_SERVERS.discard(self)
 
+    def _scrubbed(self, text: str) -> str:
+        try:
+            return redact_text(text, self.config.secret_values())
+        except KvscopeError:
+            return text
+
     def _scrub_log(self) -> None:
         """Replace any secret of the config that vLLM printed into its log (the log is a result file)."""
-        try:
-            secrets = self.config.secret_values()
-        except KvscopeError:
-            return
-        if not secrets or self.log_path is None or not self.log_path.exists():
+        if self.log_path is None or not self.log_path.exists():
             return
         text = self.log_path.read_text(errors="replace")
-        clean = redact_text(text, secrets)
+        clean = self._scrubbed(text)
         if clean != text:
             self.log_path.write_text(clean)
 
