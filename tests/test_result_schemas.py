@@ -124,7 +124,7 @@ def test_experiment_json_records_the_validated_spec_with_defaults(tmp_path):
     _write_json(path, _experiment_manifest(_spec()))
     raw = json.loads(path.read_text())
     # defaults the YAML never named are recorded
-    assert raw["spec"]["replay"]["request_timeout_s"] > 0 and raw["spec"]["repeats"] == 1
+    assert raw["spec"]["replay"]["total_timeout_s"] == 1800.0 and raw["spec"]["repeats"] == 1
     assert raw["spec"]["cost"]["pricing"] == DEFAULT_PRICING
     assert raw["spec"]["loads"] == [{"name": "c1", "concurrency": 1, "session_rate": None}]
     full = load_experiment_file(path, ExperimentSpec)
@@ -135,12 +135,12 @@ def test_experiment_json_records_the_validated_spec_with_defaults(tmp_path):
 
 
 def test_report_reads_slo_and_cost_from_the_typed_spec(tmp_path):
-    from kvscope.harness.report.render import _default_parameters
+    from kvscope.harness.report.render import _parameters
 
     path = tmp_path / "experiment.json"
     write_result_file(path, ExperimentFile, _experiment_manifest(_spec()))
     res = load_results(tmp_path)
-    params = _default_parameters(res)
+    params = _parameters(res.spec, {})
     assert params["latency"] == {"slo_ttft_ms": 250.0}
     assert params["cost"] == {"pricing": DEFAULT_PRICING, "gpu_hourly_usd": 2.0}
 

@@ -104,3 +104,229 @@ def test_api_key_comes_from_the_environment_and_is_never_recorded(monkeypatch):
 )
 def test_log_diagnosis_names_the_cause(log, expected):
     assert diagnose_log(log) == expected
+
+
+# ---------------------------------------------------------------------------------- secrets and redaction
+
+import threading  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kvscope.harness.common.secrets import REDACTED, redact_argv, redact_config, secret_argv_values  # noqa: E402
+from kvscope.harness.serving.backend import Backend  # noqa: E402
+
+SECRET_VALUES = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=12, max_size=40)
+SECRET_NAMES = st.sampled_from(["VLLM_API_KEY", "HF_TOKEN", "my_secret", "DB_PASSWORD", "Auth_Header",
+                                "AWS_CREDENTIALS", "OPENAI_API_KEY", "private_thing"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(secret=SECRET_VALUES, name=SECRET_NAMES, form=st.sampled_from(["split", "equals", "two"]))
+def test_redacted_config_never_holds_a_secret_from_env_or_extra_args(secret, name, form):
+    flag = {"split": ["--api-key", secret], "equals": [f"--api-key={secret}"],
+            "two": ["--api-key", "other-key-0000", secret]}[form]
+    cfg = ServerConfig(model="/m", env={name: secret, "FOO": "bar"}, api_key_env="MY_KEY",
+                       extra_args=["--max-num-batched-tokens", "2048", *flag, "--disable-log-stats"])
+    dumped = json.dumps(cfg.redacted())
+    assert secret not in dumped and "other-key-0000" not in dumped
+    red = cfg.redacted()
+    assert red["env"] == {name: REDACTED, "FOO": "bar"}  # non-secret variables are kept
+    assert red["api_key_env"] == "MY_KEY"  # the variable's name is recorded, never its value
+    assert red["extra_args"][:2] == ["--max-num-batched-tokens", "2048"] and red["extra_args"][-1] == "--disable-log-stats"
+
+
+def test_redact_argv_only_touches_secret_flags():
+    argv = ["python", "-m", "x", "--enable-prompt-tokens-details", "--max-num-batched-tokens", "512",
+            "--api-key", "k1", "k2", "--hf-token=t0ken", "--seed", "-1", "--tokenizer", "/tok"]
+    assert redact_argv(argv) == ["python", "-m", "x", "--enable-prompt-tokens-details", "--max-num-batched-tokens",
+                                 "512", "--api-key", REDACTED, REDACTED, f"--hf-token={REDACTED}", "--seed", "-1",
+                                 "--tokenizer", "/tok"]
+    assert secret_argv_values(argv) == ["k1", "k2", "t0ken"]
+
+
+def test_redact_config_walks_raw_experiment_specs():
+    raw = {"name": "e", "model": {"tokenizer": "/tok"}, "server_defaults": {"env": {"HF_TOKEN": "hf_abcdefgh"}},
+           "servers": {"a": {"extra_args": ["--api-key=sk-zzzzzzzz"], "max_num_batched_tokens": 64}}}
+    red = redact_config(raw)
+    assert "hf_abcdefgh" not in json.dumps(red) and "sk-zzzzzzzz" not in json.dumps(red)
+    assert red["model"] == {"tokenizer": "/tok"} and red["servers"]["a"]["max_num_batched_tokens"] == 64
+
+
+def test_api_key_is_taken_where_vllm_takes_it(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "from-env-var")
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert ServerConfig(model="/m", extra_args=["--api-key", "from-flag"], api_key_env="MY_KEY").api_key() == "from-flag"
+    assert ServerConfig(model="/m", api_key_env="MY_KEY", env={"VLLM_API_KEY": "x"}).api_key() == "from-env-var"
+    assert ServerConfig(model="/m", env={"VLLM_API_KEY": "from-env-block"}).api_key() == "from-env-block"
+    assert ServerConfig(model="/m").api_key() is None
+    backend = Backend.create("vllm", {"model": "/m", "env": {"VLLM_API_KEY": "from-env-block"}})
+    assert backend.auth_headers() == {"Authorization": "Bearer from-env-block"}
+
+
+def test_server_log_never_shows_the_key(tiny_model_dir, tmp_path):
+    # /bin/echo as the "interpreter" prints the whole command line into the log, then exits before ready.
+    cfg = ServerConfig(model=str(tiny_model_dir), python="/bin/echo", extra_args=["--api-key", "sk-log-secret-1"],
+                       env={"HF_TOKEN": "hf-log-secret-2"}, startup_timeout_s=10)
+    with pytest.raises(ServerError, match="exited") as failure:
+        VllmServer(cfg, log_path=tmp_path / "server.log", device="cpu").start()
+    assert "--api-key" in str(failure.value) and "sk-log-secret-1" not in str(failure.value)  # the log tail
+    log = (tmp_path / "server.log").read_text()
+    assert "--api-key" in log and "sk-log-secret-1" not in log and "hf-log-secret-2" not in log
+
+
+# ------------------------------------------------------------------------------------------- backends
+
+METRICS_TEXT = """\
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0"} 10.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0"} 4.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="100",enable_prefix_caching="True"} 1.0
+"""
+
+
+class _AuthServer:
+    """A loopback server that answers only requests carrying the right Bearer key and logs every path."""
+
+    def __init__(self, key: str) -> None:
+        self.key, self.seen, outer = key, [], self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # noqa: ANN002
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                ok = self.headers.get("Authorization") == f"Bearer {outer.key}"
+                outer.seen.append((self.command, self.path, ok, body))
+                if not ok:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                payload = {"/version": b'{"version": "9.9.9"}',
+                           "/v1/models": b'{"data": [{"id": "tiny", "max_model_len": 2048}]}',
+                           "/metrics": METRICS_TEXT.encode()}.get(self.path, b'{"choices": []}')
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def auth_server():
+    srv = _AuthServer("sk-unit-key-777")
+    yield srv
+    srv.close()
+
+
+def test_vllm_backend_authenticates_facts_reset_scrape_and_warm_up(auth_server, monkeypatch):
+    import asyncio
+
+    import aiohttp
+
+    from kvscope.harness.experiment.runner import _warm_up
+    from kvscope.harness.replay.watch import MetricsWatcher
+
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    backend = Backend.create("vllm", endpoint=auth_server.endpoint, api_key_env="UNIT_KEY")
+    facts = backend.facts()
+    assert (facts.backend, facts.engine_version, facts.block_size, facts.num_blocks) == ("vllm", "9.9.9", 16, 100)
+    assert backend.reset_prefix_cache().ok
+    assert _warm_up(backend, "tiny", {"max_model_len": 64}, extra_requests=2, seed=0) == 2
+
+    async def scrape() -> dict:
+        w = MetricsWatcher([backend.endpoint], backends=[backend])
+        async with aiohttp.ClientSession() as session:
+            await w.scrape_once(session)
+        return {"errors": w.watches[0].errors, "rows": len(w.rows)}
+
+    assert asyncio.run(scrape()) == {"errors": 0, "rows": 1}
+    paths = {(m, p) for m, p, ok, _ in auth_server.seen}
+    assert {("GET", "/version"), ("GET", "/metrics"), ("POST", "/reset_prefix_cache"),
+            ("POST", "/v1/completions")} <= paths
+    assert all(ok for *_, ok, _ in auth_server.seen)
+    warm = [json.loads(b) for m, p, _, b in auth_server.seen if p == "/v1/completions"]
+    assert all(w["ignore_eos"] is True for w in warm)  # vLLM's request extras
+
+
+def test_warm_up_without_the_key_fails_loudly(auth_server):
+    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.experiment.runner import _warm_up
+
+    backend = Backend.create("vllm", endpoint=auth_server.endpoint)
+    assert backend.auth_headers() == {}
+    with pytest.raises(KvscopeError, match="HTTP 401"):
+        _warm_up(backend, "tiny", {"max_model_len": 64}, extra_requests=1, seed=0)
+
+
+def test_openai_backend_knows_only_what_models_and_the_config_say(auth_server, monkeypatch):
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    backend = Backend.create("openai", {"endpoint": auth_server.endpoint, "block_size": 32, "api_key_env": "UNIT_KEY"})
+    backend.start()
+    facts = backend.facts()
+    assert (facts.backend, facts.model, facts.max_model_len, facts.block_size) == ("openai", "tiny", 2048, 32)
+    assert facts.engine_version is None and facts.vllm_version is None and facts.prefix_caching is None
+    assert facts.num_blocks is None and facts.kv_capacity_tokens is None
+    reset = backend.reset_prefix_cache()
+    assert not reset.ok and "no cache-reset endpoint" in reset.detail
+    assert backend.request_extras("salt") == {} and backend.metrics_path is None and not backend.managed
+    assert [p for _, p, _, _ in auth_server.seen] == ["/v1/models", "/v1/models"]  # nothing vLLM-specific asked
+
+
+def test_unknown_backend_and_bad_backend_config_are_named():
+    with pytest.raises(ConfigError, match="unknown backend 'sglang'; allowed: openai, vllm"):
+        Backend.create("sglang", {})
+    with pytest.raises(ConfigError, match="block_size"):
+        Backend.create("openai", {"endpoint": "http://127.0.0.1:1", "block_size": 0}, source="s.yaml")
+
+
+def test_experiment_servers_select_a_backend_and_shipped_specs_stay_valid(tmp_path):
+    from pathlib import Path
+
+    from kvscope.harness.experiment.spec import load_experiment_spec, server_backend
+
+    for shipped in sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml")):
+        spec, _ = load_experiment_spec(shipped)
+        assert {server_backend(spec, n, "/m").name for n in spec.servers} == {"vllm"}
+    p = tmp_path / "e.yaml"
+    p.write_text("name: e\nserver_defaults: {max_model_len: 1024}\nworkloads: {w: {spec: chat}}\n"
+                 "servers:\n  local: {}\n  remote: {backend: openai, endpoint: 'http://127.0.0.1:9', block_size: 16}\n")
+    spec, _ = load_experiment_spec(p)
+    remote = server_backend(spec, "remote", "/m")
+    assert remote.name == "openai" and remote.config.block_size == 16 and remote.config.model == "tiny"
+    local = server_backend(spec, "local", "/m")
+    assert local.name == "vllm" and local.config.max_model_len == 1024
+    p.write_text("name: e\nworkloads: {w: {spec: chat}}\nservers: {remote: {backend: openai, block_size: 16}}\n")
+    with pytest.raises(ConfigError, match=r"servers\.remote.*endpoint"):
+        load_experiment_spec(p)
+
+
+def test_cli_serve_refuses_an_attach_only_backend_and_server_info_uses_the_backend(auth_server, tmp_path,
+                                                                                     monkeypatch, capsys):
+    from kvscope.harness.cli.main import main
+
+    cfg = tmp_path / "remote.yaml"
+    cfg.write_text(f"backend: openai\nendpoint: {auth_server.endpoint}\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "backend openai attaches to a running server" in capsys.readouterr().err
+    assert main(["server-info", "--endpoint", auth_server.endpoint, "--api-key-env", "NOPE_UNSET", "--json"]) == 2
+    assert "--api-key-env: environment variable NOPE_UNSET is not set" in capsys.readouterr().err
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    assert main(["server-info", "--endpoint", auth_server.endpoint, "--api-key-env", "UNIT_KEY", "--backend",
+                 "openai", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["backend"] == "openai" and facts["model"] == "tiny" and facts["block_size"] is None

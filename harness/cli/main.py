@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kvscope.harness.cli.common import Formatter as _Formatter
+from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.cli.common import add_parser as _add
 
 DESCRIPTION = """\
@@ -56,17 +57,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from kvscope.harness.serving.server import ServerConfig, VllmServer
+    from kvscope.harness.serving.backend import load_backend
 
-    config = ServerConfig.from_yaml(args.config)
+    backend = load_backend(args.config)
+    if not backend.managed:
+        from kvscope.harness.common.errors import ConfigError
+
+        raise ConfigError(f"--config {args.config}: backend {backend.name} attaches to a running server; "
+                          "kvscope serve launches servers of a managed backend (vllm)")
     if args.port:
-        config = config.model_copy(update={"port": args.port})
+        backend.config = backend.config.model_copy(update={"port": args.port})
     log = Path(args.log) if args.log else None
-    server = VllmServer(config, log_path=log)
-    print(f"starting vLLM for {config.model} …", flush=True)
-    server.start()
-    facts = server.facts()
-    print(f"ready at {server.endpoint} (log: {server.log_path})\n{facts.as_json()}\nCtrl-C stops it.", flush=True)
+    print(f"starting {backend.name} for {getattr(backend.config, 'model', '?')} …", flush=True)
+    backend.start(log)
+    facts = backend.facts()
+    print(f"ready at {backend.endpoint} (log: {backend.log_path})\n{facts.as_json()}\nCtrl-C stops it.", flush=True)
     stop = {"now": False}
 
     def _handler(signum, frame):  # noqa: ARG001
@@ -74,34 +79,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _handler)
     try:
-        while not stop["now"] and server.is_running():
+        while not stop["now"] and backend.is_running():
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    died = not server.is_running() and not stop["now"]
-    server.stop()
+    died = not backend.is_running() and not stop["now"]
+    backend.stop()
     if died:
-        print(f"vLLM exited on its own; see {server.log_path}", file=sys.stderr)
+        print(f"{backend.name} exited on its own; see {backend.log_path}", file=sys.stderr)
         return 1
     print("server stopped")
     return 0
 
 
 def _cmd_server_info(args: argparse.Namespace) -> int:
-    import os
+    from kvscope.harness.serving.backend import Backend
 
-    from kvscope.harness.serving.server import read_server_facts
-
-    headers = {}
-    if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            from kvscope.harness.common.errors import ConfigError
-
-            raise ConfigError(f"--api-key-env: environment variable {args.api_key_env} is not set")
-        headers["Authorization"] = f"Bearer {key}"
-    log_text = Path(args.log).read_text(errors="replace") if args.log else None
-    facts = read_server_facts(args.endpoint, log_text=log_text, headers=headers)
+    backend = Backend.create(args.backend, endpoint=args.endpoint, api_key_env=args.api_key_env)
+    try:
+        backend.auth_headers()
+    except KvscopeError as exc:
+        raise KvscopeError(str(exc).replace("api_key_env:", "--api-key-env:")) from None
+    if args.log:
+        backend.log_path = Path(args.log)  # facts only the log has (vllm: KV capacity, speculative config)
+    facts = backend.facts()
     if args.json:
         print(facts.as_json())
     else:
@@ -148,18 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
     bt.set_defaults(func=_cmd_build_tiny)
 
     serve = _add(sub, "serve", "run a vLLM server from a config file in the foreground until Ctrl-C")
-    serve.add_argument("--config", required=True, metavar="FILE", help="server config YAML (see docs/server.md)")
+    serve.add_argument("--config", required=True, metavar="FILE",
+                       help="server config YAML (`backend: vllm`, the default; see docs/backends.md)")
     serve.add_argument("--port", type=int, help="override the config's port")
     serve.add_argument("--log", metavar="FILE", help="write the server log here (default: a temp file)")
     serve.set_defaults(func=_cmd_serve)
 
-    info = _add(sub, "server-info", "print the facts of a running vLLM server (block size, KV capacity, …)",
-                "Read vLLM's version, block size, KV blocks and capacity, prefix caching and speculative "
-                "decoding from /version, /v1/models and /metrics of any vLLM endpoint.")
+    info = _add(sub, "server-info", "print the facts of a running server (block size, KV capacity, …)",
+                "vllm backend: read vLLM's version, block size, KV blocks and capacity, prefix caching and "
+                "speculative decoding from /version, /v1/models and /metrics. openai backend: only what "
+                "/v1/models says; every other fact is unknown (null).")
     info.add_argument("--endpoint", required=True, metavar="URL", help="base URL, e.g. http://127.0.0.1:8000")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--log", metavar="FILE", help="the server's log, for facts only the log has")
     info.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    info.add_argument("--backend", default="vllm", choices=["vllm", "openai"],
+                      help="serving backend of the endpoint (default vllm)")
     info.set_defaults(func=_cmd_server_info)
 
     demo = _add(sub, "demo", "smoke check: a 6-turn conversation through vLLM with prefix caching (~30 s)",

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.harness.serving.backend import Backend
 from kvscope.harness.serving.client import CompletionResult, completion_payload, stream_completion
-from kvscope.harness.serving.server import ServerConfig, VllmServer
+from kvscope.harness.serving.server import ServerConfig
 
 
 @dataclass
@@ -37,7 +38,8 @@ def _text_ids(tokenizer, rng: np.random.Generator, n: int) -> list[int]:
     return ids[start : start + n]
 
 
-async def _conversation(endpoint: str, model: str, tokenizer, turns: int, seed: int) -> list[tuple[int, CompletionResult]]:
+async def _conversation(backend: Backend, model: str, tokenizer, turns: int, seed: int
+                        ) -> list[tuple[int, CompletionResult]]:
     import aiohttp
 
     rng = np.random.default_rng(seed)
@@ -46,8 +48,10 @@ async def _conversation(endpoint: str, model: str, tokenizer, turns: int, seed: 
     async with aiohttp.ClientSession() as session:
         for _ in range(turns):
             history = history + _text_ids(tokenizer, rng, int(rng.integers(40, 120)))  # user message
-            payload = completion_payload(model, history, max_tokens=int(rng.integers(32, 96)))
-            res = await stream_completion(session, endpoint + "/v1/completions", payload)
+            payload = completion_payload(model, history, max_tokens=int(rng.integers(32, 96)),
+                                         engine_fields=backend.request_extras(None))
+            res = await stream_completion(session, backend.endpoint + "/v1/completions", payload,
+                                          headers=backend.auth_headers())
             if not res.ok:
                 raise RuntimeError(f"turn {len(out) + 1} failed: {res.error_class}: {res.error}")
             out.append((len(history), res))
@@ -67,13 +71,13 @@ def run_demo(model_dir: Path, log_path: Path, turns: int = 6, seed: int = 0) -> 
     config = ServerConfig(model=str(model_dir), served_model_name="tiny", max_model_len=4096,
                           kv_cache_memory_bytes="64M", enable_prefix_caching=True)
     print(f"starting vLLM (log: {log_path}) …", flush=True)
-    with VllmServer(config, log_path=log_path) as server:
+    with Backend.create("vllm", config).start(log_path) as server:
         facts = server.facts()
-        print(f"vLLM {facts.vllm_version} ready in {server.ready_after_s:.0f} s: block_size={facts.block_size}, "
+        print(f"vLLM {facts.engine_version} ready in {server.ready_after_s:.0f} s: block_size={facts.block_size}, "
               f"num_blocks={facts.num_blocks}, kv_capacity_tokens={facts.kv_capacity_tokens}, "
               f"prefix_caching={facts.prefix_caching}", flush=True)
         block = facts.block_size or 1
-        results = asyncio.run(_conversation(server.endpoint, "tiny", tokenizer, turns, seed))
+        results = asyncio.run(_conversation(server, "tiny", tokenizer, turns, seed))
     rows = []
     for i, (n, res) in enumerate(results, start=1):
         rows.append(TurnRow(turn=i, prompt_tokens=res.prompt_tokens or n, cached_tokens=res.cached_tokens or 0,

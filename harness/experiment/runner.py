@@ -7,10 +7,13 @@ Layout of one run (`results/<experiment>/<run-id>/`):
     servers/<server>.log       vLLM log of each configuration
     cells/<server>__<workload>__<load>__r<k>/   a replay run directory (requests.parquet, summary.json, …)
 
-Between cells the prefix cache is emptied (`/reset_prefix_cache`, vLLM dev mode; a restart if that fails),
-after a few warm-up requests, so every cell starts from the same state and predictions stay exact. A cell
-that fails is recorded with its reason and the experiment goes on; a server that died is restarted for the
-next cell. `--resume` skips cells whose status is `ok`.
+Each server configuration is a serving backend (kvscope.harness.serving.backend): vLLM, launched by kvscope,
+or an OpenAI-compatible endpoint it only attaches to. The backend gives the auth headers of every request
+(warm-up, replay, scraping, reset) and the redacted config recorded here. Between cells the prefix cache is
+emptied through the backend (vLLM: `/reset_prefix_cache` in dev mode; a restart if that fails), after a few
+warm-up requests, so every cell starts from the same state and predictions stay exact. A cell that fails is
+recorded with its reason and the experiment goes on; a server that died is restarted for the next cell.
+`--resume` skips cells whose status is `ok`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_config_dict
+from kvscope.harness.common.secrets import redact_config
+from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.backend import Backend
 
 MANIFEST = "experiment.json"
 
@@ -111,13 +118,14 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
     return str(path), tokenizer, read_model_card(path)
 
 
-def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: int,
+def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, seed: int,
              max_pool_tokens: int = 262_144) -> int:
     """Unrelated requests before a cell, enough to write every KV block once, then a few more.
 
     The first use of each KV block (page faults on CPU, lazy allocations) and of each code path is slower;
     without this the first cell on a fresh server measures warm-up, and two runs of one configuration differ.
-    Returns the number of requests sent. The prefix cache is reset afterwards by the caller.
+    Returns the number of requests sent; a refused request (HTTP 401 for a missing key, …) fails the cell.
+    The prefix cache is reset afterwards by the caller.
     """
     import httpx
 
@@ -126,33 +134,46 @@ def _warm_up(endpoint: str, model: str, facts: dict, extra_requests: int, seed: 
     prompt_len = max(16, min(int(facts.get("max_model_len") or 2048) - 16, 2048))
     n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
     sent = 0
-    with httpx.Client(timeout=300) as client:
+    with httpx.Client(timeout=300, headers=backend.auth_headers()) as client:
         for _ in range(n):
             prompt = rng.integers(1000, 4000, size=prompt_len).tolist()
+            body = {"model": model, "prompt": prompt, "max_tokens": 4, **backend.request_extras(None)}
             try:
-                client.post(endpoint + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
-                                                                 "ignore_eos": True})
+                r = client.post(backend.endpoint + "/v1/completions", json=body)
             except httpx.HTTPError:
                 break
+            if r.status_code != 200:
+                raise KvscopeError(f"warm-up request to {backend.endpoint}/v1/completions answered HTTP "
+                                   f"{r.status_code}: {r.text[:200]}")
             sent += 1
     return sent
 
 
-def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, config):
+def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, model: str):
     lv = loads[cell.load]
     return spec.replay.cell_options(
         concurrency=lv.concurrency, session_rate=lv.session_rate, slo_ttft_ms=spec.slo.ttft_ms,
-        slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat, model=config.name_for_clients, progress=False,
+        slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat, model=model, progress=False,
         reset_prefix_cache=False)
 
 
-def _reset_cache(endpoint: str) -> bool:
-    import httpx
+def _model_name(backend: "Backend", spec: ExperimentSpec) -> str:
+    return getattr(backend.config, "served_model_name", None) or getattr(backend.config, "model", None) \
+        or spec.model.served_model_name
 
-    try:
-        return httpx.post(endpoint + "/reset_prefix_cache", timeout=60).status_code == 200
-    except httpx.HTTPError:
-        return False
+
+@dataclass
+class _Run:
+    """What every cell of one experiment run shares."""
+
+    spec: ExperimentSpec
+    run_dir: Path
+    manifest: dict[str, Any]
+    manifest_path: Path
+    model_path: str
+
+    def save(self) -> None:
+        _write_json(self.manifest_path, self.manifest)
 
 
 def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
@@ -160,45 +181,61 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                    after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
     """Run (or resume) an experiment; returns the run directory.
 
-    ``after_cell(cell, server)`` is called after each cell (tests use it to inject faults between cells).
+    ``after_cell(cell, server)`` is called after each cell with the launched server (the backend where kvscope
+    launched none); tests use it to inject faults between cells.
     """
-    from kvscope.harness.replay.runner import replay
-    from kvscope.harness.serving.server import VllmServer
-    from kvscope.workloads.generate import generate_from_file
-
     spec_path = Path(spec_path)
     spec, _ = load_experiment_spec(spec_path)
-    out = Path(out)
-    run_dir = _resolve_run_dir(spec, out, run_id, resume)
+    run_dir = _resolve_run_dir(spec, Path(out), run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
-    manifest_path = run_dir / MANIFEST
-    manifest: dict[str, Any]
-    if manifest_path.exists():
-        from kvscope.harness.results.loaders import load_experiment_file
-
-        if not resume:
-            raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
-        manifest = load_experiment_file(manifest_path, ExperimentSpec).model_dump(mode="json")
-    else:
-        manifest = {"experiment": spec.name, "run_id": run_dir.name, "spec": spec.model_dump(mode="json"),
-                    "spec_path": str(spec_path),
-                    "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
-    repo_root = Path.cwd()
-    model_path, tokenizer_dir, card = prepare_model(spec, repo_root)
+    manifest = _open_manifest(spec, spec_path, run_dir, resume)
+    model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
     manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
                          "weights_random": bool(card and card.get("weights") == "random")}
     manifest["kvscope_version"] = _version()
+    run = _Run(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
     cells = plan_cells(spec)
     if only_cells:
         cells = [c for c in cells if c.name in only_cells]
     for c in cells:
         manifest["cells"].setdefault(c.name, {"server": c.server, "workload": c.workload, "load": c.load,
                                               "repeat": c.repeat, "status": "pending"})
-    _write_json(manifest_path, manifest)
+    run.save()
+    _generate_traces(run, spec_path, tokenizer_dir)
+    todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
+    print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
+    for server_name in spec.servers:
+        server_cells = [c for c in todo if c.server == server_name]
+        if server_cells:
+            _run_server(run, server_name, server_cells, after_cell)
+    manifest["completed_at"] = time.time()
+    manifest["failed_cells"] = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
+    run.save()
+    return run_dir
 
-    # Traces: one per workload, generated once (kept across --resume).
+
+def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
+                   resume: bool) -> dict[str, Any]:
+    """The run's experiment.json (an earlier one on --resume, validated); the validated spec with its defaults is
+    recorded, secrets redacted."""
+    manifest_path = run_dir / MANIFEST
+    if manifest_path.exists():
+        if not resume:
+            raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
+        from kvscope.harness.results.loaders import load_experiment_file
+
+        return load_experiment_file(manifest_path, ExperimentSpec).model_dump(mode="json")
+    return {"experiment": spec.name, "run_id": run_dir.name, "spec": redact_config(spec.model_dump(mode="json")),
+            "spec_path": str(spec_path), "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
+
+
+def _generate_traces(run: _Run, spec_path: Path, tokenizer_dir: str) -> None:
+    """One trace per workload, generated once (kept across --resume)."""
+    from kvscope.workloads.generate import generate_from_file
+
+    spec = run.spec
     for wname, ref in spec.workloads.items():
-        tdir = safe_child(run_dir, "traces", wname)
+        tdir = safe_child(run.run_dir, "traces", wname)
         if not (tdir / "requests.parquet").exists():
             max_ctx = ref.max_context
             if max_ctx is None:
@@ -211,94 +248,98 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
             trace = generate_from_file(spec_ref, tokenizer_dir, seed=ref.seed, scale=ref.scale,
                                        sessions=ref.sessions, max_context=max_ctx, output_scale=ref.output_scale)
             trace.write(tdir)
-        manifest["traces"][wname] = str(tdir.relative_to(run_dir))
-    _write_json(manifest_path, manifest)
+        run.manifest["traces"][wname] = str(tdir.relative_to(run.run_dir))
+    run.save()
 
-    todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
-    print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
-    loads = {lv.name: lv for lv in spec.loads}
-    settings = spec.replay
-    for server_name in spec.servers:
-        server_cells = [c for c in todo if c.server == server_name]
-        if not server_cells:
-            continue
-        config = server_config_dict(spec, server_name, model_path)
-        log_path = safe_child(run_dir, "servers", f"{server_name}.log")
-        srec = manifest["servers"].setdefault(server_name, {"config": config.redacted(), "restarts": 0,
-                                                            "log": str(log_path.relative_to(run_dir))})
-        server: VllmServer | None = None
-        try:
-            for cell in server_cells:
-                entry = manifest["cells"][cell.name]
-                entry.update(status="running", started_at=time.time(), reason=None)
-                _write_json(manifest_path, manifest)
-                cell_dir = safe_child(run_dir, "cells", cell.name)
-                try:
-                    if server is None or not server.is_running():
-                        if server is not None:
-                            srec["restarts"] += 1
-                            server.stop()
-                        print(f"[{server_name}] starting vLLM …", flush=True)
-                        server = VllmServer(config, log_path=log_path)
-                        server.start()
-                        srec["facts"] = server.facts().model_dump(mode="json")
-                        srec["ready_after_s"] = server.ready_after_s
-                    entry["warmup_requests"] = _warm_up(server.endpoint, config.name_for_clients,
-                                                        srec.get("facts") or {}, settings.warmup_requests,
-                                                        cell.repeat)
-                    if settings.warmup_pass:
-                        import shutil
 
-                        scratch = safe_child(run_dir, "cells", f".warmup-{cell.name}")
-                        shutil.rmtree(scratch, ignore_errors=True)
-                        _reset_cache(server.endpoint)
-                        replay(run_dir / manifest["traces"][cell.workload], scratch,
-                               _cell_options(spec, cell, loads, config), endpoints=[server.endpoint])
-                        shutil.rmtree(scratch, ignore_errors=True)
-                    if not _reset_cache(server.endpoint):
+def _run_server(run: _Run, server_name: str, cells: list[Cell],
+                after_cell: Callable[[Cell, Any], None] | None) -> None:
+    """Every cell of one server configuration against one backend (started once, restarted if it died)."""
+    backend = server_backend(run.spec, server_name, run.model_path)
+    log_path = safe_child(run.run_dir, "servers", f"{server_name}.log")
+    srec = run.manifest["servers"].setdefault(
+        server_name, {"restarts": 0, "log": str(log_path.relative_to(run.run_dir))})
+    srec.update(backend=backend.name, config=backend.redacted_config())
+    started = False
+    try:
+        for cell in cells:
+            entry = run.manifest["cells"][cell.name]
+            entry.update(status="running", started_at=time.time(), reason=None)
+            run.save()
+            try:
+                if not started or not backend.is_running():
+                    if started:
                         srec["restarts"] += 1
-                        server.stop()
-                        server = VllmServer(config, log_path=log_path)
-                        server.start()
-                    if cell_dir.exists():  # a half-written earlier attempt of this cell
-                        import shutil
+                        backend.stop()
+                    _start_server(backend, server_name, log_path, srec)
+                    started = True
+                _run_cell(run, cell, backend, srec, log_path)
+            except KeyboardInterrupt:
+                entry.update(status="failed", reason="interrupted")
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
+                entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
+                             traceback=traceback.format_exc()[-2000:])
+                print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
+            finally:
+                entry["ended_at"] = time.time()
+                run.save()
+            if after_cell is not None:  # the launched process (VllmServer) where there is one
+                after_cell(cell, getattr(backend, "server", None) or backend)
+    finally:
+        if started:
+            backend.stop()
+        run.save()
 
-                        shutil.rmtree(cell_dir)
-                    opts = _cell_options(spec, cell, loads, config)
-                    print(f"[{cell.name}] replaying …", flush=True)
-                    outcome = replay(run_dir / manifest["traces"][cell.workload], cell_dir, opts,
-                                     endpoints=[server.endpoint])
-                    s = outcome.summary
-                    entry.update(status="failed" if outcome.aborted else "ok", reason=outcome.aborted,
-                                 dir=str(cell_dir.relative_to(run_dir)),
-                                 headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
-                                           "hit_rate": s["hit_rate"]["server_per_request"],
-                                           "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
-                                           "req_per_s": s["throughput"]["requests_per_s"]})
-                    print(f"[{cell.name}] {entry['status']}: {s['requests']['ok']} ok, hit "
-                          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 "
-                          f"{_ms(s['latency']['ttft_s']['p50'])}", flush=True)
-                except KeyboardInterrupt:
-                    entry.update(status="failed", reason="interrupted")
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
-                    entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
-                                 traceback=traceback.format_exc()[-2000:])
-                    print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
-                finally:
-                    entry["ended_at"] = time.time()
-                    _write_json(manifest_path, manifest)
-                if after_cell is not None:
-                    after_cell(cell, server)
-        finally:
-            if server is not None:
-                server.stop()
-            _write_json(manifest_path, manifest)
-    failed = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
-    manifest["completed_at"] = time.time()
-    manifest["failed_cells"] = failed
-    _write_json(manifest_path, manifest)
-    return run_dir
+
+def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: dict[str, Any]) -> None:
+    what = f"starting {backend.name}" if backend.managed else f"attaching to {backend.name} endpoint"
+    print(f"[{server_name}] {what} …", flush=True)
+    backend.start(log_path)
+    srec["facts"] = backend.facts().model_dump(mode="json")
+    srec["ready_after_s"] = backend.ready_after_s
+
+
+def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path) -> None:
+    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
+    import shutil
+
+    from kvscope.harness.replay.runner import replay
+
+    spec, entry = run.spec, run.manifest["cells"][cell.name]
+    loads = {lv.name: lv for lv in spec.loads}
+    model = _model_name(backend, spec)
+    trace_dir = run.run_dir / run.manifest["traces"][cell.workload]
+    entry["warmup_requests"] = _warm_up(backend, model, srec.get("facts") or {}, spec.replay.warmup_requests,
+                                        cell.repeat)
+    if spec.replay.warmup_pass:
+        scratch = safe_child(run.run_dir, "cells", f".warmup-{cell.name}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        backend.reset_prefix_cache()
+        replay(trace_dir, scratch, _cell_options(spec, cell, loads, model), backends=[backend])
+        shutil.rmtree(scratch, ignore_errors=True)
+    reset = backend.reset_prefix_cache()
+    if not reset.ok and backend.managed:
+        srec["restarts"] += 1
+        backend.stop()
+        backend.start(log_path)
+        reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
+    entry["prefix_cache_reset"] = reset.detail
+    cell_dir = safe_child(run.run_dir, "cells", cell.name)
+    if cell_dir.exists():  # a half-written earlier attempt of this cell
+        shutil.rmtree(cell_dir)
+    print(f"[{cell.name}] replaying …", flush=True)
+    outcome = replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backends=[backend])
+    s = outcome.summary
+    entry.update(status="failed" if outcome.aborted else "ok", reason=outcome.aborted,
+                 dir=str(cell_dir.relative_to(run.run_dir)),
+                 headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
+                           "hit_rate": s["hit_rate"]["server_per_request"],
+                           "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
+                           "req_per_s": s["throughput"]["requests_per_s"]})
+    print(f"[{cell.name}] {entry['status']}: {s['requests']['ok']} ok, hit "
+          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 "
+          f"{_ms(s['latency']['ttft_s']['p50'])}", flush=True)
 
 
 def _fmt(x: float | None) -> str:

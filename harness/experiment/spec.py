@@ -14,11 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
+from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
 __all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "WorkloadRef",
-           "check_name", "load_experiment_spec", "server_config_dict"]
-from kvscope.harness.replay.options import ReplayOptions
+           "check_name", "load_experiment_spec"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -92,8 +92,10 @@ class ReplaySettings(ReplayOptions):
     @classmethod
     def _no_per_cell_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name in data:
-                if name in PER_CELL_OPTIONS:
+            for name, value in data.items():
+                # A recorded spec (experiment.json) carries every field at its default: only a value that
+                # differs from ReplayOptions' default was set by the user.
+                if name in PER_CELL_OPTIONS and value != ReplayOptions.model_fields[name].default:
                     raise ValueError(f"{name} is set per cell by {PER_CELL_OPTIONS[name]}, not in replay:")
         return data
 
@@ -114,8 +116,10 @@ class ExperimentSpec(ExperimentSpecCore):
 
     model: ModelSpec = Field(default_factory=ModelSpec)
     server_defaults: dict[str, Any] = Field(default_factory=dict,
-                                            description="ServerConfig fields shared by every configuration")
-    servers: dict[str, dict[str, Any]] = Field(description="named configurations: ServerConfig overrides")
+                                            description="server config fields shared by every configuration")
+    servers: dict[str, dict[str, Any]] = Field(description="named configurations: overrides of server_defaults; "
+                                                           "`backend:` picks the engine (vllm, the default, or "
+                                                           "openai for an endpoint kvscope does not start)")
     workloads: dict[str, WorkloadRef]
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
     repeats: int = Field(1, ge=1)
@@ -162,17 +166,24 @@ def load_experiment_spec(path: str | Path) -> tuple[ExperimentSpec, dict]:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(path), ExperimentSpec)) from exc
     for name in spec.servers:
-        server_config_dict(spec, name, model_path="/placeholder", source=f"{path}: servers.{name}")
+        server_backend(spec, name, model_path="/placeholder", source=f"{path}: servers.{name}")
     return spec, raw
 
 
-def server_config_dict(spec: ExperimentSpec, name: str, model_path: str, source: str | None = None):
-    from kvscope.harness.serving.server import ServerConfig
+def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str | None = None):
+    """The (not yet started) backend of server configuration `name`: its `backend:` (else server_defaults',
+    else vllm), the prepared model, server_defaults, then the entry's own fields. Defaults that another
+    engine's config does not know (vLLM flags) are not applied to it; the entry's own fields must all fit."""
+    from kvscope.harness.serving.backend import Backend, split_backend
 
-    fields = {"model": model_path, "served_model_name": spec.model.served_model_name}
-    fields.update(spec.server_defaults)
-    fields.update(spec.servers[name] or {})
-    try:
-        return ServerConfig.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source or f"servers.{name}", ServerConfig)) from exc
+    default_backend, defaults = split_backend(spec.server_defaults)
+    entry = dict(spec.servers[name] or {})
+    backend_name, entry_fields = split_backend({"backend": default_backend, **entry})
+    backend_cls = Backend.get(backend_name)
+    fields = backend_cls.experiment_base_fields(model_path, spec.model.served_model_name)
+    if backend_name == default_backend:
+        fields.update(defaults)
+    else:
+        fields.update({k: v for k, v in defaults.items() if k in backend_cls.config_model.model_fields})
+    fields.update(entry_fields)
+    return Backend.create(backend_name, fields, source=source or f"servers.{name}")

@@ -18,7 +18,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import orjson
@@ -38,6 +38,9 @@ from kvscope.harness.results.records import RecordWriter, RequestRecord, compact
 from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.harness.replay.watch import MetricsWatcher
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.backend import Backend
 
 
 @dataclass
@@ -115,13 +118,16 @@ def _session_starts(n: int, opts: ReplayOptions, planned: Sequence[float]) -> li
 
 class Replayer:
     def __init__(self, trace, endpoints: list[str], opts: ReplayOptions, run_dir: Path,
-                 facts: list[dict[str, Any]], headers: dict[str, str] | None = None) -> None:
+                 facts: list[dict[str, Any]], headers: dict[str, str] | None = None,
+                 backends: "list[Backend] | None" = None) -> None:
         self.trace = trace
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.opts = opts
         self.run_dir = Path(run_dir)
         self.facts = facts
-        self.headers = headers or {}
+        self.backends = backends
+        # Endpoints are replicas of one deployment: one key (the first backend's) authenticates them all.
+        self.headers = headers if headers is not None else (backends[0].auth_headers() if backends else {})
         self.model = opts.model or facts[0].get("model") or "default"
         self.router = EndpointRouter(len(self.endpoints), opts.routing,
                                      block_size=facts[0].get("block_size") or 16)
@@ -157,16 +163,17 @@ class Replayer:
         return self.opts.client == "fast" or (self.opts.client == "auto" and FastStreamClient.supports(url))
 
     # ---- one request -------------------------------------------------------------------------------
-    def _body(self, rid: int, prompt: np.ndarray, max_tokens: int) -> bytes:
+    def _body(self, rid: int, prompt: np.ndarray, max_tokens: int, ep: int = 0) -> bytes:
         salt = self._salt[rid]
+        engine_fields = self.backends[ep].request_extras(salt) if self.backends else None
         if self.opts.api == "chat":
             raw = self._messages[rid]
             if not raw:
                 raise KvscopeError(f"request {rid} has no messages: generate the trace in text mode for --api chat")
             msgs = [{"role": m["role"], "content": m["content"]} for m in json.loads(raw)]
-            payload = chat_payload(self.model, msgs, max_tokens, salt)
+            payload = chat_payload(self.model, msgs, max_tokens, salt, engine_fields=engine_fields)
         else:
-            payload = completion_payload(self.model, prompt.tolist(), max_tokens, salt)
+            payload = completion_payload(self.model, prompt.tolist(), max_tokens, salt, engine_fields=engine_fields)
         return orjson.dumps(payload)
 
     async def _send(self, session, st: _State, rid: int, session_id: str, prompt: np.ndarray,
@@ -177,7 +184,7 @@ class Replayer:
         predictor = self.predictors[ep]
         predicted = predictor.on_send(rid, session_id, prompt, salt) if predictor else None
         max_tokens = self._max_tokens[rid]
-        body = self._body(rid, prompt, max_tokens)
+        body = self._body(rid, prompt, max_tokens, ep)
         url = self._urls[ep]
         client = self._clients[ep]
         result: CompletionResult | None = None
@@ -364,7 +371,7 @@ class Replayer:
                                                                                          self.headers)
                              for url in self._urls]
             watcher = MetricsWatcher(self.endpoints, opts.scrape_interval_s, self.headers, t0=t0,
-                                     spool_path=self.run_dir / "server_metrics.jsonl")
+                                     spool_path=self.run_dir / "server_metrics.jsonl", backends=self.backends)
             self.watcher = watcher
             await watcher.scrape_once(session)  # the "before" snapshot
             watcher.start(session)
@@ -401,10 +408,13 @@ class Replayer:
 
 
 def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endpoints: Sequence[str] | None = None,
-           server_config_path: str | Path | None = None) -> ReplayOutcome:
-    """Run a replay end to end and write the run directory. Starts/stops a server if given a config."""
-    from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
-    from kvscope.harness.model.tinymodel import weights_are_random
+           server_config_path: str | Path | None = None, backends: "Sequence[Backend] | None" = None
+           ) -> ReplayOutcome:
+    """Run a replay end to end and write the run directory.
+
+    The servers are `backends` (started by the caller), or launched from `server_config_path` for this run
+    and stopped after it, or the `endpoints` as vLLM endpoints kvscope attaches to (key: `opts.api_key_env`).
+    """
     from kvscope.workloads.trace import Trace
 
     run_dir = Path(run_dir)
@@ -413,46 +423,95 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
         if (run_dir / stale).exists():
             raise KvscopeError(f"{run_dir} already holds a run ({stale}); choose a new --out")
     trace = Trace.read(trace_dir)
-    headers: dict[str, str] = {}
-    if opts.api_key_env:
-        key = os.environ.get(opts.api_key_env)
-        if not key:
-            raise KvscopeError(f"--api-key-env: environment variable {opts.api_key_env} is not set")
-        headers["Authorization"] = f"Bearer {key}"
-    server = None
-    config = None
-    if server_config_path is not None:
-        config = ServerConfig.from_yaml(server_config_path)
-        server = VllmServer(config, log_path=run_dir / "server.log")
-        server.start()
-        endpoints = [server.endpoint]
-    if not endpoints:
-        raise KvscopeError("give --endpoint URL (repeatable) or --server CONFIG.yaml")
+    launched = backends is None and server_config_path is not None
+    bks = list(backends) if backends is not None else _backends_for(opts, endpoints, server_config_path)
     started = time.time()
     try:
-        facts = []
-        for ep in endpoints:
-            wait_for_endpoint(ep, timeout_s=30)
-            f = read_server_facts(ep, log_text=server.log_text() if server else None, config=config, headers=headers)
-            facts.append(f.model_dump(mode="json"))
-        _check_vocab(trace, facts, list(endpoints), headers)
-        reset = _reset_prefix_caches(list(endpoints), headers) if opts.reset_prefix_cache else None
-        replayer = Replayer(trace, list(endpoints), opts, run_dir, facts, headers)
-        total = min(opts.max_requests or trace.num_requests, trace.num_requests)
-        if opts.progress:
-            from tqdm import tqdm
-
-            replayer.progress = tqdm(total=total, unit="req", desc="replay", dynamic_ncols=True)
-        try:
-            st = run_event_loop(replayer.run(), opts.event_loop)
-        finally:
-            replayer.writer.close()
-            if replayer.progress is not None:
-                replayer.progress.close()
+        if launched:
+            bks[0].start(run_dir / "server.log")
+        facts, reset = _prepare_servers(trace, bks, opts)
+        replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, facts, backends=bks)
+        st = _drive(replayer, trace, opts)
     finally:
-        if server is not None:
-            server.stop()
+        if launched:
+            bks[0].stop()
     ended = time.time()
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import ManifestFile, SummaryFile
+
+    summary = _summarize_run(run_dir, replayer, st, facts, opts, bks)
+    summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
+    manifest = {
+        "kvscope_version": _kvscope_version(),
+        "vllm_version": facts[0].get("vllm_version"),
+        "backend": bks[0].name,
+        "engine_version": facts[0].get("engine_version"),
+        "trace": {"path": str(Path(trace_dir).resolve()), "sha256": trace_fingerprint(Path(trace_dir)),
+                  "name": trace.meta.get("name"), "seed": trace.meta.get("seed")},
+        "options": opts.model_dump(mode="json"),
+        "endpoints": [b.endpoint for b in bks],
+        "server_config": bks[0].redacted_config() if launched else None,
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "started_at": started,
+        "ended_at": ended,
+        "aborted": st.abort_reason,
+        "prefix_cache_reset": reset,
+    }
+    write_result_file(run_dir / "manifest.json", ManifestFile, manifest)
+    return ReplayOutcome(run_dir=run_dir, summary=summary, aborted=st.abort_reason)
+
+
+def _backends_for(opts: ReplayOptions, endpoints: Sequence[str] | None,
+                  server_config_path: str | Path | None) -> "list[Backend]":
+    """The backend of a server config file (launched by `replay`), or one vLLM backend per given endpoint."""
+    from kvscope.harness.serving.backend import Backend, load_backend
+
+    if server_config_path is not None:
+        return [load_backend(server_config_path)]
+    if not endpoints:
+        raise KvscopeError("give --endpoint URL (repeatable) or --server CONFIG.yaml")
+    backends = [Backend.create("vllm", endpoint=ep, api_key_env=opts.api_key_env) for ep in endpoints]
+    try:
+        backends[0].auth_headers()  # a missing key fails here, before anything is sent
+    except KvscopeError as exc:
+        raise KvscopeError(str(exc).replace("api_key_env:", "--api-key-env:")) from None
+    return backends
+
+
+def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions
+                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+    """Wait for each server, read its facts, check the vocabulary, reset the prefix caches if asked."""
+    facts = []
+    for b in backends:
+        b.wait_ready(30.0)
+        facts.append(b.facts().model_dump(mode="json"))
+    headers = backends[0].auth_headers()
+    _check_vocab(trace, facts, [b.endpoint for b in backends], headers)
+    reset = _reset_prefix_caches(backends) if opts.reset_prefix_cache else None
+    return facts, reset
+
+
+def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
+    """Run the replay's event loop (with a progress bar if asked); records are closed whatever happens."""
+    total = min(opts.max_requests or trace.num_requests, trace.num_requests)
+    if opts.progress:
+        from tqdm import tqdm
+
+        replayer.progress = tqdm(total=total, unit="req", desc="replay", dynamic_ncols=True)
+    try:
+        return run_event_loop(replayer.run(), opts.event_loop)
+    finally:
+        replayer.writer.close()
+        if replayer.progress is not None:
+            replayer.progress.close()
+
+
+def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[dict[str, Any]],
+                   opts: ReplayOptions, backends: "list[Backend]") -> dict[str, Any]:
+    """Compact the records, write the metrics series and build summary.json's content."""
+    from kvscope.harness.model.tinymodel import weights_are_random
+    from kvscope.harness.replay.summary import summarize
+
     compact(run_dir)
     records = read_records(run_dir)
     duration = st.end_s or 0.0
@@ -463,9 +522,8 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     assert replayer.watcher is not None
     replayer.watcher.write(run_dir)
     deltas = replayer.watcher.deltas()
-    model_dir = config.model if config else None
-    from kvscope.harness.replay.summary import summarize
-
+    config = backends[0].config
+    model_dir = getattr(config, "model", None) if backends[0].name == "vllm" else None
     prefix_on = facts[0].get("prefix_caching")
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
                         weights_random=weights_are_random(model_dir) if model_dir else None)
@@ -480,41 +538,12 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
                  "sessions per process or several processes") if util is not None and util > 0.9 else None,
     }
     summary["server_facts"] = facts
-    from kvscope.harness.results.loaders import write_result_file
-    from kvscope.harness.results.schemas import ManifestFile, SummaryFile
-
-    summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
-    manifest = {
-        "kvscope_version": _kvscope_version(),
-        "vllm_version": facts[0].get("vllm_version"),
-        "trace": {"path": str(Path(trace_dir).resolve()), "sha256": trace_fingerprint(Path(trace_dir)),
-                  "name": trace.meta.get("name"), "seed": trace.meta.get("seed")},
-        "options": opts.model_dump(mode="json"),
-        "endpoints": list(endpoints),
-        "server_config": config.redacted() if config else None,
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
-        "started_at": started,
-        "ended_at": ended,
-        "aborted": st.abort_reason,
-        "prefix_cache_reset": reset,
-    }
-    write_result_file(run_dir / "manifest.json", ManifestFile, manifest)
-    return ReplayOutcome(run_dir=run_dir, summary=summary, aborted=st.abort_reason)
+    return summary
 
 
-def _reset_prefix_caches(endpoints: list[str], headers: dict[str, str]) -> dict[str, str]:
-    """Empty each server's prefix cache (vLLM dev mode); the outcome per endpoint goes into the manifest."""
-    import httpx
-
-    out = {}
-    for ep in endpoints:
-        try:
-            r = httpx.post(ep.rstrip("/") + "/reset_prefix_cache", headers=headers, timeout=30)
-            out[ep] = "reset" if r.status_code == 200 else f"not reset (HTTP {r.status_code}; start vLLM with " \
-                                                          "VLLM_SERVER_DEV_MODE=1)"
-        except httpx.HTTPError as exc:
-            out[ep] = f"not reset ({exc.__class__.__name__})"
-    return out
+def _reset_prefix_caches(backends: "Sequence[Backend]") -> dict[str, str]:
+    """Empty each server's prefix cache through its backend; the outcome per endpoint goes into the manifest."""
+    return {b.endpoint: b.reset_prefix_cache(timeout_s=30).detail for b in backends}
 
 
 def run_event_loop(coro, kind: str = "auto"):

@@ -3,7 +3,9 @@
 Scrapes run as their own asyncio task and parse in a worker thread, so a slow or large `/metrics` page never
 delays request timing on the event loop. With a `spool_path`, every row is appended to a JSONL file as it is
 scraped and only the latest `keep_rows` stay in memory, so an hours-long run holds a bounded amount; `write`
-turns the spool into `server_metrics.parquet`.
+turns the spool into `server_metrics.parquet`. With `backends` (one per endpoint), each endpoint is scraped
+at its backend's metrics path with its auth headers and parsed and differenced by its backend; an engine
+without Prometheus metrics (`metrics_path` None) is not scraped.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from kvscope.harness.serving.metrics import MetricsSnapshot, metrics_delta, parse_metrics
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.backend import Backend
 
 SERIES_NAME = "server_metrics.parquet"
 
@@ -25,6 +31,9 @@ SERIES_NAME = "server_metrics.parquet"
 @dataclass
 class EndpointWatch:
     endpoint: str
+    backend: "Backend | None" = None
+    headers: dict[str, str] | None = None
+    metrics_path: str | None = "/metrics"
     first: MetricsSnapshot | None = None
     last: MetricsSnapshot | None = None
     errors: int = 0
@@ -45,9 +54,14 @@ class MetricsWatcher:
     _task: asyncio.Task | None = None
     _stop: asyncio.Event | None = None
     _fd: int = -1
+    backends: "list[Backend] | None" = None  # one per endpoint: metrics path, auth headers, parser, delta
 
     def __post_init__(self) -> None:
-        self.watches = [EndpointWatch(e) for e in self.endpoints]
+        if self.backends is not None:
+            self.watches = [EndpointWatch(e, b, b.auth_headers(), b.metrics_path)
+                            for e, b in zip(self.endpoints, self.backends)]
+        else:
+            self.watches = [EndpointWatch(e, headers=self.headers) for e in self.endpoints]
         if self.spool_path is not None:
             self.spool_path = Path(self.spool_path)
             self.spool_path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +84,10 @@ class MetricsWatcher:
 
         loop = asyncio.get_running_loop()
         for i, w in enumerate(self.watches):
+            if w.metrics_path is None:
+                continue
             try:
-                async with session.get(w.endpoint.rstrip("/") + "/metrics", headers=self.headers,
+                async with session.get(w.endpoint.rstrip("/") + w.metrics_path, headers=w.headers,
                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:
                     resp.raise_for_status()
                     text = await resp.text()
@@ -80,7 +96,8 @@ class MetricsWatcher:
                 w.last_error = f"{exc.__class__.__name__}: {exc}"
                 continue
             t = time.perf_counter() - self.t0
-            snap = await loop.run_in_executor(None, parse_metrics, text, time.time())
+            parse: Any = w.backend.parse_metrics if w.backend is not None else parse_metrics
+            snap = await loop.run_in_executor(None, parse, text, time.time())
             if w.first is None:
                 w.first = snap
             w.last = snap
@@ -116,7 +133,8 @@ class MetricsWatcher:
         per = []
         for w in self.watches:
             if w.first is not None and w.last is not None:
-                per.append(metrics_delta(w.first, w.last))
+                delta = w.backend.metrics_delta if w.backend is not None else metrics_delta
+                per.append(delta(w.first, w.last))
         if not per:
             return {}
         total = per[0].to_dict()

@@ -174,6 +174,8 @@ class ManifestFile(VersionedFile):
     version: int = 1
     kvscope_version: str
     vllm_version: str | None
+    backend: str = "vllm"  # the serving backend's registered name (kvscope.harness.serving.backend)
+    engine_version: str | None = None  # the engine's own version, when the backend can read it
     trace: TraceRef
     # ReplayOptions.model_dump(): that model lives in the replay layer, above this one.
     options: dict[str, Any]

@@ -26,6 +26,7 @@ from kvscope.harness.serving.request import (
     Watchdog,
     chat_payload,
     completion_payload,
+    vllm_request_extras,
 )
 from kvscope.harness.serving.sse import (
     TEXT_HEAD_CHARS,
@@ -38,7 +39,7 @@ from kvscope.harness.serving.sse import (
 __all__ = [
     "TEXT_HEAD_CHARS", "AiohttpStreamClient", "CompletionResult", "FastStreamClient", "HttpProtocolError",
     "StreamClient", "Timeouts", "apply_chunk", "chat_payload", "check_sse_line", "completion_payload",
-    "open_stream_client", "parse_sse_payload", "stream_completion", "stream_request",
+    "open_stream_client", "parse_sse_payload", "stream_completion", "stream_request", "vllm_request_extras",
 ]
 
 

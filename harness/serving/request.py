@@ -67,6 +67,17 @@ class CompletionResult:
         return self
 
 
+def vllm_request_extras(cache_salt: str | None = None, ignore_eos: bool = True) -> dict[str, Any]:
+    """vLLM's engine-specific body fields: exact output length, token ids back, per-tenant cache salt.
+
+    A generic OpenAI-compatible endpoint gets none of these (its backend's `request_extras` is empty).
+    """
+    fields: dict[str, Any] = {"ignore_eos": ignore_eos, "return_token_ids": True}
+    if cache_salt:
+        fields["cache_salt"] = cache_salt
+    return fields
+
+
 def completion_payload(
     model: str,
     prompt_token_ids: Sequence[int],
@@ -75,35 +86,40 @@ def completion_payload(
     ignore_eos: bool = True,
     temperature: float = 0.0,
     extra: dict[str, Any] | None = None,
+    engine_fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A streaming `/v1/completions` body; `engine_fields` default to vLLM's (`vllm_request_extras`)."""
     prompt = prompt_token_ids if isinstance(prompt_token_ids, list) else (
         prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else [int(t) for t in prompt_token_ids])
-    body = _streaming_body(model, "prompt", prompt, max_tokens, cache_salt, ignore_eos, temperature)
+    if engine_fields is None:
+        engine_fields = vllm_request_extras(cache_salt, ignore_eos)
+    body = _streaming_body(model, "prompt", prompt, max_tokens, temperature, engine_fields)
     if extra:
         body.update(extra)
     return body
 
 
 def chat_payload(model: str, messages: list[dict[str, str]], max_tokens: int, cache_salt: str | None = None,
-                 ignore_eos: bool = True, temperature: float = 0.0) -> dict[str, Any]:
-    return _streaming_body(model, "messages", messages, max_tokens, cache_salt, ignore_eos, temperature)
+                 ignore_eos: bool = True, temperature: float = 0.0,
+                 engine_fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A streaming `/v1/chat/completions` body; `engine_fields` as for `completion_payload`."""
+    if engine_fields is None:
+        engine_fields = vllm_request_extras(cache_salt, ignore_eos)
+    return _streaming_body(model, "messages", messages, max_tokens, temperature, engine_fields)
 
 
-def _streaming_body(model: str, key: str, value: Any, max_tokens: int, cache_salt: str | None, ignore_eos: bool,
-                    temperature: float) -> dict[str, Any]:
-    """The streaming request fields kvscope always sends: exact output length, usage and token ids back."""
+def _streaming_body(model: str, key: str, value: Any, max_tokens: int, temperature: float,
+                    engine_fields: dict[str, Any]) -> dict[str, Any]:
+    """The standard OpenAI streaming fields kvscope always sends (usage back), plus the engine's own."""
     body: dict[str, Any] = {
         "model": model,
         key: value,
         "max_tokens": int(max_tokens),
-        "ignore_eos": ignore_eos,
         "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "return_token_ids": True,
     }
-    if cache_salt:
-        body["cache_salt"] = cache_salt
+    body.update(engine_fields)
     return body
 
 

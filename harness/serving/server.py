@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kvscope.harness.common.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
+from kvscope.harness.common.errors import (
+    ConfigError,
+    KvscopeError,
+    ServerError,
+    format_validation_error,
+    load_yaml_mapping,
+)
+from kvscope.harness.common.secrets import redact_argv, redact_config, redact_text, secret_argv_values
+from kvscope.harness.serving.backend import ServerFacts
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
 
@@ -140,8 +148,45 @@ class ServerConfig(BaseModel):
         return a
 
     def redacted(self) -> dict:
-        """The config as recorded in manifests: never the API key value, only the variable's name."""
-        return self.model_dump(mode="json")
+        """The config as recorded in result files: the `api_key_env` name only, never a key's value (secret
+        `env:` values and `--api-key` arguments are replaced; kvscope.harness.common.secrets)."""
+        return redact_config(self.model_dump(mode="json"))
+
+    def api_key(self) -> str | None:
+        """The key the server will require, where vLLM takes it from: `--api-key` in `extra_args` wins, then
+        `api_key_env` (kvscope sets VLLM_API_KEY from it), then VLLM_API_KEY in `env:` or inherited."""
+        cli_keys = self._api_key_args()
+        if cli_keys:
+            return cli_keys[0]
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ConfigError(f"api_key_env: environment variable {self.api_key_env} is not set")
+            return key
+        return self.env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
+
+    def _api_key_args(self) -> list[str]:
+        """The values of `--api-key` flags in `extra_args` (vLLM's flag takes one or more keys)."""
+        out: list[str] = []
+        taking = False
+        for a in self.extra_args:
+            if a.startswith("-"):
+                taking = a == "--api-key"
+                if a.startswith("--api-key="):
+                    out.append(a.split("=", 1)[1])
+            elif taking:
+                out.append(a)
+        return out
+
+    def secret_values(self) -> list[str]:
+        """Every secret value in this config (for scrubbing logs): keys in env, flags and `api_key_env`."""
+        from kvscope.harness.common.secrets import looks_secret_name
+
+        values = [v for k, v in self.env.items() if looks_secret_name(k) and v]
+        values += secret_argv_values(self.extra_args)
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            values.append(os.environ[self.api_key_env])
+        return values
 
 
 # ------------------------------------------------------------------------------------------ platform
@@ -299,7 +344,7 @@ class VllmServer:
             self.log_path = self._tmp_log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
-        self._log_file.write(("$ " + " ".join(self.command()) + "\n").encode())
+        self._log_file.write(("$ " + " ".join(redact_argv(self.command())) + "\n").encode())
         self.started_at = time.time()
         self.process = subprocess.Popen(
             self.command(),
@@ -323,7 +368,7 @@ class VllmServer:
         return self.log_path.read_text(errors="replace")
 
     def _failure(self, what: str) -> ServerError:
-        log = self.log_text()
+        log = self._scrubbed(self.log_text())  # the message lands in experiment.json and on the console
         cause = diagnose_log(log)
         msg = what + (f": {cause}" if cause else "")
         return ServerError(f"{msg}\n--- last lines of {self.log_path} ---\n{tail(log)}", cause=cause, log_path=self.log_path)
@@ -404,8 +449,24 @@ class VllmServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        self._scrub_log()
         self.process = None
         _LIVE_SERVERS.discard(self)
+
+    def _scrubbed(self, text: str) -> str:
+        try:
+            return redact_text(text, self.config.secret_values())
+        except KvscopeError:
+            return text
+
+    def _scrub_log(self) -> None:
+        """Replace any secret of the config that vLLM printed into its log (the log is a result file)."""
+        if self.log_path is None or not self.log_path.exists():
+            return
+        text = self.log_path.read_text(errors="replace")
+        clean = self._scrubbed(text)
+        if clean != text:
+            self.log_path.write_text(clean)
 
     def __enter__(self) -> "VllmServer":
         if self.process is None:
@@ -424,30 +485,6 @@ class VllmServer:
 _KV_SIZE_RE = re.compile(r"(\w+)(?: \+ host)? KV cache size: ([\d,]+) tokens")
 _CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _SPEC_RE = re.compile(r"speculative_config=(\S.*?)(?:, tokenizer=|$)")
-
-
-class ServerFacts(BaseModel):
-    """What kvscope knows about a server: needed to predict hits (block size, capacity) and label results."""
-
-    endpoint: str
-    vllm_version: str | None = None
-    model: str | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
-    num_blocks: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_concurrency: float | None = None
-    prefix_caching: bool | None = None
-    kv_cache_dtype: str | None = None
-    num_gpu_blocks_override: int | None = None
-    prefix_caching_hash_algo: str | None = None
-    speculative: dict[str, Any] | None = None
-    speculative_enabled: bool | None = None
-    launched_by_kvscope: bool = False
-    config: dict[str, Any] | None = None
-
-    def as_json(self) -> str:
-        return self.model_dump_json(indent=2)
 
 
 def _int_or_none(s: str | None) -> int | None:
@@ -476,7 +513,7 @@ def read_server_facts(
         with httpx.Client(timeout=timeout_s, headers=hdrs) as client:
             r = client.get(endpoint + "/version")
             if r.status_code == 200:
-                facts.vllm_version = r.json().get("version")
+                facts.vllm_version = facts.engine_version = r.json().get("version")
             r = client.get(endpoint + "/v1/models")
             if r.status_code == 200:
                 data = r.json().get("data") or []

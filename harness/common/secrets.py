@@ -1,0 +1,109 @@
+"""Redaction of secrets in everything kvscope writes: one function for configs, one for command lines.
+
+kvscope records configurations in manifests, `experiment.json`, the server facts of `summary.json` and the
+command line at the top of a server log, so that a run can be reproduced from its files. A server config can
+carry an API key in three places: an environment variable named by `api_key_env` (only the name is recorded,
+never the value), a variable in `env:` (`VLLM_API_KEY`, `HF_TOKEN`, …) and a flag in `extra_args`
+(`--api-key sk-…` or `--api-key=sk-…`). Rather than trusting every writer to remember each place, writers
+pass config-shaped data through `redact_config`, which walks any JSON-like structure and
+- replaces the value of every entry of an `env` / `environment` mapping whose name looks secret
+  (contains KEY, TOKEN, SECRET, PASSWORD, PASSWD, AUTH, CREDENTIAL or PRIVATE, case-insensitive);
+- replaces the value(s) after every secret-looking flag in a list of strings (`--api-key`, `--hf-token`,
+  `--token`, `--password`, …; vLLM's `--api-key` takes several values, all are replaced).
+The name rule applies only inside environment mappings: elsewhere in a config `max_num_batched_tokens` or
+`tokenizer` are not secrets. `redact_text` scrubs known secret values out of free text (logs).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+REDACTED = "<redacted>"
+
+SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL|PRIVATE", re.IGNORECASE)
+# A flag whose last word names a secret: --api-key, --hf-token, --token, --admin-password, --credentials.
+SECRET_FLAG_RE = re.compile(r"^--?(?:[A-Za-z0-9]+[-_])*(?:api[-_]?key|key|token|secret|password|passwd|"
+                            r"credentials?)$", re.IGNORECASE)
+ENV_MAPPING_KEYS = frozenset({"env", "environment"})
+
+
+def looks_secret_name(name: str) -> bool:
+    """True for environment variable names that hold secrets by convention (case-insensitive)."""
+    return bool(SECRET_NAME_RE.search(name))
+
+
+def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an environment mapping with the value of every secret-looking name replaced."""
+    return {k: (REDACTED if looks_secret_name(str(k)) and v not in (None, "") else v) for k, v in env.items()}
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def secret_argv_values(argv: Sequence[str]) -> list[str]:
+    """The values given to secret-looking flags (`--api-key a b`, `--api-key=a`), in order."""
+    values: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            taking = False
+            if SECRET_FLAG_RE.match(_flag_name(arg)):
+                if "=" in arg:
+                    values.append(arg.split("=", 1)[1])
+                else:
+                    taking = True
+        elif taking:
+            values.append(arg)
+    return [v for v in values if v]
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line with the value(s) of every secret-looking flag replaced."""
+    out: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            taking = False
+            if SECRET_FLAG_RE.match(_flag_name(arg)):
+                if "=" in arg:
+                    arg = _flag_name(arg) + "=" + REDACTED
+                else:
+                    taking = True
+            out.append(arg)
+        else:
+            out.append(REDACTED if taking else arg)
+    return out
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def redact_config(data: Any) -> Any:
+    """A copy of any JSON-like structure with secrets in env mappings and argument lists replaced."""
+    if isinstance(data, Mapping):
+        out: dict[Any, Any] = {}
+        for k, v in data.items():
+            if isinstance(k, str) and k.lower() in ENV_MAPPING_KEYS and isinstance(v, Mapping):
+                out[k] = redact_env(v)
+            else:
+                out[k] = redact_config(v)
+        return out
+    if isinstance(data, (list, tuple)):
+        if data and all(isinstance(x, str) for x in data):
+            return redact_argv(data)
+        return [redact_config(x) for x in data]
+    return data
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every occurrence of each known secret value replaced (longest first)."""
+    for value in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text

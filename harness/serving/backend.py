@@ -1,0 +1,242 @@
+"""The serving-backend seam: what kvscope needs from an inference engine, and a registry of engines.
+
+Everything above the serving layer (replay, experiments, the demo, `kvscope serve / server-info`) talks to a
+`Backend`, never to vLLM directly, so another engine is one file plus one registration (docs/backends.md).
+A backend answers for one endpoint (one server): it may launch and stop that server (`managed`), reports
+what it knows about it (`facts`: a fact it cannot know is `None`, meaning unknown), empties its prefix cache
+where the engine allows, gives the auth headers every kvscope request to it carries (warm-up, replay, scrape,
+reset, facts), turns two `/metrics` scrapes into the counter delta kvscope reconciles, and adds the engine's
+own request-body fields. An ABC with a name registry (GuideLLM's `Backend.register` / `Backend.create`) was
+chosen over a bare Protocol because the shared behaviour (auth from `api_key_env`, the redacted config, the
+attach-only lifecycle) is written once here and engines override only what differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+from pydantic import BaseModel
+
+from kvscope.harness.common.errors import ConfigError, ServerError, load_yaml_mapping
+from kvscope.harness.common.secrets import redact_config
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot
+
+# Modules that register the built-in backends; a new engine adds its module here (its one registration).
+BACKEND_MODULES = ("kvscope.harness.serving.vllm_backend", "kvscope.harness.serving.openai_backend")
+DEFAULT_BACKEND = "vllm"
+
+
+class ServerFacts(BaseModel):
+    """What kvscope knows about a server: needed to predict hits (block size, capacity) and label results.
+
+    Every fact a backend cannot know is None (unknown), never a guess.
+    """
+
+    endpoint: str
+    backend: str = DEFAULT_BACKEND
+    engine_version: str | None = None
+    vllm_version: str | None = None  # kept for readers of older result files; None for other engines
+    model: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_concurrency: float | None = None
+    prefix_caching: bool | None = None
+    kv_cache_dtype: str | None = None
+    num_gpu_blocks_override: int | None = None
+    prefix_caching_hash_algo: str | None = None
+    speculative: dict[str, Any] | None = None
+    speculative_enabled: bool | None = None
+    launched_by_kvscope: bool = False
+    config: dict[str, Any] | None = None
+
+    def as_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+@dataclass(frozen=True)
+class ResetOutcome:
+    """Result of asking a server to empty its prefix cache; `detail` goes into manifests as is."""
+
+    ok: bool
+    detail: str
+
+
+class Backend(ABC):
+    """One serving endpoint of one engine. Subclasses set `name`, `config_model` and register themselves."""
+
+    name: ClassVar[str]
+    config_model: ClassVar[type[BaseModel]]
+    managed: ClassVar[bool] = False  # True: kvscope can launch and stop the server
+    metrics_path: ClassVar[str | None] = "/metrics"  # None: the engine exports no Prometheus metrics
+
+    _registry: ClassVar[dict[str, type["Backend"]]] = {}
+
+    def __init__(self, config: BaseModel | None = None, endpoint: str | None = None,
+                 api_key_env: str | None = None) -> None:
+        self.config = config
+        self._endpoint = endpoint.rstrip("/") if endpoint else None
+        self._api_key_env = api_key_env or getattr(config, "api_key_env", None)
+        self.ready_after_s: float | None = None
+        self.log_path: Path | None = None
+
+    # ---- registry ----------------------------------------------------------------------------------------
+    @classmethod
+    def register(cls, name: str) -> Callable[[type["Backend"]], type["Backend"]]:
+        def deco(backend_cls: type[Backend]) -> type[Backend]:
+            backend_cls.name = name
+            Backend._registry[name] = backend_cls
+            return backend_cls
+
+        return deco
+
+    @classmethod
+    def get(cls, name: str) -> type["Backend"]:
+        _load_builtin_backends()
+        try:
+            return Backend._registry[name]
+        except KeyError:
+            allowed = ", ".join(backend_names())
+            raise ConfigError(f"backend: unknown backend {name!r}; allowed: {allowed}") from None
+
+    @classmethod
+    def create(cls, name: str, config: BaseModel | Mapping[str, Any] | None = None,
+               endpoint: str | None = None, api_key_env: str | None = None,
+               source: str = "server config") -> "Backend":
+        """A backend by registered name, its config validated (a mapping) or taken as is (a model)."""
+        backend_cls = cls.get(name)
+        if isinstance(config, Mapping):
+            config = backend_cls.parse_config(dict(config), source)
+        return backend_cls(config, endpoint=endpoint, api_key_env=api_key_env)
+
+    @classmethod
+    def parse_config(cls, data: dict[str, Any], source: str = "server config") -> BaseModel:
+        from pydantic import ValidationError
+
+        from kvscope.harness.common.errors import format_validation_error
+
+        try:
+            return cls.config_model.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, source, cls.config_model)) from exc
+
+    @classmethod
+    def experiment_base_fields(cls, model_path: str, served_model_name: str) -> dict[str, Any]:
+        """Config fields an experiment fills in before the spec's own (the model it prepared)."""
+        return {}
+
+    # ---- lifecycle (attach-only by default) -------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            raise ServerError(f"{self.name} backend: no endpoint (server not started)")
+        return self._endpoint
+
+    def start(self, log_path: str | Path | None = None) -> "Backend":
+        """Launch the server (managed backends) or wait until the given endpoint answers."""
+        self.wait_ready(30.0)
+        return self
+
+    def stop(self) -> None:
+        """Stop a server kvscope launched; nothing for an endpoint it only attached to."""
+
+    def is_running(self) -> bool:
+        return True
+
+    def log_text(self) -> str:
+        return ""
+
+    @abstractmethod
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the endpoint answers; ServerError naming the endpoint otherwise."""
+
+    def __enter__(self) -> "Backend":
+        return self  # start() first: it takes the log path
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- auth, facts, cache, metrics, requests ------------------------------------------------------------
+    def api_key(self) -> str | None:
+        """The key requests must carry, from the environment variable named by `api_key_env`."""
+        if not self._api_key_env:
+            return None
+        key = os.environ.get(self._api_key_env)
+        if not key:
+            raise ConfigError(f"api_key_env: environment variable {self._api_key_env} is not set")
+        return key
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @abstractmethod
+    def facts(self) -> ServerFacts:
+        """What the server says about itself; unknown facts are None."""
+
+    @abstractmethod
+    def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
+        """Empty the server's prefix cache so a run starts cold; `ok=False` with the reason if it cannot."""
+
+    def parse_metrics(self, text: str, scraped_at: float | None = None) -> "MetricsSnapshot":
+        from kvscope.harness.serving.metrics import parse_metrics
+
+        return parse_metrics(text, scraped_at=scraped_at)
+
+    def metrics_delta(self, before: "MetricsSnapshot", after: "MetricsSnapshot") -> "MetricsDelta":
+        """The run-level change of the counters kvscope reconciles between two scrapes."""
+        from kvscope.harness.serving.metrics import metrics_delta
+
+        return metrics_delta(before, after)
+
+    def request_extras(self, cache_salt: str | None) -> dict[str, Any]:
+        """Engine-specific request-body fields on top of the standard OpenAI streaming ones."""
+        return {}
+
+    def redacted_config(self) -> dict[str, Any] | None:
+        """The config as written into result files: secrets replaced (kvscope.harness.common.secrets)."""
+        if self.config is None:
+            return None
+        return {"backend": self.name, **redact_config(self.config.model_dump(mode="json"))}
+
+    def secret_values(self) -> list[str]:
+        """Every secret value this backend knows, for scrubbing free text (logs, error messages)."""
+        key = self.api_key() if self._api_key_env else None
+        return [key] if key else []
+
+
+def backend_names() -> list[str]:
+    _load_builtin_backends()
+    return sorted(Backend._registry)
+
+
+def _load_builtin_backends() -> None:
+    for module in BACKEND_MODULES:
+        importlib.import_module(module)
+
+
+def split_backend(data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(backend name, the rest of the config) from a server config mapping; `backend` defaults to vllm."""
+    fields = dict(data)
+    name = fields.pop("backend", None) or DEFAULT_BACKEND
+    if not isinstance(name, str):
+        raise ConfigError(f"backend: expected a name ({', '.join(backend_names())}), got {name!r}")
+    return name, fields
+
+
+def load_backend(path: str | Path) -> Backend:
+    """A backend from a server config YAML (`backend:` selects the engine, vllm by default)."""
+    data = load_yaml_mapping(path, "server config")
+    if isinstance(data.get("server"), dict) and "model" not in data and "endpoint" not in data:
+        data = data["server"]
+    name, fields = split_backend(data)
+    return Backend.create(name, fields, source=str(path))
