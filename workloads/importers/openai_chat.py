@@ -59,7 +59,10 @@ def _with_tools(messages: list[Message], tools: list[dict] | None) -> list[Messa
     return [Message("system", [("tools", text.lstrip())]), *messages]
 
 
-def _session_of(explicit: str | None, msgs: list[dict], last: dict[str, list[dict]], line_no: int) -> str:
+def _session_of(explicit: str | None, msgs: list[tuple[str, str]], last: dict[str, list[tuple[str, str]]],
+                line_no: int) -> str:
+    """The explicit session, else the session whose last request + response (as (role, text) pairs) is the
+    longest prefix of ``msgs``, else a new one."""
     if explicit:
         return explicit
     best, best_len = None, -1
@@ -81,16 +84,17 @@ def read_openai_chat(path: str | Path) -> list[ModelCall]:
         if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
             raise TraceFileError(f"{p}: line {line_no}: `messages` must be a list of message objects")
         explicit = rec.get("session_id", req.get("session_id", req.get("user")))
-        sid = _session_of(None if explicit is None else str(explicit), msgs, last, line_no)
+        history = [chat_message(m) for m in msgs]
+        pairs = [(m.role, m.content) for m in history]
+        sid = _session_of(None if explicit is None else str(explicit), pairs, last, line_no)
+        response = _response_text(rec)
+        last[sid] = pairs + [("assistant", response)]
         resp = rec.get("response")
-        resp_msg = resp["choices"][0].get("message") if isinstance(resp, dict) and resp.get("choices") else resp
-        last[sid] = msgs + ([{**resp_msg, "role": "assistant"}] if isinstance(resp_msg, dict) else
-                            [{"role": "assistant", "content": resp_msg}] if isinstance(resp_msg, str) else [])
         usage = rec.get("usage") or (resp.get("usage") if isinstance(resp, dict) else None)
         when = parse_time(rec.get("timestamp", rec.get("arrival_s")))
         tool_input = bool(msgs) and msgs[-1].get("role") == "tool"
-        calls.append(ModelCall(sid, _with_tools([chat_message(m) for m in msgs], req.get("tools")),
-                               _response_text(rec), ObservedUsage.openai(usage), request_s=when,
+        calls.append(ModelCall(sid, _with_tools(history, req.get("tools")), response, ObservedUsage.openai(usage),
+                               request_s=when,
                                response_end_s=parse_time(rec.get("end_timestamp")),
                                input_kind="tool_output" if tool_input else "user"))
     return calls

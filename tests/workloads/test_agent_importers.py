@@ -1,0 +1,150 @@
+"""Agent-transcript importers on the real samples in ../shared/data/agent-traces (never copied into the repo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvscope.workloads import importers
+from kvscope.workloads.errors import TraceFileError
+from kvscope.workloads.text import ChatTemplate
+from kvscope.workloads.trace import Trace
+
+CLAUDE_CACHE_READ = [27217, 29380, 35738, 38590, 41129, 41587, 42874, 44770, 45277, 47506]
+
+
+@pytest.fixture(scope="module")
+def traces(request) -> Path:
+    """../shared/data/agent-traces (tests/conftest.py `shared_data`), or $KVSCOPE_SHARED_DATA in a worktree."""
+    env = os.environ.get("KVSCOPE_SHARED_DATA")
+    root = Path(env) if env else request.getfixturevalue("shared_data")
+    if not (root / "agent-traces").is_dir():
+        pytest.skip(f"no agent-traces under {root}")
+    return root / "agent-traces"
+
+
+def _exact(trace: Trace, model_dir: Path) -> None:
+    """Every request's token prompt is what the chat template + tokenizer give for its messages."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tmpl = ChatTemplate.from_model_dir(model_dir)
+    for r in trace.iter_requests():
+        want = tok.encode(tmpl.render(json.loads(r.messages)), add_special_tokens=False).ids
+        assert trace.prompt_token_ids(r.request_id).tolist() == want, r.request_id
+
+
+def test_claude_code_sample_all_ten_calls_with_usage(traces, model_dir, tmp_path):
+    src = traces / "tracelab/example_sessions/claude/session.converted.jsonl"
+    tr = importers.import_claude_code(src, model_dir)
+    assert tr.num_requests == 10 and tr.num_sessions == 1
+    assert tr.requests["observed_cache_read_input_tokens"].tolist() == CLAUDE_CACHE_READ
+    assert tr.requests["observed_input_tokens"].tolist()[:2] == [2892, 2]
+    assert tr.requests["observed_cache_creation_input_tokens"].tolist()[0] == 2163
+    assert tr.requests["observed_output_tokens"].tolist()[0] == 931
+    # append-only: each prompt extends its parent's, and history reuses the parent's segments
+    for r in tr.iter_requests():
+        if r.parent_request_id >= 0:
+            parent = tr.prompt_segment_ids(r.parent_request_id)
+            assert list(r.prompt_segment_ids[:len(parent) - 1]) == list(parent[:-1])
+    assert (tr.requests["tool_latency_s"] > 0).sum() >= 8 and tr.requests["think_time_s"].max() > 0
+    _exact(tr, model_dir)
+    tr.write(tmp_path / "t")
+    back = Trace.read(tmp_path / "t")
+    assert back.equals(tr) and back.request(3).observed_cache_read_input_tokens == 38590
+
+
+def test_codex_rollout(traces, model_dir):
+    tr = importers.import_codex(traces / "tracelab/example_sessions/codex/rollout.converted.jsonl", model_dir)
+    assert tr.num_requests == 9
+    assert tr.requests["observed_cached_tokens"].tolist()[:3] == [6912, 9600, 9856]
+    first = json.loads(tr.requests["messages"][0])
+    assert first[0]["role"] == "system" and first[0]["content"].startswith("You are Codex")
+    assert (tr.requests["input_kind"] == "user").sum() == 3  # three user turns
+    _exact(tr, model_dir)
+
+
+@pytest.mark.parametrize("name,calls", [("gpt4__pydicom__pydicom-1458.traj", 12),
+                                        ("demo_function_calling_replace_from_source__marshmallow-1867.traj", 13)])
+def test_swe_agent(traces, model_dir, name, calls):
+    tr = importers.import_swe_agent(traces / "swe-agent" / name, model_dir)
+    assert tr.num_requests == calls and tr.meta["observed_totals"]["api_calls"] == calls
+    _exact(tr, model_dir)
+
+
+def test_swe_agent_elision_breaks_the_prefix(traces, model_dir):
+    """From step 5 on, old observations are elided: the prompt stops extending its parent's."""
+    tr = importers.import_swe_agent(traces / "swe-agent/demo_function_calling_replace_from_source__marshmallow-1867.traj",
+                                    model_dir)
+    assert set(tr.requests["transition"][1:5]) == {"append"}
+    assert "append" not in set(tr.requests["transition"][5:])
+
+
+def test_openhands(traces, model_dir):
+    tr = importers.import_openhands(traces / "openhands/basic_gui_mode.json", model_dir)
+    assert tr.num_requests == 5  # 4 tool-calling responses + the final text answer
+    assert tr.requests["observed_cache_read_input_tokens"].tolist()[:4] == [0, 3435, 3595, 4763]
+    assert tr.requests["observed_prompt_tokens"].tolist()[:4] == [3439, 3601, 4769, 5488]
+    _exact(tr, model_dir)
+
+
+def test_openai_chat_from_swe_agent_steps(traces, model_dir, tmp_path):
+    """The SWE-agent steps' messages are OpenAI chat requests; written as chat JSONL without session ids they
+    import as one inferred session with the same prompts."""
+    data = json.loads((traces / "swe-agent/demo_function_calling_replace_from_source__marshmallow-1867.traj").read_text())
+    src = tmp_path / "chat.jsonl"
+    with src.open("w") as f:
+        for i, step in enumerate(data["trajectory"][:4]):
+            msgs = step["messages"]
+            k = max(j for j, m in enumerate(msgs) if m["role"] == "assistant")
+            f.write(json.dumps({"messages": msgs[:k], "response": msgs[k], "timestamp": 1000.0 + i,
+                                "usage": {"prompt_tokens": 100 + i, "prompt_tokens_details": {"cached_tokens": 64}}})
+                    + "\n")
+    tr = importers.import_openai_chat(src, model_dir)
+    assert tr.num_requests == 4 and tr.num_sessions == 1
+    assert tr.requests["observed_cached_tokens"].tolist() == [64] * 4
+    assert tr.requests["arrival_s"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    _exact(tr, model_dir)
+
+
+def test_tracelab_counts_keep_prefix_reuse(traces, source):
+    tr = importers.import_tracelab(traces / "tracelab/example_sessions/sanitized/round_trace.jsonl", source)
+    rows = [json.loads(x) for x in (traces / "tracelab/example_sessions/sanitized/round_trace.jsonl").open()]
+    assert tr.num_requests == 19 and tr.num_sessions == 2
+    by_key = {(r["session_id"], r["round_index"]): r for r in rows}
+    for r in tr.iter_requests():
+        row = by_key[(r.session_id, r.step)]
+        assert r.prompt_tokens == row["input_tokens_total"]
+        if r.parent_request_id >= 0:
+            a, b = tr.prompt_token_ids(r.parent_request_id), tr.prompt_token_ids(r.request_id)
+            m = min(len(a), len(b))
+            lcp = int(np.argmax(a[:m] != b[:m])) if (a[:m] != b[:m]).any() else m
+            assert lcp >= min(row["prefix_tokens"], len(a))
+    assert tr.requests["messages"].isna().all()
+
+
+def test_malformed_line_names_file_and_line(tmp_path, model_dir):
+    bad = tmp_path / "session.jsonl"
+    bad.write_text('{"type": "mode"}\n{"type": "user", "message": \n')
+    with pytest.raises(TraceFileError, match=r"session\.jsonl: line 2"):
+        importers.import_claude_code(bad, model_dir)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": "hi"}\n')
+    with pytest.raises(TraceFileError, match=r"chat\.jsonl: line 2: `messages`"):
+        importers.import_openai_chat(chat, model_dir)
+
+
+def test_cli_malformed_line_exits_2_with_one_line(tmp_path, model_dir):
+    bad = tmp_path / "rollout.jsonl"
+    bad.write_text('{"type": "session_meta", "payload": {"id": "s"}}\nnot json\n')
+    p = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "workload", "import", "codex", str(bad),
+                        "--tokenizer", str(model_dir), "--out", str(tmp_path / "t")], capture_output=True, text=True)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.jsonl: line 2" in lines[0] and lines[0].startswith("kvscope: error:")
