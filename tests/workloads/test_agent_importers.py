@@ -148,3 +148,33 @@ def test_cli_malformed_line_exits_2_with_one_line(tmp_path, model_dir):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "rollout.jsonl: line 2" in lines[0] and lines[0].startswith("kvscope: error:")
+
+
+def _cc(uuid, parent, kind, content, mid=None, t=0):
+    msg = {"role": kind, "content": content}
+    if mid:
+        msg.update(id=mid, usage={"input_tokens": 1, "cache_read_input_tokens": t, "cache_creation_input_tokens": 0,
+                                  "output_tokens": 1})
+    return json.dumps({"type": kind, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": msg,
+                       "timestamp": f"2026-01-01T00:00:{t:02d}Z"})
+
+
+def test_claude_code_follows_the_parent_chain_through_rewinds_and_compaction(tmp_path):
+    """A rewind forks the chain and a compaction starts a new root: a call's request is its own chain, not
+    the file's order."""
+    from kvscope.workloads.importers.claude_code import read_claude_code
+
+    lines = [_cc("u1", None, "user", "first task"),
+             _cc("a1", "u1", "assistant", [{"type": "text", "text": "answer one"}], "m1", 1),
+             _cc("u2", "a1", "user", "abandoned follow-up"),
+             _cc("a2", "u2", "assistant", [{"type": "text", "text": "abandoned answer"}], "m2", 2),
+             _cc("u3", "a1", "user", "rewound follow-up"),
+             _cc("a3", "u3", "assistant", [{"type": "text", "text": "answer three"}], "m3", 3),
+             _cc("u4", None, "user", "summary of the conversation so far"),
+             _cc("a4", "u4", "assistant", [{"type": "text", "text": "after compaction"}], "m4", 4)]
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    calls = read_claude_code(tmp_path / "s.jsonl")
+    sent = [[m.content for m in c.messages] for c in calls]
+    assert sent[2] == ["first task", "answer one", "rewound follow-up"]
+    assert sent[3] == ["summary of the conversation so far"]
+    assert [c.usage.cache_read_input_tokens for c in calls] == [1, 2, 3, 4]

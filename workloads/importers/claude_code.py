@@ -9,15 +9,17 @@ user content. Other record types (``mode``, ``file-history-snapshot``, ``system`
 bookkeeping and never reach the model.
 
 What the log does not hold: Claude Code's system prompt and tool definitions (the first call's
-``cache_read_input_tokens`` is mostly them) and the thinking text (stored empty, only a signature). The
-request time of a call is the timestamp of the last record before it (the input that triggered it); its
-response end is the timestamp of its last record. Sidechain records (subagents) form their own session.
+``cache_read_input_tokens`` is mostly them) and the thinking text (stored empty, only a signature). Records form a tree through ``parentUuid``: a call's request is the chain from the root down to the
+record before its first assistant record, so a compaction (a summary that starts a new root) or a rewind
+(a fork: a new child of an earlier record) gives the history the agent actually sent, not the file's order.
+The request time of a call is the timestamp of the last record of that chain (the input that triggered it);
+its response end is the timestamp of its last record. Sidechain records (subagents) form their own session.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kvscope.workloads.importers.agent import Message, ModelCall, ObservedUsage, content_text, parse_time, tool_call_text
 from kvscope.workloads.trace import Trace
@@ -53,79 +55,111 @@ def _user_messages(content: Any) -> tuple[list[Message], str]:
     return msgs, kind
 
 
-class _Session:
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-        self.history: list[Message] = []
-        self.last_input_s: float | None = None
-        self.input_kind = "user"  # what arrived since the last call: "tool_output" unless a user message did
-        self.open: ModelCall | None = None
-        self.open_id: str | None = None
-        self.open_parts: list[str] = []
-
-    def close(self) -> ModelCall | None:
-        call = self.open
-        if call is not None:
-            call.response = "\n".join(p for p in self.open_parts if p)
-            self.history.append(Message.text("assistant", call.response))
-            self.open, self.open_id, self.open_parts = None, None, []
-        return call
+_CONVERSATION = ("user", "assistant", "attachment")
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict]]:
+def _records(path: Path) -> list[dict]:
+    """Every record with a place in the conversation tree (conversational ones and ``system`` records such as
+    turn summaries, which sit in the ``parentUuid`` chain), each with ``_parent``: its ``parentUuid``, or, in
+    logs without uuids, the previous record of its session."""
     from kvscope.workloads.errors import TraceFileError, iter_json_lines
 
+    out: list[dict] = []
+    previous: dict[str, str] = {}
     for line_no, rec in iter_json_lines(path):
-        if rec.get("type") in ("user", "assistant") and not isinstance(rec.get("message"), dict):
-            raise TraceFileError(f"{path}: line {line_no}: {rec.get('type')} record without a `message` object")
-        yield line_no, rec
+        kind = rec.get("type")
+        if kind in ("user", "assistant") and not isinstance(rec.get("message"), dict):
+            raise TraceFileError(f"{path}: line {line_no}: {kind} record without a `message` object")
+        if kind not in _CONVERSATION and "uuid" not in rec:
+            continue
+        sid = str(rec.get("sessionId", path.stem)) + ("/sidechain" if rec.get("isSidechain") else "")
+        uuid = str(rec.get("uuid", f"line{line_no}"))
+        parent = rec["parentUuid"] if "parentUuid" in rec else previous.get(sid)
+        out.append({**rec, "_sid": sid, "_uuid": uuid, "_parent": parent, "_line": line_no})
+        previous[sid] = uuid
+    return out
+
+
+def _msg_id(rec: dict) -> str:
+    return str(rec["message"].get("id") or rec["_uuid"])
+
+
+class _Tree:
+    """The records of one file as a tree; ``request(first)`` rebuilds what the call starting at ``first`` sent."""
+
+    def __init__(self, recs: list[dict]) -> None:
+        self.by_uuid = {r["_uuid"]: r for r in recs}
+        # Parallel tool calls: each tool_result hangs off the assistant record of its own tool_use, so the
+        # chain above a later record passes only one of them. Results are gathered per assistant message.
+        self.results: dict[str, list[dict]] = {}
+        for r in recs:
+            parent = self.by_uuid.get(r["_parent"] or "")
+            if r.get("type") == "user" and parent is not None and parent.get("type") == "assistant" and \
+                    _user_messages(r["message"].get("content"))[1] == "tool_output":
+                self.results.setdefault(_msg_id(parent), []).append(r)
+
+    def chain(self, leaf: str | None) -> list[dict]:
+        path: list[dict] = []
+        seen: set[str] = set()
+        while leaf is not None and leaf in self.by_uuid and leaf not in seen:
+            seen.add(leaf)
+            path.append(self.by_uuid[leaf])
+            leaf = self.by_uuid[leaf]["_parent"]
+        return path[::-1]
+
+    def request(self, first: dict) -> tuple[list[Message], str, float | None]:
+        """(messages, input kind since the last assistant message, time of the last input record)."""
+        msgs: list[Message] = []
+        kind, open_id, last_s = "user", None, None
+        for rec in self.chain(first["_parent"]) + [None]:  # None closes a trailing assistant message
+            if rec is not None and rec.get("type") == "assistant":
+                mid, text = _msg_id(rec), _assistant_text(rec["message"].get("content"))
+                if mid == open_id:
+                    msgs[-1] = Message.text("assistant", "\n".join(t for t in (msgs[-1].content, text) if t))
+                else:
+                    msgs.append(Message.text("assistant", text))
+                open_id, kind = mid, "tool_output"
+                continue
+            if open_id is not None:  # the assistant message ended: its tool results follow it, in file order
+                for res in self.results.get(open_id, []):
+                    if res["_line"] < first["_line"]:
+                        msgs += _user_messages(res["message"].get("content"))[0]
+                        last_s = parse_time(res.get("timestamp")) or last_s
+                open_id = None
+            if rec is None:
+                break
+            if rec.get("type") == "user":
+                new, added = _user_messages(rec["message"].get("content"))
+                if added == "tool_output":
+                    continue  # emitted with its assistant message above
+                kind = "user"
+            elif rec.get("type") == "attachment":
+                att = rec.get("attachment") or {}
+                text = att.get("content")
+                new = [Message.text("user", text)] if isinstance(text, str) and text else []
+            else:
+                new = []
+            msgs += new
+            last_s = parse_time(rec.get("timestamp")) or last_s
+        return msgs, kind, last_s
 
 
 def read_claude_code(path: str | Path) -> list[ModelCall]:
-    p = Path(path)
-    sessions: dict[str, _Session] = {}
-    calls: list[ModelCall] = []
-    for _, rec in _records(p):
-        kind = rec.get("type")
-        if kind not in ("user", "assistant", "attachment"):
-            continue
-        sid = str(rec.get("sessionId", p.stem)) + ("/sidechain" if rec.get("isSidechain") else "")
-        s = sessions.setdefault(sid, _Session(sid))
-        ts = parse_time(rec.get("timestamp"))
-        if kind == "assistant":
-            msg = rec["message"]
-            mid = msg.get("id") or rec.get("uuid")
-            if s.open is None or mid != s.open_id:
-                done = s.close()
-                if done is not None:
-                    calls.append(done)
-                s.open = ModelCall(sid, list(s.history), "", ObservedUsage.anthropic(msg.get("usage")),
-                                   request_s=s.last_input_s, input_kind=s.input_kind)
-                s.open_id = mid
-                s.input_kind = "tool_output"  # until a user message arrives
-            if msg.get("usage"):  # repeated on every split record; the last one has the final counts
-                s.open.usage = ObservedUsage.anthropic(msg["usage"])
-            s.open_parts.append(_assistant_text(msg.get("content")))
-            s.open.response_end_s = ts
-            continue
-        done = s.close()
-        if done is not None:
-            calls.append(done)
-        if kind == "user":
-            msgs, added = _user_messages(rec["message"].get("content"))
-            if added == "user":
-                s.input_kind = "user"
-        else:
-            att = rec.get("attachment") or {}
-            text = att.get("content") if isinstance(att.get("content"), str) else ""
-            msgs = [Message.text("user", text)] if text else []
-        s.history += msgs
-        if ts is not None:
-            s.last_input_s = ts
-    for s in sessions.values():
-        done = s.close()
-        if done is not None:
-            calls.append(done)
+    """One call per assistant ``message.id``; its request is the record chain above its first record, so a
+    compaction (a new chain root) or a rewind (a fork of the chain) is seen as the agent sent it."""
+    recs = _records(Path(path))
+    tree = _Tree(recs)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in recs:
+        if r.get("type") == "assistant":
+            groups.setdefault((r["_sid"], _msg_id(r)), []).append(r)
+    calls = []
+    for (sid, _), parts in groups.items():
+        history, kind, request_s = tree.request(parts[0])
+        usage = next((q["message"]["usage"] for q in reversed(parts) if q["message"].get("usage")), None)
+        response = "\n".join(t for t in (_assistant_text(q["message"].get("content")) for q in parts) if t)
+        calls.append(ModelCall(sid, history, response, ObservedUsage.anthropic(usage), request_s=request_s,
+                               response_end_s=parse_time(parts[-1].get("timestamp")), input_kind=kind))
     return calls
 
 
