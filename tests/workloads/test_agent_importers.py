@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvscope.workloads import importers
 from kvscope.workloads.errors import TraceFileError
@@ -178,3 +180,51 @@ def test_claude_code_follows_the_parent_chain_through_rewinds_and_compaction(tmp
     assert sent[2] == ["first task", "answer one", "rewound follow-up"]
     assert sent[3] == ["summary of the conversation so far"]
     assert [c.usage.cache_read_input_tokens for c in calls] == [1, 2, 3, 4]
+
+
+_TEXT = st.lists(st.sampled_from(list("ab xyz\n\t{}\":,.é中🙂") + ["<|eot_id|>", "  ", "\n\n", " the"]),
+                 max_size=30).map("".join)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(st.tuples(st.sampled_from(["user", "tool"]), _TEXT, _TEXT), min_size=1, max_size=5),
+       system=_TEXT)
+def test_any_text_imports_token_exact_and_append_only(model_dir, turns, system):
+    """Whatever the text (whitespace at the edges, unicode, text that spells a special token), every prompt is
+    exactly the chat template's rendering, and an append-only session's prompt starts with its parent's
+    segments whenever the pieces tokenise independently."""
+    from kvscope.workloads.importers.agent import Message, ModelCall, calls_to_trace
+
+    history = [Message.text("system", system)] if system else []
+    calls = []
+    for i, (role, text, answer) in enumerate(turns):
+        history.append(Message.text(role, text))
+        calls.append(ModelCall("s", list(history), answer, request_s=float(i)))
+        history.append(Message.text("assistant", answer))
+    tr = calls_to_trace(calls, model_dir, name="prop", importer="test", source="-")
+    _exact(tr, model_dir)
+    if tr.meta["text"]["prompts_split_by_prefix"] == 0:
+        for r in tr.iter_requests():
+            if r.parent_request_id >= 0:
+                parent = tr.prompt_segment_ids(r.parent_request_id)
+                assert list(r.prompt_segment_ids[:len(parent)]) == list(parent)
+
+
+def test_parts_that_merge_fall_back_to_a_prefix_split(model_dir):
+    """A system message whose two parts merge into one word cannot be stored per part; the prompt stays exact
+    and the session's second prompt still reuses the first one's segments for their common prefix."""
+    from kvscope.workloads.importers.agent import Message, ModelCall, calls_to_trace
+
+    system = Message("system", [("system", "You are a coding as"), ("tools", "sistant")])  # "as"+"sistant" ≠ "assistant"
+    first = [system, Message.text("user", "list the files")]
+    second = [*first, Message.text("assistant", "ls"), Message.text("tool", "a.py b.py")]
+    tr = calls_to_trace([ModelCall("s", first, "ls", request_s=0.0), ModelCall("s", second, "done", request_s=1.0)],
+                        model_dir, name="merge", importer="test", source="-")
+    assert tr.meta["text"]["prompts_split_by_prefix"] == 2
+    _exact(tr, model_dir)
+    a, b = tr.prompt_segment_ids(0), tr.prompt_segment_ids(1)
+    assert len(a) == 1 and tr.seg_kinds[a[0]] == "imported"  # no parent: the whole rendering, one segment
+    # the parent's whole prompt is a prefix of the child's: the child reuses that segment, then adds one
+    pa, pb = tr.prompt_token_ids(0), tr.prompt_token_ids(1)
+    assert tr.requests["transition"][1] == "append" and np.array_equal(pb[:len(pa)], pa)
+    assert len(b) == 2 and b[0] == a[0]
