@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT = "kvscope-trace"
-VERSION = 1  # additive nullable columns (observed_*) need no bump: readers fill absent optional columns with nulls
+VERSION = 1  # the nullable observed_* columns need no bump: readers fill absent optional columns with nulls
 CREATED_BY = "kvscope workloads 0.1.0"
 
 SEGMENT_KINDS = ("system", "tools", "document", "task", "user", "assistant", "tool_call", "tool_output",

@@ -18,6 +18,7 @@ from kvscope.workloads.errors import TraceFileError
 from kvscope.workloads.text import ChatTemplate
 from kvscope.workloads.trace import Trace
 
+DEMO = "swe-agent/demo_function_calling_replace_from_source__marshmallow-1867.traj"
 CLAUDE_CACHE_READ = [27217, 29380, 35738, 38590, 41129, 41587, 42874, 44770, 45277, 47506]
 
 
@@ -82,8 +83,7 @@ def test_swe_agent(traces, model_dir, name, calls):
 
 def test_swe_agent_elision_breaks_the_prefix(traces, model_dir):
     """From step 5 on, old observations are elided: the prompt stops extending its parent's."""
-    tr = importers.import_swe_agent(traces / "swe-agent/demo_function_calling_replace_from_source__marshmallow-1867.traj",
-                                    model_dir)
+    tr = importers.import_swe_agent(traces / DEMO, model_dir)
     assert set(tr.requests["transition"][1:5]) == {"append"}
     assert "append" not in set(tr.requests["transition"][5:])
 
@@ -99,7 +99,7 @@ def test_openhands(traces, model_dir):
 def test_openai_chat_from_swe_agent_steps(traces, model_dir, tmp_path):
     """The SWE-agent steps' messages are OpenAI chat requests; written as chat JSONL without session ids they
     import as one inferred session with the same prompts."""
-    data = json.loads((traces / "swe-agent/demo_function_calling_replace_from_source__marshmallow-1867.traj").read_text())
+    data = json.loads((traces / DEMO).read_text())
     src = tmp_path / "chat.jsonl"
     with src.open("w") as f:
         for i, step in enumerate(data["trajectory"][:4]):
@@ -215,7 +215,7 @@ def test_parts_that_merge_fall_back_to_a_prefix_split(model_dir):
     and the session's second prompt still reuses the first one's segments for their common prefix."""
     from kvscope.workloads.importers.agent import Message, ModelCall, calls_to_trace
 
-    system = Message("system", [("system", "You are a coding as"), ("tools", "sistant")])  # "as"+"sistant" ≠ "assistant"
+    system = Message("system", [("system", "You are a coding as"), ("tools", "sistant")])  # ≠ "assistant"
     first = [system, Message.text("user", "list the files")]
     second = [*first, Message.text("assistant", "ls"), Message.text("tool", "a.py b.py")]
     tr = calls_to_trace([ModelCall("s", first, "ls", request_s=0.0), ModelCall("s", second, "done", request_s=1.0)],

@@ -9,7 +9,9 @@ user content. Other record types (``mode``, ``file-history-snapshot``, ``system`
 bookkeeping and never reach the model.
 
 What the log does not hold: Claude Code's system prompt and tool definitions (the first call's
-``cache_read_input_tokens`` is mostly them) and the thinking text (stored empty, only a signature). Records form a tree through ``parentUuid``: a call's request is the chain from the root down to the
+``cache_read_input_tokens`` is mostly them) and the thinking text (stored empty, only a signature).
+
+Records form a tree through ``parentUuid``: a call's request is the chain from the root down to the
 record before its first assistant record, so a compaction (a summary that starts a new root) or a rewind
 (a fork: a new child of an earlier record) gives the history the agent actually sent, not the file's order.
 The request time of a call is the timestamp of the last record of that chain (the input that triggered it);
@@ -21,7 +23,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvscope.workloads.importers.agent import Message, ModelCall, ObservedUsage, content_text, parse_time, tool_call_text
+from kvscope.workloads.importers.agent import (
+    Message,
+    ModelCall,
+    ObservedUsage,
+    content_text,
+    parse_time,
+    tool_call_text,
+)
 from kvscope.workloads.trace import Trace
 
 

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscope.workloads.importers.agent import Message, ModelCall, ObservedUsage, content_text, parse_time, tool_call_text
+from kvscope.workloads.importers.agent import (
+    Message,
+    ModelCall,
+    ObservedUsage,
+    content_text,
+    parse_time,
+    tool_call_text,
+)
 from kvscope.workloads.trace import Trace
 
 _ROLE = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}

@@ -56,13 +56,15 @@ def read_openhands(path: str | Path) -> list[ModelCall]:
                 seen.add(rid)
                 choice = (resp.get("choices") or [{}])[0].get("message") or {}
                 answer = chat_message({**choice, "role": "assistant"})
-                calls.append(ModelCall(p.stem, list(history), answer.content, ObservedUsage.openai(resp.get("usage")),
+                usage = ObservedUsage.openai(resp.get("usage"))
+                calls.append(ModelCall(p.stem, list(history), answer.content, usage,
                                        request_s=last_s, response_end_s=ts, input_kind=kind))
                 history.append(answer)
                 kind = "tool_output"
         elif ev["source"] == "agent" and ev.get("action") == "message":
             text = str((ev.get("args") or {}).get("content", ev.get("message", "")))
-            calls.append(ModelCall(p.stem, list(history), text, request_s=last_s, response_end_s=ts, input_kind=kind))
+            calls.append(ModelCall(p.stem, list(history), text, request_s=last_s, response_end_s=ts,
+                                   input_kind=kind))
             history.append(Message.text("assistant", text))
         elif ev.get("observation") and meta:
             history.append(Message.text("tool", str(ev.get("content", ""))))
