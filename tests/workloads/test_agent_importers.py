@@ -228,3 +228,21 @@ def test_parts_that_merge_fall_back_to_a_prefix_split(model_dir):
     pa, pb = tr.prompt_token_ids(0), tr.prompt_token_ids(1)
     assert tr.requests["transition"][1] == "append" and np.array_equal(pb[:len(pa)], pa)
     assert len(b) == 2 and b[0] == a[0]
+
+
+@pytest.mark.parametrize("fmt,sample,calls", [
+    ("claude-code", "tracelab/example_sessions/claude/session.converted.jsonl", 10),
+    ("codex", "tracelab/example_sessions/codex/rollout.converted.jsonl", 9),
+    ("swe-agent", "swe-agent/gpt4__pydicom__pydicom-1458.traj", 12),
+    ("openhands", "openhands/basic.json", 2),
+    ("tracelab", "tracelab/example_sessions/sanitized/round_trace.jsonl", 19),
+])
+def test_cli_import_registers_every_format(traces, model_dir, tmp_path, capsys, fmt, sample, calls):
+    from kvscope.harness.cli.main import main
+
+    out = tmp_path / "t"
+    assert main(["workload", "import", fmt, str(traces / sample), "--tokenizer", str(model_dir),
+                 "--out", str(out)]) == 0
+    tr = Trace.read(out)
+    assert tr.num_requests == calls and tr.meta["spec"]["importer"] == fmt
+    assert f"{calls} " in capsys.readouterr().out
