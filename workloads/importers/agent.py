@@ -183,10 +183,18 @@ class _Tokens:
         self.template = ChatTemplate.from_model_dir(p)
         self.b = builder
         self._segments: dict[tuple[str, bytes], int] = {}
+        self._piece_ids: dict[str, np.ndarray] = {}  # messages repeat in every later request of a session
         self.split_prompts = 0  # prompts stored by LCP split because the pieces did not tokenise independently
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def piece(self, text: str) -> np.ndarray:
+        """``encode`` of a message part or template piece, once per distinct text."""
+        got = self._piece_ids.get(text)
+        if got is None:
+            got = self._piece_ids[text] = self.encode(text)
+        return got
 
     def segment(self, ids: np.ndarray, kind: str) -> int:
         key = (kind, ids.tobytes())
@@ -205,11 +213,11 @@ class _Tokens:
         parts: list[tuple[str, np.ndarray]] = []
         static = -1
         for i, (m, piece) in enumerate(zip(messages, pieces)):
-            parts.append(("template", self.encode(piece)))
-            parts += [(kind, self.encode(t)) for kind, t in m.parts if t]
+            parts.append(("template", self.piece(piece)))
+            parts += [(kind, self.piece(t)) for kind, t in m.parts if t]
             if i == 0 and m.role == "system":
                 static = sum(len(ids) for _, ids in parts)
-        parts.append(("template", self.encode(pieces[-1])))
+        parts.append(("template", self.piece(pieces[-1])))
         parts = [(k, ids) for k, ids in parts if len(ids)]
         joined = np.concatenate([ids for _, ids in parts]) if parts else np.zeros(0, np.int32)
         if np.array_equal(joined, full):
@@ -239,7 +247,7 @@ class _Tokens:
 
 
 def _messages_json(messages: Sequence[Message], tokens: _Tokens) -> str:
-    return json.dumps([{"role": m.role, "content": m.content, "n_tokens": int(len(tokens.encode(m.content)))}
+    return json.dumps([{"role": m.role, "content": m.content, "n_tokens": int(len(tokens.piece(m.content)))}
                        for m in messages], ensure_ascii=False)
 
 
