@@ -21,6 +21,9 @@ import pyarrow.parquet as pq
 
 from kvscope.workloads.trace_schema import FORMAT, VERSION, read_trace_file, write_trace_file
 
+# The nullable observed_* columns (provider usage of imported transcripts) need no version bump: readers fill
+# absent optional columns with nulls.
+
 CREATED_BY = "kvscope workloads 0.1.0"
 
 SEGMENT_KINDS = ("system", "tools", "document", "task", "user", "assistant", "tool_call", "tool_output",
@@ -48,6 +51,13 @@ REQUEST_SCHEMA = pa.schema([
     ("input_kind", pa.string()),
     ("static_prefix_tokens", pa.int32()),
     ("messages", pa.string()),
+    # Provider usage as the recorded agent saw it (importers of real transcripts); null when not recorded.
+    ("observed_prompt_tokens", pa.int64()),
+    ("observed_input_tokens", pa.int64()),
+    ("observed_cache_read_input_tokens", pa.int64()),
+    ("observed_cache_creation_input_tokens", pa.int64()),
+    ("observed_cached_tokens", pa.int64()),
+    ("observed_output_tokens", pa.int64()),
 ])
 REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
 
@@ -93,6 +103,15 @@ class TraceRequest:
     input_kind: str | None
     static_prefix_tokens: int
     messages: str | None
+    observed_prompt_tokens: int | None = None
+    observed_input_tokens: int | None = None
+    observed_cache_read_input_tokens: int | None = None
+    observed_cache_creation_input_tokens: int | None = None
+    observed_cached_tokens: int | None = None
+    observed_output_tokens: int | None = None
+
+
+OBSERVED_COLUMNS = [f.name for f in REQUEST_SCHEMA if f.name.startswith("observed_")]
 
 
 class Trace:
@@ -111,6 +130,8 @@ class Trace:
         for c in ("cache_salt", "messages", "input_kind", "transition", "session_id"):
             col = self.requests[c].astype(object)
             self.requests[c] = col.where(col.notna(), None)
+        for c in OBSERVED_COLUMNS:  # nullable integers stay integers (pandas' Int64), not floats with NaN
+            self.requests[c] = self.requests[c].astype("Int64")
         self._prompt_ids: list[np.ndarray] = [np.asarray(x, dtype=np.int64) for x in self.requests["prompt_segment_ids"]]
         self._out_ids = self.requests["output_segment_id"].to_numpy(np.int64)
 
@@ -255,6 +276,8 @@ class Trace:
 
 
 def _py(v: Any) -> Any:
+    if v is pd.NA:
+        return None
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (np.floating,)):
@@ -294,7 +317,7 @@ class TraceBuilder:
         n = len(self.rows)
         defaults = {"think_time_s": 0.0, "tool_latency_s": 0.0, "output_segment_id": -1, "cache_salt": None,
                     "tenant": 0, "messages": None, "input_kind": None, "static_prefix_tokens": -1,
-                    "output_reasoning_tokens": 0, "session_start_s": 0.0}
+                    "output_reasoning_tokens": 0, "session_start_s": 0.0, **dict.fromkeys(OBSERVED_COLUMNS)}
         rows = [{**defaults, **r} for r in self.rows]
         order = sorted(range(n), key=lambda i: (rows[i]["arrival_s"], rows[i]["session_id"], rows[i]["step"]))
         new_id = np.empty(n, dtype=np.int64)

@@ -38,6 +38,9 @@ class TextModeInfo(BaseModel):
     chat_template_sha256: str
     template_segments: int
     resized_segments: int
+    # Imported transcripts: prompts stored whole (split where they leave the parent's prompt) because their
+    # message parts did not tokenise the same apart as joined.
+    prompts_split_by_prefix: int = 0
 
 
 class TraceFile(VersionedFile):
@@ -65,6 +68,11 @@ class TraceFile(VersionedFile):
     num_segments: int | None = None
     num_segment_tokens: int | None = None
     created_by: str | None = None
+    # Imported agent transcripts: whose usage the observed_* columns carry ("anthropic", "openai", …), totals a
+    # format records only per trajectory, and what the source does not record (system prompt, tools, …).
+    observed_usage: str | None = None
+    observed_totals: dict[str, Any] | None = None
+    not_recorded: list[str] | None = None
 
 
 def read_trace_file(path: str | Path) -> TraceFile:

@@ -16,12 +16,16 @@ A trace is a directory (trace.json, segments.parquet, requests.parquet; see docs
 every prompt is known token by token, so prefix-cache reuse can be predicted before anything is sent.
 """
 
+# Agent-transcript formats (text mode; kvscope.workloads.importers.TRANSCRIPT_IMPORTERS holds the readers).
+TRANSCRIPT_FORMATS = ("claude-code", "codex", "openai-chat", "swe-agent", "openhands")
+
 EXAMPLES = """\
 examples:
   kvscope workload presets
   kvscope workload generate agent-coding --tokenizer models/tiny --out traces/agent --scale 0.05
   kvscope workload stats traces/agent --block-size 128
   kvscope workload import mooncake ../shared/data/mooncake_conversation_trace.jsonl --out traces/mooncake
+  kvscope workload import claude-code ~/.claude/projects/P/SESSION.jsonl --tokenizer models/tiny --out traces/cc
   kvscope workload export traces/agent --format jsonl --out agent.jsonl
 """
 
@@ -64,14 +68,20 @@ def add_subcommands(subparsers) -> None:
     s.add_argument("--no-hit", action="store_true", help="skip the ideal hit ratio (faster on huge traces)")
     s.set_defaults(func=_cmd_stats)
 
-    i = _p(sub, "import", "convert a real trace (mooncake, kvcache-tester, jsonl) into a kvscope trace",
+    i = _p(sub, "import", "convert a real trace or agent transcript into a kvscope trace",
            "Convert a real trace. Block-id traces keep their reuse structure exactly: each distinct block id "
-           "becomes one block of fresh tokens.")
-    i.add_argument("format", choices=["mooncake", "kvcache-tester", "jsonl"], help="source format")
-    i.add_argument("src", metavar="SRC", help="source file (mooncake, jsonl) or directory / .tar.gz (kvcache-tester)")
+           "becomes one block of fresh tokens. Agent transcripts (claude-code, codex, openai-chat, swe-agent, "
+           "openhands) become text-mode traces, one request per model call, tokenised with --tokenizer, with the "
+           "provider's usage in the observed_* columns; tracelab round traces hold counts only and become token "
+           "traces of synthetic tokens with the recorded prefix reuse.")
+    i.add_argument("format", choices=["mooncake", "kvcache-tester", "jsonl", *TRANSCRIPT_FORMATS, "tracelab"],
+                   help="source format")
+    i.add_argument("src", metavar="SRC", help="source file (mooncake, jsonl, transcripts) or directory / .tar.gz "
+                                              "(kvcache-tester)")
     i.add_argument("--out", metavar="TRACE", required=True, help="trace directory to write")
     i.add_argument("--tokenizer", metavar="MODEL_DIR", default=None,
-                   help="draw block tokens from this tokenizer's non-special ids (default: ids 0..4095)")
+                   help="transcripts: tokenise with this model's tokenizer and chat template (required); block "
+                        "and tracelab imports: draw tokens from it (default: ids 0..4095)")
     i.add_argument("--limit", type=int, default=None, help="kvcache-tester: first N conversations only")
     i.add_argument("--session-interval", type=float, default=0.0, metavar="S",
                    help="kvcache-tester: start conversation i at i*S seconds (default 0)")
@@ -121,8 +131,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from kvscope.workloads import importers
     from kvscope.workloads.tokens import TokenSource
 
+    if args.format in TRANSCRIPT_FORMATS:
+        return _import_transcript(args)
     source = TokenSource.from_tokenizer(args.tokenizer) if args.tokenizer else None
-    if args.format == "mooncake":
+    if args.format == "tracelab":
+        trace = importers.import_tracelab(args.src, source, seed=args.seed)
+    elif args.format == "mooncake":
         trace = importers.import_mooncake(args.src, source, seed=args.seed)
     elif args.format == "kvcache-tester":
         trace = importers.import_kvcache_tester(args.src, source, seed=args.seed, limit=args.limit,
@@ -132,6 +146,22 @@ def _cmd_import(args: argparse.Namespace) -> int:
     trace.write(args.out)
     print(f"wrote {args.out}: {trace.num_sessions} sessions, {trace.num_requests} requests, "
           f"{trace.num_segments:,} segments")
+    return 0
+
+
+def _import_transcript(args: argparse.Namespace) -> int:
+    from kvscope.workloads import importers
+    from kvscope.workloads.errors import WorkloadError
+
+    if not args.tokenizer:
+        raise WorkloadError(f"workload import {args.format}: --tokenizer MODEL_DIR is required (transcripts are "
+                            "text; e.g. --tokenizer models/tiny)")
+    trace = importers.TRANSCRIPT_IMPORTERS[args.format](args.src, args.tokenizer)
+    trace.write(args.out)
+    cached = trace.requests["observed_cache_read_input_tokens"].fillna(trace.requests["observed_cached_tokens"])
+    usage = f", observed usage on {int(cached.notna().sum())} calls" if cached.notna().any() else ""
+    print(f"wrote {args.out}: {trace.num_sessions} sessions, {trace.num_requests} model calls, "
+          f"{int(trace.requests['prompt_tokens'].sum()):,} prompt tokens ({args.tokenizer}){usage}")
     return 0
 
 
