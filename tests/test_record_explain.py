@@ -296,6 +296,8 @@ def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model
         finally:
             px.close()
         trace_dir = finalize(out, headers=px.proxy.auth_headers)
+        block_size = server.facts().block_size
+        assert Trace.read(trace_dir).meta["block_size_hint"] == block_size
         live = [u["prompt_tokens_details"]["cached_tokens"] for u in run.usages]
         trace = Trace.read(trace_dir)
         assert trace.num_requests == len(live) == 11 and trace.num_sessions == 1
@@ -310,7 +312,7 @@ def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model
         server.stop()
     df = read_records(tmp_path / "run").sort_values("request_id")
     assert df["cached_tokens"].tolist() == live
-    ex = explain_path(str(trace_dir), B)
+    ex = explain_path(str(trace_dir))  # the block size recorded from the server
     planted = {i: c for i, c in enumerate(run.planted) if c}
     for a in ex.requests:
         if a.request_id in planted:
@@ -318,6 +320,6 @@ def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model
     on_planted = sum(a.recomputed_tokens for a in ex.requests if planted.get(a.request_id) == a.cause)
     assert ex.recomputed_tokens > 0 and on_planted >= 0.99 * ex.recomputed_tokens
     assert {c.cause for c in ex.causes} == set(planted.values())
-    run_ex = explain_path(str(tmp_path / "run"), B)  # the replay run gives the same attribution
+    run_ex = explain_path(str(tmp_path / "run"))  # the replay run gives the same attribution
     assert [a.cause for a in run_ex.requests] == [a.cause for a in ex.requests]
     (tmp_path / "explain.txt").write_text(json.dumps(ex.to_json(), indent=1))

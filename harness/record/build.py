@@ -218,4 +218,22 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
             raise KvscopeError(f"{record_dir}: no upstream to tokenize with; give --upstream URL or --tokenizer DIR")
         backend = UpstreamTokenize(upstream, headers)
         source = "upstream /tokenize"
-    return build_trace(exchanges, RequestTokenizer(backend), record_dir, {"tokenized_by": source})
+    out = build_trace(exchanges, RequestTokenizer(backend), record_dir, {"tokenized_by": source})
+    block_size = _upstream_block_size(upstream, headers) if upstream else None
+    if block_size:
+        meta_path = out / "trace.json"
+        meta = json.loads(meta_path.read_text())
+        meta["block_size_hint"] = block_size
+        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _upstream_block_size(upstream: str, headers: dict[str, str] | None) -> int | None:
+    """The upstream's KV block size where it says (vLLM's /metrics), so explain and simulate use it."""
+    from kvscope.harness.common.errors import ServerError
+    from kvscope.harness.serving.server import read_server_facts
+
+    try:
+        return read_server_facts(upstream, headers=headers, timeout_s=5.0).block_size
+    except (ServerError, KvscopeError, ValueError):
+        return None
