@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import PY, REPO, MockServer, cores, machine  # noqa: E402
+from benchmarks.common import PY, REPO, MockServer, cores, machine
 
 BODY = {"model": "mock", "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True},
         "tool_choice": "none",

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from kvscope.harness.analysis.explain import explain, explain_path, views_from_trace, volatile_at
 from kvscope.harness.record.build import SessionAssigner, build_trace, finalize, read_exchanges_log
 from kvscope.harness.record.proxy import EXCHANGES_LOG, RecordingProxy
@@ -177,7 +176,7 @@ def test_sessions_from_header_user_field_or_longest_message_prefix():
     a, b = _history(1), _history(1, task="Another task entirely.")
     assert s.assign(_exchange(0, a, session="x")) == ("x", "header")
     assert s.assign(_exchange(0, a, session=None, user="u7")) == ("user:u7", "user")
-    from kvscope.harness.record.build import _Session, _message_key
+    from kvscope.harness.record.build import _message_key, _Session
 
     first = s.assign(_exchange(0, a, session=None))
     s.sessions[first[0]] = _Session(first[0], [_message_key(m) for m in a], 0.0, 1, 0, 0.0)
@@ -223,7 +222,6 @@ class _ProxyThread:
 
 def test_proxy_forwards_streams_records_and_never_writes_the_key(tmp_path):
     import httpx
-
     from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
 
     key = "sk-secret-value-123"
@@ -280,9 +278,9 @@ def test_record_cli_rejects_bad_flags():
 @pytest.mark.vllm
 def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model_dir, template_file, tmp_path):
     import httpx
-
     from kvscope.harness.results.records import read_records
     from kvscope.harness.testing.scripted_agent import ScriptedAgent
+
     from tests.conftest import start_server
 
     server = start_server(tiny_model_dir, tmp_path, kv_cache_memory_bytes="64M",

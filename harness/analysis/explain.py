@@ -31,11 +31,11 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-
 from kvscope.harness.cachemodel.hashing import common_prefix, hash_token_blocks
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
 
@@ -458,6 +458,8 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
     replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
     from pathlib import Path
 
+    import pandas as pd
+
     from kvscope.harness.common.errors import KvscopeError
     from kvscope.harness.results.exchanges import read_exchanges
     from kvscope.workloads.trace import Trace
@@ -475,7 +477,7 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
         trace = Trace.read(trace_dir)
         df = read_records(p)
         got = {int(r.request_id): int(r.cached_tokens) for r in df.itertuples()
-               if r.error_class is None and r.cached_tokens == r.cached_tokens and r.cached_tokens is not None}
+               if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}
         observed = [got.get(i) for i in range(trace.num_requests)]
         extras = read_exchanges(trace_dir)
     else:
@@ -486,12 +488,9 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
         if extras is not None:
             col = extras["provider_cached_tokens"]
             if col.notna().any():
-                provider = [None if pd_isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
+                provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
                 observed = provider
     B = int(block_size or trace.meta.get("block_size_hint") or 16)
     views = views_from_trace(trace, extras)
     return explain(views, B, observed, provider, provider_preset)
 
-
-def pd_isna(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and x != x) or str(x) == "<NA>"

@@ -13,7 +13,7 @@ from pathlib import Path
 from kvscope.harness.cli.common import add_parser
 
 
-def add_subcommands(sub: "argparse._SubParsersAction") -> None:
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
     rec = add_parser(sub, "record", "record an agent's OpenAI-compatible traffic into a text-mode trace",
                      "Run a reverse proxy on --listen that forwards everything to --upstream (vLLM or any "
                      "OpenAI-compatible provider) and records /v1/chat/completions and /v1/completions "

@@ -15,12 +15,12 @@ whose message ends are unknown is one ``imported`` segment. Timing: ``arrival_s`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.record.proxy import EXCHANGES_LOG
 from kvscope.harness.record.tokenize import RequestTokenizer

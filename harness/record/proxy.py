@@ -25,7 +25,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
-
 from kvscope.harness.results.records import RecordWriter
 
 EXCHANGES_LOG = "exchanges.jsonl"
@@ -131,7 +130,7 @@ class RecordingProxy:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
-        server = site._server  # noqa: SLF001 - the bound port when port=0
+        server = site._server
         self.port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
         meta = {"format": "kvscope-record", "version": 1, "upstream": redact_url(self.upstream),
                 "started_unix_s": time.time()}
@@ -201,7 +200,7 @@ class RecordingProxy:
                             capture.error = "response body is not JSON"
                 await resp.write_eof()
                 times["done"] = time.time()
-        except (ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, ClientError, OSError) as exc:
             if capture is not None:
                 capture.error = f"{exc.__class__.__name__}: {exc}"[:500]
             if times["first_byte"] is None:

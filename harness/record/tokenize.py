@@ -100,9 +100,8 @@ class LocalTokenize:
     transformers does (jinja2 sandbox, trim/lstrip blocks, tools and tool calls passed through)."""
 
     def __init__(self, model_dir: str | Path, chat_template: str | Path | None = None) -> None:
-        from tokenizers import Tokenizer
-
         from kvscope.workloads.text import ChatTemplate
+        from tokenizers import Tokenizer
 
         p = Path(model_dir)
         if not (p / "tokenizer.json").is_file():
