@@ -94,6 +94,7 @@ def _run_proxy(upstream: str, out: str, host: str, port: int):
     import signal
 
     from kvscope.harness.record.proxy import RecordingProxy
+    from kvscope.harness.replay.runner import run_event_loop  # uvloop where installed
 
     async def run() -> RecordingProxy:
         proxy = RecordingProxy(upstream, out)
@@ -110,7 +111,7 @@ def _run_proxy(upstream: str, out: str, host: str, port: int):
             await proxy.close()
         return proxy
 
-    return asyncio.run(run())
+    return run_event_loop(run())
 
 
 def _print_trace(out: Path) -> None:
