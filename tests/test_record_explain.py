@@ -203,8 +203,8 @@ def test_torn_final_line_is_dropped(tmp_path, tokenizer):
 
 
 class _ProxyThread:
-    def __init__(self, upstream: str, out: Path) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, upstream: str, out: Path, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.new_event_loop()
         self.proxy = RecordingProxy(upstream, out)
         self.port = self.loop.run_until_complete(self.proxy.start("127.0.0.1", 0))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -252,6 +252,44 @@ def test_proxy_forwards_streams_records_and_never_writes_the_key(tmp_path):
     assert chat["first_byte_unix_s"] <= chat["done_unix_s"]
     for f in tmp_path.iterdir():
         assert key not in f.read_text(errors="replace"), f
+
+
+def test_proxy_records_a_non_streaming_answer_with_tool_calls(tmp_path):
+    import httpx
+    from aiohttp import web
+
+    answer = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]}}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 32}}}
+
+    async def chat(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"] == "Bearer k"  # forwarded
+        return web.json_response(answer)
+
+    async def upstream() -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+    loop = asyncio.new_event_loop()
+    runner, port = loop.run_until_complete(upstream())  # the upstream shares the proxy's loop and thread
+    px = _ProxyThread(f"http://127.0.0.1:{port}", tmp_path, loop)
+    try:
+        r = httpx.post(px.url + "/v1/chat/completions", headers={"Authorization": "Bearer k"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "alice"})
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        px.close()
+    assert r.json() == answer
+    (row,) = read_exchanges_log(tmp_path)
+    assert row["response"]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert row["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    assert not row["injected_include_usage"] and "Bearer k" not in (tmp_path / EXCHANGES_LOG).read_text()
 
 
 def test_proxy_answers_502_when_the_upstream_is_down(tmp_path):
