@@ -303,6 +303,32 @@ def test_proxy_answers_502_when_the_upstream_is_down(tmp_path):
     assert r.status_code == 502 and "upstream" in r.json()["error"]["message"]
 
 
+def test_record_cli_records_until_sigint_then_writes_the_trace(tmp_path, tiny_model_dir, template_file):
+    import signal
+
+    import httpx
+
+    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+
+    out = tmp_path / "rec"
+    with FaultServer(FaultConfig()) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", "record", "--upstream", srv.endpoint,
+                                 "--listen", "127.0.0.1:0", "--out", str(out), "--tokenizer", str(tiny_model_dir),
+                                 "--chat-template", str(template_file)], stdout=subprocess.PIPE, text=True)
+        try:
+            url = proc.stdout.readline().split()[2]  # "recording on http://127.0.0.1:PORT -> ..."
+            for turns in (1, 2):
+                httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": "mock", "messages": _history(turns), "tools": TOOLS, "max_tokens": 4, "stream": True})
+        finally:
+            proc.send_signal(signal.SIGINT)
+            stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "wrote trace" in stdout
+    trace = Trace.read(out)
+    assert trace.num_requests == 2 and trace.num_sessions == 1  # inferred: request 2 extends request 1
+    assert trace.requests["think_time_s"].iloc[1] >= 0 and trace.requests["parent_request_id"].tolist() == [-1, 0]
+
+
 def test_record_cli_rejects_bad_flags():
     from kvscope.harness.cli.main import main
 
