@@ -83,8 +83,9 @@ class RecordWriter:
     the first of them completed, or once `max_pending` are waiting; 0 writes each record immediately.
     """
 
-    def __init__(self, run_dir: Path, flush_interval_s: float = 0.0, max_pending: int = 256) -> None:
-        self.path = Path(run_dir) / JSONL_NAME
+    def __init__(self, run_dir: Path, flush_interval_s: float = 0.0, max_pending: int = 256,
+                 file_name: str = JSONL_NAME) -> None:
+        self.path = Path(run_dir) / file_name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.count = 0

@@ -1,0 +1,496 @@
+"""Cache-break attribution: why each request missed the prefix cache, and what removing each cause would buy.
+
+For every request the *best cached predecessor* is the earlier request (prompt plus known output) with the
+longest common token prefix, found through a chained-block-hash index (O(total blocks)) and refined by exact
+comparison with the session parent and the previous request. The first diverging token ``k`` is located in a
+message (message spans come from the trace's segments: one per message in recorded traces, template segments
+between messages in generated text-mode traces), and the message-level difference names the cause:
+
+``tools_changed``         the diverging message is unchanged but the tool list differs (changed or reordered)
+``volatile_field``        a date, time, timestamp, uuid or long hex id spans the first differing character
+``system_prompt_changed`` the system message differs otherwise
+``message_edited``        an earlier message changed in place, the messages after it are the same
+``history_truncated``     messages dropped or a message cut short, nothing new in their place
+``compaction``            the history was replaced by new content (a summary) and the prompt got shorter
+``evicted``               the prefix was there (infinite-cache simulation hits) but the server did not hit
+
+*Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
+message where it was changed in place, and later messages the predecessor also had) that this request did not
+get from the cache, floored to whole blocks and capped like vLLM's hit (``(P-1)//B`` blocks); new tokens are
+never recomputed. Traces without message structure fall back to segment kinds and the trace's transitions.
+
+What-if: each break of a cause becomes a token *patch* (this request's diverging span replaced by the
+predecessor's; for compaction and truncation the predecessor's full history put back), applied to the request
+and to every later request that carries the same span, newest patch first; the patched trace goes through the
+exact simulator (:mod:`kvscope.harness.cachemodel.simulator`, infinite cache) and the observed shortfall against
+the simulation (evictions) is carried over. ``evicted``'s what-if is the infinite-cache hit rate.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from kvscope.harness.cachemodel.hashing import common_prefix, hash_token_blocks
+from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
+
+CAUSES = ("volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "history_truncated",
+          "compaction", "evicted", "prefix_changed")
+_IN_PLACE = {"volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "prefix_changed"}
+VOLATILE_PATTERNS = {
+    "timestamp": re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"),
+    "time": re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b"),
+    "uuid": re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+    "unix_time": re.compile(r"\b1\d{9}(?:\d{3})?(?:\.\d+)?\b"),
+    "hex_id": re.compile(r"\b[0-9a-f]{24,}\b"),
+}
+_SEGMENT_CAUSE = {"volatile": "volatile_field", "system": "system_prompt_changed", "tools": "tools_changed",
+                  "summary": "compaction"}
+_TRANSITION_CAUSE = {"compaction": "compaction", "edit": "message_edited", "reset": "history_truncated"}
+
+
+@dataclass(slots=True)
+class RequestView:
+    """What the attribution needs of one request."""
+
+    request_id: int
+    session_id: str
+    step: int
+    parent: int
+    prompt: np.ndarray  # int32
+    output: np.ndarray | None
+    messages: list[dict] | None = None
+    tools_key: str | None = None
+    ends: list[int] | None = None  # token position where each message ends
+    seg_spans: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, start, end)
+    transition: str = ""
+    arrival_s: float = 0.0
+
+    @property
+    def had_tokens(self) -> np.ndarray:
+        return self.prompt if self.output is None else np.concatenate([self.prompt, self.output])
+
+    def message_keys(self) -> list[str]:
+        return [_message_key(m) for m in self.messages or ()]
+
+    def span(self, m: int) -> tuple[int, int]:
+        assert self.ends is not None
+        return (self.ends[m - 1] if m else 0), self.ends[m]
+
+
+@dataclass(slots=True)
+class Attribution:
+    request_id: int
+    session_id: str
+    step: int
+    prompt_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    cause: str | None
+    where: str
+    predecessor: int | None = None
+    diverge_token: int | None = None
+    predicted_cached_tokens: int = 0  # infinite-cache simulation
+    evicted_tokens: int = 0
+    provider_cached_tokens: int | None = None  # observed provider usage, where the trace has it
+    provider_predicted_cached_tokens: int | None = None  # the provider cache model's prediction
+
+
+@dataclass(slots=True)
+class CauseTotal:
+    cause: str
+    recomputed_tokens: int
+    share: float
+    what_if_hit_rate: float
+
+
+@dataclass
+class Explanation:
+    requests: list[Attribution]
+    causes: list[CauseTotal]
+    block_size: int
+    prompt_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    provider_preset: str | None = None
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        keys = ("request_id", "session_id", "step", "prompt_tokens", "cached_tokens", "recomputed_tokens", "cause",
+                "where")
+        return {"requests": [{k: getattr(a, k) for k in keys} for a in self.requests],
+                "causes": [asdict(c) for c in self.causes]}
+
+
+@dataclass(slots=True)
+class _Break:
+    cause: str
+    where: str
+    had: int
+    patch: tuple[int, np.ndarray, np.ndarray] | None  # (start, old tokens, new tokens)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _message_key(m: Any) -> str:
+    if not isinstance(m, dict):
+        return json.dumps(m, sort_keys=True)
+    return json.dumps({k: m.get(k) for k in ("role", "content", "tool_calls", "name", "tool_call_id")},
+                      sort_keys=True)
+
+
+def _content_text(m: dict) -> str:
+    c = m.get("content")
+    text = c if isinstance(c, str) else json.dumps(c) if c is not None else ""
+    if m.get("tool_calls"):
+        text += json.dumps(m["tool_calls"])
+    return text
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    return common_prefix(a.tobytes(), b.tobytes()) // 4
+
+
+def volatile_at(old: str, new: str, c: int) -> str | None:
+    """The kind of volatile value (a regex of VOLATILE_PATTERNS) covering character ``c`` of either text."""
+    for text in (old, new):
+        lo = max(0, c - 64)
+        window = text[lo:c + 64]
+        for name, pat in VOLATILE_PATTERNS.items():
+            for m in pat.finditer(window):
+                if m.start() + lo <= c <= m.end() + lo and (c < m.end() + lo or c == len(text)):
+                    return name
+    return None
+
+
+def _block_floor(n: int, block_size: int) -> int:
+    return (max(n, 0) // block_size) * block_size
+
+
+# ------------------------------------------------------------------------------------------ predecessor
+
+
+class PredecessorIndex:
+    """Earlier requests by their chained full-block hashes; the latest holder of each chain prefix."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.holder: dict[int, int] = {}
+
+    def best(self, req: RequestView, views: Sequence[RequestView], hashes: list[int]) -> tuple[int | None, int]:
+        cands: list[int] = []
+        hit = None
+        for h in hashes:
+            got = self.holder.get(h)
+            if got is None:
+                break
+            hit = got
+        if hit is not None:
+            cands.append(hit)
+        if req.parent >= 0:
+            cands.append(req.parent)
+        if req.request_id > 0:
+            cands.append(req.request_id - 1)
+        best, best_k = None, -1
+        for c in dict.fromkeys(cands):  # order: block index, session parent, previous request
+            k = _lcp(req.prompt, views[c].had_tokens)
+            if k > best_k or (k == best_k and c == req.parent):
+                best, best_k = c, k
+        return best, max(best_k, 0)
+
+    def add(self, request_id: int, hashes: list[int]) -> None:
+        for h in hashes:
+            self.holder[h] = request_id
+
+
+# ------------------------------------------------------------------------------------------ classification
+
+
+def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
+    """Traces without message structure: the kind of the segment holding token k, else the transition."""
+    i = next((j for j, (_, s, e) in enumerate(r.seg_spans) if s <= k < e), len(r.seg_spans) - 1)
+    kind = r.seg_spans[i][0] if r.seg_spans else ""
+    cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or "prefix_changed"
+    patch = None
+    if r.seg_spans and i < len(p.seg_spans):
+        (_, s, e), (_, ps, pe) = r.seg_spans[i], p.seg_spans[i]
+        patch = (s, r.prompt[s:e].copy(), p.prompt[ps:pe].copy())
+    had = min(len(p.prompt), len(r.prompt)) if cause in _IN_PLACE else k
+    return _Break(cause, f"segment {i} ({kind}) at token {k}", had, patch)
+
+
+def _structural(r: RequestView, p: RequestView, d: int, rk: list[str], pk: list[str]) -> str:
+    old, new = _content_text(p.messages[d]), _content_text(r.messages[d])  # type: ignore[index]
+    c = common_prefix(old, new)
+    if volatile_at(old, new, c):
+        return "volatile_field"
+    role = (r.messages[d] or {}).get("role")  # type: ignore[index]
+    if d == 0 and role in ("system", "developer"):
+        return "system_prompt_changed"
+    if rk[d] in pk[d + 1:]:
+        return "history_truncated"  # messages between were dropped
+    if role == (p.messages[d] or {}).get("role") and len(new) < 0.8 * len(old) and c >= len(new) - 64:  # type: ignore[index]
+        return "history_truncated"  # the message was cut short
+    if len(rk) >= len(pk) and rk[d + 1:len(pk)] == pk[d + 1:]:
+        return "message_edited"
+    if (len(r.prompt) < len(p.prompt) or len(rk) < len(pk)) and rk[d] not in pk:
+        return "compaction"
+    return "message_edited"
+
+
+def _classify_messages(r: RequestView, p: RequestView, k: int) -> _Break | None:
+    rk, pk = r.message_keys(), p.message_keys()
+    n = min(len(rk), len(pk))
+    d = next((i for i in range(n) if rk[i] != pk[i]), n)
+    have_ends = r.ends is not None and p.ends is not None
+    m = bisect.bisect_right(r.ends, k) if have_ends else d  # type: ignore[arg-type]
+    if have_ends and p.ends and k >= p.ends[-1]:
+        return None  # only the predecessor's generation prompt differs: an append
+    if m < n and rk[m] == pk[m] and r.tools_key != p.tools_key or (d >= n and r.tools_key != p.tools_key):
+        cause, d = "tools_changed", min(m, n - 1) if n else 0
+    elif d >= len(rk):
+        cause = "history_truncated"
+    elif d >= len(pk):
+        return None
+    else:
+        cause = _structural(r, p, d, rk, pk)
+    role = (r.messages[d] or {}).get("role", "?") if r.messages and d < len(r.messages) else "?"
+    where = (f"tools (the diverging span is message {d}) at token {k}" if cause == "tools_changed"
+             else f"message {d} ({role}) at token {k}")
+    if not have_ends:
+        return _Break(cause, where, min(len(p.prompt), len(r.prompt)) if cause in _IN_PLACE else k, None)
+    return _with_spans(r, p, k, d if cause != "tools_changed" else m, cause, where, rk, pk)
+
+
+def _with_spans(r: RequestView, p: RequestView, k: int, m: int, cause: str, where: str, rk: list[str],
+                pk: list[str]) -> _Break:
+    """Tokens the predecessor had and the what-if patch, from message spans."""
+    assert r.ends is not None and p.ends is not None
+    m = min(m, len(rk) - 1)
+    later = set(pk[m:])
+    credit = 0
+    if cause in _IN_PLACE and m < len(pk):
+        credit += max(0, min(r.ends[m], p.ends[m] - p.span(m)[0] + r.span(m)[0]) - k)
+    for j in range(m + 1, len(rk)):
+        if rk[j] in later:
+            s, e = r.span(j)
+            credit += e - s
+    rs, re_ = r.span(m)
+    if cause in _IN_PLACE:
+        ps, pe = p.span(m) if m < len(pk) else (len(p.prompt), len(p.prompt))
+        patch = (rs, r.prompt[rs:re_].copy(), p.prompt[ps:pe].copy())
+    else:
+        q = m + 1
+        while q < len(rk) and rk[q] in later:
+            q += 1
+        end = r.ends[q - 1]
+        ps = p.span(m)[0] if m < len(pk) else p.ends[-1]
+        patch = (rs, r.prompt[rs:end].copy(), p.prompt[ps:p.ends[-1]].copy())
+    return _Break(cause, where, k + credit, patch)
+
+
+def classify(r: RequestView, p: RequestView, k: int) -> _Break | None:
+    """Why ``r`` diverges from its predecessor ``p`` at token ``k`` (None: it does not, it appends)."""
+    if k >= len(p.had_tokens) or k >= len(r.prompt):
+        return None
+    if r.messages is not None and p.messages is not None and not _generated(r):
+        return _classify_messages(r, p, k)
+    return _classify_segments(r, p, k)
+
+
+def _generated(r: RequestView) -> bool:
+    return bool(r.messages) and isinstance(r.messages[0], dict) and "n_tokens" in r.messages[0]
+
+
+# ------------------------------------------------------------------------------------------ simulation
+
+
+def _simulate(prompts: Sequence[np.ndarray], outputs: Sequence[np.ndarray | None], block_size: int) -> list[int]:
+    reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
+    return simulate(reqs, SimConfig(block_size, None)).cached_tokens
+
+
+def _apply_patches(views: Sequence[RequestView], patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]
+                   ) -> list[np.ndarray]:
+    out = []
+    for v in views:
+        ids = v.prompt
+        for owner, (s, old, new) in reversed(patches):
+            if owner > v.request_id:
+                continue
+            if len(ids) >= s + len(old) and np.array_equal(ids[s:s + len(old)], old):
+                ids = np.concatenate([ids[:s], new, ids[s + len(old):]]).astype(np.int32)
+        out.append(ids)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ main entry
+
+
+def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[int | None] | None = None,
+            provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None
+            ) -> Explanation:
+    """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
+    server's cached tokens per request (None: the infinite-cache simulation stands in)."""
+    B = block_size
+    base = _simulate([v.prompt for v in views], [v.output for v in views], B)
+    obs = [base[i] if observed is None or observed[i] is None else int(observed[i]) for i in range(len(views))]
+    index = PredecessorIndex(B)
+    rows: list[Attribution] = []
+    patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]] = {}
+    split: dict[str, int] = {}
+    for v in views:
+        hashes = hash_token_blocks(v.prompt, B)
+        pred, k = index.best(v, views, hashes) if v.request_id > 0 else (None, 0)
+        P = len(v.prompt)
+        cap = ((P - 1) // B) * B if P else 0
+        brk = classify(v, views[pred], k) if pred is not None else None
+        had = 0 if pred is None else (brk.had if brk is not None else min(len(views[pred].had_tokens), P))
+        expected = min(_block_floor(had, B), cap)
+        evicted = max(0, min(base[v.request_id], expected) - obs[v.request_id])
+        diverged = max(0, expected - max(base[v.request_id], obs[v.request_id])) if brk is not None else 0
+        cause, where = None, ""
+        if diverged and diverged >= evicted and brk is not None:
+            cause, where = brk.cause, brk.where
+        elif evicted:
+            cause, where = "evicted", f"cached {obs[v.request_id]} of {base[v.request_id]} predicted"
+        if diverged and brk is not None:
+            split[brk.cause] = split.get(brk.cause, 0) + diverged
+            if brk.patch is not None:
+                patches.setdefault(brk.cause, []).append((v.request_id, brk.patch))
+        if evicted:
+            split["evicted"] = split.get("evicted", 0) + evicted
+        rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
+                                where, pred, k if pred is not None else None, base[v.request_id], evicted))
+        index.add(v.request_id, hashes)
+    causes = _totals(views, B, split, patches, base, obs)
+    if provider_observed is not None:
+        _provider_columns(views, rows, provider_observed, provider_preset or "openai-gpt-4.1")
+    return Explanation(rows, causes, B, sum(r.prompt_tokens for r in rows), sum(obs),
+                       sum(r.recomputed_tokens for r in rows), provider_preset if provider_observed else None)
+
+
+def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
+            patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]], base: list[int],
+            obs: list[int]) -> list[CauseTotal]:
+    total = sum(split.values())
+    shortfall = sum(o - b for o, b in zip(obs, base))  # <= 0: evictions
+    outputs = [v.output for v in views]
+    out = []
+    for cause, n in sorted(split.items(), key=lambda kv: -kv[1]):
+        if cause == "evicted":
+            rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, sum(len(v.prompt) for v in views))
+        else:
+            prompts = _apply_patches(views, patches.get(cause, []))
+            cached = _simulate(prompts, outputs, B)
+            rate = (sum(cached) + shortfall) / max(1, sum(len(x) for x in prompts))
+        out.append(CauseTotal(cause, n, n / total if total else 0.0, round(rate, 6)))
+    return out
+
+
+def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], provider_observed: Sequence[int | None],
+                      preset: str) -> None:
+    from kvscope.harness.pricing.provider_cache import ProviderCache, load_preset
+
+    cfg = load_preset(preset)
+    unit = 16
+    reqs = requests_from_token_pairs(((v.prompt, None) for v in views), unit)
+    cache = ProviderCache(cfg)
+    for v, req, row in sorted(zip(views, reqs, rows), key=lambda t: t[0].arrival_s):
+        req.arrival_s = v.arrival_s
+        row.provider_cached_tokens = provider_observed[v.request_id]
+        row.provider_predicted_cached_tokens = cache.request(req).cache_read
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def views_from_trace(trace, extras=None) -> list[RequestView]:
+    """One :class:`RequestView` per trace request; ``extras`` is ``read_exchanges(trace_dir)`` (tools)."""
+    df = trace.requests
+    msgs = df["messages"].tolist()
+    views = []
+    for rid in range(trace.num_requests):
+        row = trace.request(rid)
+        raw = msgs[rid]
+        messages = json.loads(raw) if raw else None
+        seg_map = trace.segment_map(rid)
+        spans = [(kind, s, s + n) for kind, s, n, _ in seg_map]
+        tools_key = None
+        if extras is not None and rid in extras.index:
+            t = extras.at[rid, "tools_json"]
+            tools_key = t if isinstance(t, str) else None
+        views.append(RequestView(rid, str(row.session_id), int(row.step), int(row.parent_request_id),
+                                 trace.prompt_token_ids(rid).astype(np.int32), trace.output_token_ids(rid),
+                                 messages, tools_key, _message_ends(messages, spans), spans,
+                                 row.transition or "", float(row.arrival_s)))
+    return views
+
+
+def _message_ends(messages: list[dict] | None, spans: list[tuple[str, int, int]]) -> list[int] | None:
+    """Recorded traces: one segment per message plus the generation prompt. Generated text-mode traces:
+    a template segment before each message and one after the last."""
+    if not messages:
+        return None
+    if len(spans) == len(messages) + 1 and spans[-1][0] == "template" and not _generated_messages(messages):
+        return [e for _, _, e in spans[:-1]]
+    starts = [s for kind, s, _ in spans if kind == "template"]
+    if len(starts) == len(messages) + 1:
+        return starts[1:]
+    return None
+
+
+def _generated_messages(messages: list[dict]) -> bool:
+    return bool(messages) and isinstance(messages[0], dict) and "n_tokens" in messages[0]
+
+
+def explain_path(path: str, block_size: int | None = None, provider_preset: str | None = None) -> Explanation:
+    """``kvscope explain TRACE|RUN_DIR``: a trace (observed cache reads from its exchanges, if recorded) or a
+    replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.exchanges import read_exchanges
+    from kvscope.workloads.trace import Trace
+
+    p = Path(path)
+    observed: list[int | None] | None = None
+    provider: list[int | None] | None = None
+    if (p / "manifest.json").is_file() and not (p / "trace.json").is_file():
+        from kvscope.harness.results.records import read_records
+
+        manifest = json.loads((p / "manifest.json").read_text())
+        trace_dir = Path((manifest.get("trace") or {}).get("path") or "")
+        if not (trace_dir / "trace.json").is_file():
+            raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
+        trace = Trace.read(trace_dir)
+        df = read_records(p)
+        got = {int(r.request_id): int(r.cached_tokens) for r in df.itertuples()
+               if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}
+        observed = [got.get(i) for i in range(trace.num_requests)]
+        extras = read_exchanges(trace_dir)
+    else:
+        if not (p / "trace.json").is_file():
+            raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
+        trace = Trace.read(p)
+        extras = read_exchanges(p)
+        if extras is not None:
+            col = extras["provider_cached_tokens"]
+            if col.notna().any():
+                provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
+                observed = provider
+    B = int(block_size or trace.meta.get("block_size_hint") or 16)
+    views = views_from_trace(trace, extras)
+    return explain(views, B, observed, provider, provider_preset)
+

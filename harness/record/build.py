@@ -1,0 +1,239 @@
+"""From ``exchanges.jsonl`` to a text-mode kvscope trace (``kvscope record`` at shutdown, or ``--finalize``).
+
+Sessions: an ``X-Session-ID`` header, else the body's ``user`` field, else inferred: a request joins the open
+session whose last request shares the longest run of leading messages with it (at least one message after a
+shared system prompt, or the first message when there is no system prompt); otherwise it starts a session.
+A changed system prompt therefore starts a new *inferred* session; agents that change it should send a header.
+
+Segments: one per message span of the rendered prompt (``[end of message i-1, end of message i)``: the role
+header, the content and the end-of-turn), kind by role, plus a final ``template`` segment (the generation
+prompt). Identical spans share one segment, so an append-only session stores each message once. A request
+whose message ends are unknown is one ``imported`` segment. Timing: ``arrival_s`` from the first exchange,
+``think_time_s`` = this request's arrival minus the end of the session's previous response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.record.proxy import EXCHANGES_LOG
+from kvscope.harness.record.tokenize import RequestTokenizer
+from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
+
+_KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+                 "tool": "tool_output", "function": "tool_output"}
+_PARAM_SKIP = {"messages", "prompt", "tools", "user"}
+
+
+@dataclass(slots=True)
+class _Session:
+    session_id: str
+    last_messages: list[Any]
+    last_done_s: float
+    steps: int
+    last_row: int
+    start_s: float
+
+
+def _message_key(m: Any) -> str:
+    return json.dumps(m, sort_keys=True)
+
+
+def _leading_common(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class SessionAssigner:
+    """Header, ``user`` field, or longest leading-message match (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, _Session] = {}
+        self._n_inferred = 0
+
+    def assign(self, exchange: dict[str, Any]) -> tuple[str, str]:
+        body = exchange["request"]
+        if exchange.get("session_header"):
+            return f"{exchange['session_header']}", "header"
+        if isinstance(body.get("user"), str) and body["user"]:
+            return f"user:{body['user']}", "user"
+        keys = [_message_key(m) for m in body.get("messages") or [body.get("prompt")]]
+        best, best_n = None, 0
+        for s in self.sessions.values():
+            n = _leading_common(keys, s.last_messages)
+            system_first = bool(body.get("messages")) and (body["messages"][0] or {}).get("role") in (
+                "system", "developer")
+            need = 2 if system_first else 1
+            if n >= need and n > best_n:
+                best, best_n = s, n
+        if best is not None:
+            return best.session_id, "inferred"
+        self._n_inferred += 1
+        return f"inferred-{self._n_inferred}", "inferred"
+
+
+def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
+    from kvscope.harness.results.records import read_jsonl_records
+
+    path = Path(record_dir) / EXCHANGES_LOG
+    if not path.is_file():
+        raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
+    return read_jsonl_records(path)
+
+
+def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return {"provider_prompt_tokens": usage.get("prompt_tokens"),
+            "provider_cached_tokens": details.get("cached_tokens") if details else None,
+            "cache_read_input_tokens": usage.get("cache_read_input_tokens"),
+            "cache_creation_input_tokens": usage.get("cache_creation_input_tokens"),
+            "completion_tokens": usage.get("completion_tokens")}
+
+
+class _SegmentStore:
+    def __init__(self, builder) -> None:
+        self.builder = builder
+        self.ids: dict[tuple[str, bytes], int] = {}
+
+    def get(self, tokens: np.ndarray, kind: str) -> int:
+        key = (kind, tokens.tobytes())
+        sid = self.ids.get(key)
+        if sid is None:
+            sid = self.ids[key] = self.builder.add_segment(tokens, kind)
+        return sid
+
+
+def _prompt_segments(store: _SegmentStore, ids: np.ndarray, messages: list[dict] | None,
+                     ends: list[int] | None) -> list[int]:
+    if not messages or ends is None or len(ends) != len(messages):
+        return [store.get(ids, "imported")]
+    out, start = [], 0
+    for m, end in zip(messages, ends):
+        kind = _KIND_OF_ROLE.get((m or {}).get("role", ""), "imported")
+        if kind == "assistant" and (m or {}).get("tool_calls"):
+            kind = "tool_call"
+        out.append(store.get(ids[start:end], kind))
+        start = end
+    out.append(store.get(ids[start:], "template"))
+    return out
+
+
+def _transition(parent_ids: np.ndarray | None, ids: np.ndarray) -> str:
+    if parent_ids is None:
+        return "first"
+    n = min(len(parent_ids), len(ids))
+    if len(ids) >= len(parent_ids) and np.array_equal(parent_ids, ids[:len(parent_ids)]):
+        return "append"
+    if len(ids) < len(parent_ids) * 0.8 and not np.array_equal(parent_ids[:n], ids[:n]):
+        return "compaction"
+    return "edit"
+
+
+def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
+                meta: dict[str, Any] | None = None) -> Path:
+    """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``."""
+    from kvscope.workloads.trace import TraceBuilder
+
+    ok = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
+                key=lambda e: (e["received_unix_s"], e["request_id"]))
+    if not ok:
+        raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from")
+    builder = TraceBuilder()
+    store = _SegmentStore(builder)
+    sessions = SessionAssigner()
+    t0 = ok[0]["received_unix_s"]
+    extras: list[ExchangeRow] = []
+    prompts: list[np.ndarray] = []
+    mismatched = 0
+    for row_index, ex in enumerate(ok):
+        body, resp = ex["request"], ex.get("response") or {}
+        sid, source = sessions.assign(ex)
+        sess = sessions.sessions.get(sid)
+        tok = tokenizer.tokenize(ex["api"], body)
+        ids = np.asarray(tok.prompt_ids, dtype=np.int32)
+        prompts.append(ids)
+        messages = body.get("messages") if ex["api"] == "chat" else None
+        usage = _usage_fields(resp.get("usage"))
+        if usage["provider_prompt_tokens"] is not None and usage["provider_prompt_tokens"] != len(ids):
+            mismatched += 1
+        arrival = ex["received_unix_s"] - t0
+        n_out = usage["completion_tokens"] or 0
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or n_out
+        builder.rows.append({
+            "session_id": sid, "step": sess.steps if sess else 0,
+            "parent_request_id": sess.last_row if sess else -1, "arrival_s": arrival,
+            "session_start_s": arrival if sess is None else sess.start_s,
+            "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
+            "prompt_segment_ids": _prompt_segments(store, ids, messages, tok.message_ends),
+            "output_tokens": int(n_out), "max_tokens": int(max_tokens),
+            "transition": _transition(prompts[sess.last_row] if sess else None, ids),
+            "input_kind": ex["api"], "tenant": 0,
+            "messages": json.dumps(messages) if messages is not None else None,
+        })
+        keys = [_message_key(m) for m in (messages or [body.get("prompt")])]
+        sessions.sessions[sid] = _Session(sid, keys, ex["done_unix_s"], (sess.steps if sess else 0) + 1, row_index,
+                                          sess.start_s if sess else arrival)
+        first, done = ex.get("first_byte_unix_s"), ex["done_unix_s"]
+        extras.append(ExchangeRow(
+            request_id=row_index, tools_json=json.dumps(body["tools"]) if body.get("tools") is not None else None,
+            params_json=json.dumps({k: v for k, v in body.items() if k not in _PARAM_SKIP}),
+            response_json=json.dumps({k: resp.get(k) for k in ("text", "tool_calls", "finish_reason")}),
+            ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done - ex["received_unix_s"],
+            session_source=source, **usage))
+    info = {"recorded_by": "kvscope record", "exchanges": len(ok), "text_mode": True,
+            "prompt_tokens_mismatch_usage": mismatched, **(meta or {})}
+    trace = builder.build({"source": "record", "record": info, "text": {"recorded": True}})
+    out = trace.write(out_dir)
+    write_exchanges(out, extras)  # request ids equal row order: rows were added in arrival order
+    return out
+
+
+def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_dir: str | None = None,
+             chat_template: str | None = None, headers: dict[str, str] | None = None) -> Path:
+    """Build the trace in ``record_dir`` from its exchange log; tokens from ``tokenizer_dir`` if given, else the
+    upstream's ``/tokenize`` (``upstream`` or the one in ``record.json``)."""
+    from kvscope.harness.record.proxy import RECORD_META
+    from kvscope.harness.record.tokenize import LocalTokenize, UpstreamTokenize
+
+    record_dir = Path(record_dir)
+    exchanges = read_exchanges_log(record_dir)
+    if tokenizer_dir:
+        backend = LocalTokenize(tokenizer_dir, chat_template)
+        source = f"tokenizer {Path(tokenizer_dir).name}"
+    else:
+        if upstream is None and (record_dir / RECORD_META).is_file():
+            upstream = json.loads((record_dir / RECORD_META).read_text()).get("upstream")
+        if not upstream:
+            raise KvscopeError(f"{record_dir}: no upstream to tokenize with; give --upstream URL or --tokenizer DIR")
+        backend = UpstreamTokenize(upstream, headers)
+        source = "upstream /tokenize"
+    out = build_trace(exchanges, RequestTokenizer(backend), record_dir, {"tokenized_by": source})
+    block_size = _upstream_block_size(upstream, headers) if upstream else None
+    if block_size:
+        meta_path = out / "trace.json"
+        meta = json.loads(meta_path.read_text())
+        meta["block_size_hint"] = block_size
+        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _upstream_block_size(upstream: str, headers: dict[str, str] | None) -> int | None:
+    """The upstream's KV block size where it says (vLLM's /metrics), so explain and simulate use it."""
+    from kvscope.harness.common.errors import ServerError
+    from kvscope.harness.serving.server import read_server_facts
+
+    try:
+        return read_server_facts(upstream, headers=headers, timeout_s=5.0).block_size
+    except (ServerError, KvscopeError, ValueError):
+        return None
