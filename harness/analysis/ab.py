@@ -309,8 +309,8 @@ def _rows(a: _Side, b: _Side, boots: dict[str, list[np.ndarray]], points: tuple[
 
 
 def _word(row: pd.Series, p_in_adjusted: float, alpha: float) -> str:
-    if row["_fixed"] is not None:
-        return str(row["_fixed"])
+    if isinstance(row["_fixed"], str):  # (pandas may hold the missing ones as None or NaN)
+        return row["_fixed"]
     if row["p_adjusted"] < alpha:
         b_larger = row["diff"] > 0
         return "better" if b_larger == (row["metric"] in HIGHER_IS_BETTER) else "worse"
@@ -382,17 +382,19 @@ def runs_from_dirs(dirs: Iterable[str | Path]) -> list[Run]:
     return runs
 
 
-def runs_from_experiment(root: str | Path, server: str, workload: str | None = None, load: str | None = None
+def runs_from_experiment(experiment, server: str, workload: str | None = None, load: str | None = None
                          ) -> list[Run]:
-    """The repeats of one server configuration in an experiment (one workload and load level)."""
+    """The repeats of one server configuration in an experiment (a directory or loaded `ExperimentResults`), at
+    one workload and load level (either may be left out when the server ran only one)."""
     from kvscope.harness.common.errors import KvscopeError
-    from kvscope.harness.results.loaders import load_results
+    from kvscope.harness.results.loaders import ExperimentResults, load_results
 
-    res = load_results(root)
+    res = experiment if isinstance(experiment, ExperimentResults) else load_results(experiment)
+    root = res.root
     c = res.cells
     if not len(c) or "server" not in c:
         raise KvscopeError(f"{root}: no cells")
-    ok = c[c.get("status", "ok") == "ok"]
+    ok = c[c["status"] == "ok"] if "status" in c else c
     sel = ok[ok["server"] == server]
     if not len(sel):
         raise KvscopeError(f"{root}: no finished cell of server {server!r}; servers: "
