@@ -35,6 +35,11 @@ Fault modes (`FAULT_MODES`):
   die             the whole server stops: listener closed, every connection reset (the process exits when
                   run from the command line)
 
+Latency noise (`LatencyNoise`, for calibrating A/B statistics): lognormal run, session-by-run and request factors
+on the configured TTFT and token gap, and fixed TTFT / throughput effects (`--run-noise`, `--session-noise`,
+`--request-noise`, `--ttft-effect`, `--throughput-effect`, `--noise-seed`). A run factor is drawn once per server
+start, so every process start is a fresh "run".
+
 Run: `python -m kvscope.harness.testing.faultserver --port 8100 --ttft-ms 0 --itl-ms 0 [--fault-rates reset_mid=0.01,...]`.
 In tests: `with FaultServer(FaultConfig(...)) as srv: srv.endpoint`.
 """
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -654,18 +660,20 @@ def _add_noise_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noise-seed", type=int, metavar="SEED", help="seed of the noise draws (default: a fresh one)")
 
 
+_NOISE_FLAGS = {"run_sigma": "--run-noise", "session_sigma": "--session-noise", "request_sigma": "--request-noise",
+                "ttft_effect": "--ttft-effect", "throughput_effect": "--throughput-effect", "seed": "--noise-seed"}
+
+
 def _noise_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> LatencyNoise | None:
     values = dict(run_sigma=args.run_noise, session_sigma=args.session_noise, request_sigma=args.request_noise,
                   ttft_effect=args.ttft_effect, throughput_effect=args.throughput_effect, seed=args.noise_seed)
-    if values == dict(run_sigma=0.0, session_sigma=0.0, request_sigma=0.0, ttft_effect=1.0, throughput_effect=1.0,
-                      seed=None):
+    if values == {f.name: f.default for f in dataclasses.fields(LatencyNoise)}:
         return None
     try:
         return LatencyNoise(**values)
     except ValueError as exc:
-        p.error(str(exc).replace("run_sigma", "--run-noise").replace("session_sigma", "--session-noise")
-                .replace("request_sigma", "--request-noise").replace("ttft_effect", "--ttft-effect")
-                .replace("throughput_effect", "--throughput-effect"))
+        field_name = str(exc).split()[0]
+        p.error(str(exc).replace(field_name, _NOISE_FLAGS.get(field_name, field_name), 1))
         raise  # unreachable: p.error exits
 
 
