@@ -30,8 +30,8 @@ NOISE = ["--ttft-ms", "40", "--itl-ms", "8", "--run-noise", "0.04", "--session-n
 EFFECT = ["--ttft-effect", "1.3", "--throughput-effect", "0.7"]
 
 
-def _trace(root: Path, sessions: int = 8, steps: int = 3) -> Path:
-    """8 sessions x 3 requests; each session's `cache_salt` is its id, so the mock knows the session."""
+def _trace(root: Path, sessions: int = 12, steps: int = 3) -> Path:
+    """12 sessions x 3 requests; each session's `cache_salt` is its id, so the mock knows the session."""
     rng = np.random.default_rng(0)
     b = TraceBuilder()
     for s in range(sessions):
@@ -56,7 +56,7 @@ def _one_run(trace_dir: Path, run_dir: Path, seed: int, extra: list[str]) -> Pat
         while not port_file.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "fault server did not start"
             time.sleep(0.01)
-        opts = ReplayOptions(concurrency=8, time_scale=0.0, progress=False, scrape_interval_s=0.5,
+        opts = ReplayOptions(concurrency=12, time_scale=0.0, progress=False, scrape_interval_s=0.5,
                              reset_prefix_cache=False, predict=False)
         replay(trace_dir, run_dir, opts, endpoints=[f"http://127.0.0.1:{port_file.read_text()}"])
     finally:
