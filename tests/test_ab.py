@@ -1,50 +1,219 @@
-"""The A/B verdicts detect real shifts and stay quiet on noise."""
+"""A/B verdicts: the hierarchical bootstrap detects real shifts, stays quiet on run and session noise, and says
+`inconclusive` where noise is not measured; `kvscope compare` in its three forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvscope.harness.analysis.ab import compare_runs
-
-
-def _run(rng, n=400, ttft_scale=1.0, hit=0.8, seed_noise=0.05):
-    prompt = rng.integers(500, 3000, n)
-    base_ttft = rng.lognormal(-3, 0.4, n)
-    return pd.DataFrame({
-        "request_id": np.arange(n), "attempt": 0, "in_window": True, "error_class": None,
-        "ttft_s": base_ttft * ttft_scale * rng.lognormal(0, seed_noise, n),
-        "tpot_s": rng.lognormal(-5, 0.2, n), "e2e_s": base_ttft * 3, "prompt_tokens": prompt,
-        "cached_tokens": (prompt * hit).astype(int), "output_tokens": 32,
-        "sent_s": np.arange(n) * 0.01, "done_s": np.arange(n) * 0.01 + 0.05,
-    })
+from kvscope.harness.analysis.ab import Run, _weighted_percentiles, compare, compare_runs
 
 
-def test_same_traffic_twice_is_not_significant():
-    rng = np.random.default_rng(0)
-    a = _run(np.random.default_rng(1))
-    b = a.copy()
-    b["ttft_s"] = a["ttft_s"] * rng.lognormal(0, 0.05, len(a))
-    t = compare_runs(a, b, resamples=500).set_index("metric")
-    assert t.loc["ttft_p50_s", "verdict"] == "no significant difference"
-    assert t.loc["hit_rate", "verdict"] == "no significant difference"
+def _records(rng, sessions=8, steps=3, ttft_s=0.02, run_sigma=0.04, session_sigma=0.06, request_sigma=0.12,
+             cached_share=0.0, session_prefix="s") -> pd.DataFrame:
+    run = rng.lognormal(0, run_sigma)
+    rows = []
+    for s in range(sessions):
+        sess = rng.lognormal(0, session_sigma)
+        for k in range(steps):
+            t = ttft_s * run * sess * rng.lognormal(0, request_sigma)
+            rows.append({"request_id": s * steps + k, "session_id": f"{session_prefix}{s}", "step": k, "attempt": 0,
+                         "in_window": True, "error_class": None, "ttft_s": t, "tpot_s": 0.005 * run * sess,
+                         "e2e_s": t + 0.015 * run * sess, "prompt_tokens": 1000,
+                         "cached_tokens": int(1000 * cached_share), "output_tokens": 4, "sent_s": 0.0, "done_s": 1.0})
+    return pd.DataFrame(rows)
 
 
-def test_slower_and_less_cached_b_is_worse_and_faster_b_is_better():
-    a = _run(np.random.default_rng(1))
-    slow = a.copy()
-    slow["ttft_s"] = a["ttft_s"] * 1.3
-    slow["cached_tokens"] = (a["prompt_tokens"] * 0.5).astype(int)
-    t = compare_runs(a, slow, resamples=500).set_index("metric")
-    assert t.loc["ttft_p50_s", "verdict"] == "worse" and t.loc["ttft_p50_s", "ci_low"] > 0
-    assert t.loc["hit_rate", "verdict"] == "worse" and t.loc["hit_rate", "ci_high"] < 0
-    assert t.loc["cost_prefill_units_per_request", "verdict"] == "worse"
-    t2 = compare_runs(slow, a, resamples=500).set_index("metric")
-    assert t2.loc["ttft_p50_s", "verdict"] == "better" and t2.loc["hit_rate", "verdict"] == "better"
+def _side(seed: int, runs: int = 3, effect: float = 1.0, tput_effect: float = 1.0, prefix_caching=None, **kw):
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(runs):
+        df = _records(rng, **kw)
+        df["ttft_s"] *= effect
+        tput = 100.0 * rng.lognormal(0, kw.get("run_sigma", 0.04)) * tput_effect
+        out.append(Run(f"run{seed}-{r}", df, tput, prefix_caching, "sha"))
+    return out
 
 
-def test_tiny_but_consistent_shift_is_below_the_minimum_effect():
-    a = _run(np.random.default_rng(1), seed_noise=0.0)
-    b = a.copy()
-    b["ttft_s"] = a["ttft_s"] * 1.02  # 2 %: the interval excludes 0, the effect is below 5 %
-    t = compare_runs(a, b, resamples=300).set_index("metric")
-    assert t.loc["ttft_p50_s", "ci_low"] > 0
-    assert t.loc["ttft_p50_s", "verdict"] == "no significant difference"
+def _verdict(t: pd.DataFrame, metric: str) -> str:
+    return t.set_index("metric").loc[metric, "verdict"]
+
+
+def test_a_30_percent_slower_ttft_is_worse_and_the_reverse_is_better():
+    a, b = _side(1), _side(2, effect=1.3, tput_effect=0.7)
+    t = compare(a, b, resamples=1000).set_index("metric")
+    assert t.loc["ttft_p50_s", "verdict"] == "worse" and t.loc["ttft_p50_s", "ci_low"] > t.loc["ttft_p50_s", "margin"]
+    assert t.loc["output_tokens_per_s", "verdict"] == "worse"
+    assert t["paired"].all() and (t["runs_a"] == 3).all()
+    back = compare(b, a, resamples=1000)
+    assert _verdict(back, "ttft_p50_s") == "better" and _verdict(back, "output_tokens_per_s") == "better"
+
+
+def test_a_consistent_shift_inside_the_margin_is_equivalent_not_better_or_worse():
+    a = _side(3, run_sigma=0.0, session_sigma=0.0, request_sigma=0.05)
+    b = [Run(r.name + "b", r.records.assign(ttft_s=r.records["ttft_s"] * 1.02), r.output_tokens_per_s, None, "sha")
+         for r in a]
+    t = compare(a, b, resamples=1000).set_index("metric")
+    assert t.loc["ttft_p50_s", "ci_low"] > 0  # the shift is real ...
+    assert t.loc["ttft_p50_s", "verdict"] == "equivalent"  # ... and smaller than the 5 % margin
+
+
+def test_run_and_session_noise_does_not_read_as_signal():
+    # Few sessions and a strong session-by-run factor: resampling requests would call these A/A pairs different
+    # most of the time (the requests of a session are not independent).
+    called = 0
+    for i in range(20):
+        kw = dict(sessions=4, steps=12, run_sigma=0.05, session_sigma=0.3, request_sigma=0.02)
+        t = compare(_side(100 + i, **kw), _side(200 + i, **kw), resamples=500, seed=i)
+        called += _verdict(t, "ttft_p50_s") in ("better", "worse")
+    assert called <= 2
+
+
+def test_one_run_a_side_leaves_latency_and_throughput_inconclusive_unless_run_noise_is_known():
+    a, b = _side(5, runs=1), _side(6, runs=1, effect=2.0, tput_effect=0.5)
+    t = compare(a, b, resamples=500).set_index("metric")
+    latency = [m for m in t.index if m.endswith("_s") and not m.endswith("_per_s")]
+    assert (t.loc[latency, "verdict"] == "inconclusive").all()
+    assert t.loc["output_tokens_per_s", "verdict"] == "inconclusive"
+    assert t.loc[latency, "p_value"].isna().all()
+    known = compare(a, b, resamples=500, run_noise={"ttft": 0.04, "throughput": 0.04}).set_index("metric")
+    assert known.loc["ttft_p50_s", "verdict"] == "worse"
+    assert known.loc["output_tokens_per_s", "verdict"] == "worse"
+    assert known.loc["tpot_p50_s", "verdict"] == "inconclusive"  # no noise known for TPOT
+
+
+def test_hit_rate_with_prefix_caching_off_on_one_side_is_by_construction():
+    on = _side(7, prefix_caching=True, cached_share=0.8)
+    off = _side(8, prefix_caching=False)
+    t = compare(on, off, resamples=300).set_index("metric")
+    assert t.loc["hit_rate", "verdict"] == "by_construction"
+    assert t.loc["cost_prefill_units_per_request", "verdict"] == "by_construction"
+    assert t.loc["hit_rate", "a"] == pytest.approx(0.8) and t.loc["hit_rate", "b"] == 0
+    both_on = compare(on, _side(9, prefix_caching=True, cached_share=0.4), resamples=300)
+    assert _verdict(both_on, "hit_rate") == "worse"
+
+
+def test_different_sessions_are_compared_unpaired():
+    a, b = _side(10), _side(11, effect=1.5, session_prefix="other")
+    t = compare(a, b, resamples=500).set_index("metric")
+    assert not t["paired"].any()
+    assert t.loc["ttft_p50_s", "verdict"] == "worse"
+
+
+def test_benjamini_hochberg_adjusts_the_p_values_of_one_comparison():
+    from scipy.stats import false_discovery_control
+
+    t = compare(_side(12), _side(13, effect=1.3), resamples=500)
+    tested = t["p_value"].notna()
+    assert tested.sum() >= 8
+    expected = false_discovery_control(t.loc[tested, "p_value"].to_numpy(float), method="bh")
+    assert np.allclose(t.loc[tested, "p_adjusted"], expected)
+    assert (t.loc[tested, "p_adjusted"] >= t.loc[tested, "p_value"] - 1e-12).all()
+
+
+def test_records_of_several_cells_are_several_runs():
+    rng = np.random.default_rng(14)
+    a = pd.concat([_records(rng).assign(cell=f"c{k}") for k in range(3)], ignore_index=True)
+    t = compare_runs(a, _records(rng), resamples=200)
+    assert (t["runs_a"] == 3).all() and (t["runs_b"] == 1).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=30),
+       st.lists(st.integers(0, 4), min_size=30, max_size=30), st.sampled_from([1, 25, 50, 90, 99, 100]))
+def test_weighted_percentile_equals_the_percentile_of_the_repeated_values(values, counts, q):
+    x = np.sort(np.asarray(values))
+    w = np.asarray(counts[: len(x)], float)
+    if w.sum() == 0:
+        w[0] = 1
+    got = _weighted_percentiles(x, np.vstack([w, np.ones_like(w)]), [q])
+    assert got[0, 0] == np.percentile(np.repeat(x, w.astype(int)), q, method="inverted_cdf")
+    assert got[0, 1] == np.percentile(x, q, method="inverted_cdf")
+
+
+# ---- the command line, on mock-server runs -------------------------------------------------------------------
+def _mock_runs(root: Path, n: int, ttft_s: float, name: str) -> list[Path]:
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.replay.runner import replay
+    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+
+    trace_dir = root / "trace"
+    if not trace_dir.exists():
+        synthetic_trace(4, steps=2, prompt_tokens=16, output_tokens=4).write(trace_dir)
+    dirs = []
+    for k in range(n):
+        with FaultServer(FaultConfig(ttft_s=ttft_s, itl_s=0.001)) as srv:
+            out = root / f"{name}{k}"
+            replay(trace_dir, out, ReplayOptions(concurrency=4, time_scale=0.0, progress=False, predict=False,
+                                                 reset_prefix_cache=False, scrape_interval_s=0.5),
+                   endpoints=[srv.endpoint])
+        dirs.append(out)
+    return dirs
+
+
+def _kvscope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "compare", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def mock_runs(tmp_path_factory) -> dict[str, list[Path]]:
+    root = tmp_path_factory.mktemp("cmp")
+    return {"a": _mock_runs(root, 3, 0.01, "a"), "b": _mock_runs(root, 3, 0.03, "b"), "root": [root]}
+
+
+def test_compare_runs_vs_runs_writes_the_json_verdicts(mock_runs, tmp_path):
+    out = tmp_path / "v.json"
+    r = _kvscope(*map(str, mock_runs["a"]), "--vs", *map(str, mock_runs["b"]), "--json", str(out), "--no-html",
+                 "--resamples", "500")
+    assert r.returncode == 0, r.stderr
+    rows = {m["metric"]: m for m in json.loads(out.read_text())["metrics"]}
+    assert {"ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "tpot_p50_s", "output_tokens_per_s", "hit_rate"} <= set(rows)
+    ttft = rows["ttft_p50_s"]
+    assert {"a", "b", "diff", "ci_low", "ci_high", "verdict"} <= set(ttft)
+    assert ttft["verdict"] == "worse" and ttft["ci_low"] <= ttft["diff"] <= ttft["ci_high"]
+    assert ttft["b"] > 2 * ttft["a"]
+
+
+def test_two_positionals_are_a_then_b_and_one_run_a_side_is_inconclusive(mock_runs, tmp_path):
+    out = tmp_path / "v.json"
+    r = _kvscope(str(mock_runs["b"][0]), str(mock_runs["a"][0]), "--json", str(out), "--no-html")
+    assert r.returncode == 0, r.stderr
+    ttft = next(m for m in json.loads(out.read_text())["metrics"] if m["metric"] == "ttft_p50_s")
+    assert ttft["a"] > ttft["b"] and ttft["verdict"] == "inconclusive"
+    assert "A = b0" in r.stdout
+
+
+def test_compare_experiment_servers_takes_their_repeats(mock_runs, tmp_path):
+    exp = tmp_path / "exp"
+    cells = {}
+    for server, dirs in (("fast", mock_runs["a"]), ("slow", mock_runs["b"])):
+        for k, d in enumerate(dirs):
+            name = f"{server}__w__c4__r{k}"
+            (exp / "cells").mkdir(parents=True, exist_ok=True)
+            (exp / "cells" / name).symlink_to(d, target_is_directory=True)
+            cells[name] = {"server": server, "workload": "w", "load": "c4", "repeat": k, "status": "ok"}
+    (exp / "experiment.json").write_text(json.dumps({"experiment": "x", "cells": cells}))
+    out = tmp_path / "v.json"
+    r = _kvscope(str(exp), "--a", "fast", "--b", "slow", "--json", str(out), "--resamples", "500")
+    assert r.returncode == 0, r.stderr
+    ttft = next(m for m in json.loads(out.read_text())["metrics"] if m["metric"] == "ttft_p50_s")
+    assert ttft["verdict"] == "worse" and ttft["runs_a"] == 3 and ttft["runs_b"] == 3
+    bad = _kvscope(str(exp), "--a", "fast", "--b", "nope")
+    assert bad.returncode == 2 and "'nope'" in bad.stderr and "fast, slow" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    no_servers = _kvscope(str(exp), str(mock_runs["a"][0]))
+    assert no_servers.returncode == 2 and "--a SERVER --b SERVER" in no_servers.stderr
+
+
+def test_three_runs_without_vs_is_a_one_line_error(mock_runs):
+    r = _kvscope(*map(str, mock_runs["a"]))
+    assert r.returncode == 2 and "--vs" in r.stderr and "Traceback" not in r.stderr

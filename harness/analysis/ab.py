@@ -1,159 +1,439 @@
-"""A/B comparison of two configurations (or two runs) on identical traffic, with bootstrap intervals.
+"""A/B verdicts from a hierarchical bootstrap over repeats and sessions.
 
-Requests are paired by trace request id (the same prompt was sent in both runs), so per-request noise that
-comes from the prompt itself cancels. For each metric the statistic (p50/p90/p99 of a latency, token-
-weighted hit rate, cost) is computed on B paired resamples; the 95 % interval of the difference B − A
-decides the verdict: better, worse, or no significant difference. Throughput is a per-run quantity: its
-interval comes from resampling fixed time windows of each run.
+Why this structure. A request is not the unit of independence: one run (a repeat) carries a run factor (machine
+state, the server's warm-up, what else the host was doing) shared by every request in it, and the requests of one
+session share its context and its scheduling. Resampling requests treats both as signal, so two runs of one
+configuration read as "different" most of the time. Here each bootstrap draw resamples the *runs* of each side
+(R of R with replacement), then the *sessions* inside every drawn run (all requests of a session stay together),
+and computes the statistic (a pooled percentile, the token-weighted hit rate, mean prefill cost, the mean per-run
+output throughput) on the weighted draw. Where A and B replayed identical traffic (the same trace sha256, the
+same sessions) the draws are paired: run slot j and the session draw of slot j are the same on both sides, so
+what a prompt costs cancels in B − A and drift spreads over both arms of interleaved repeats.
+
+A draw is a weight per (run, session) unit, so the whole thing is matrix work: weights (draws x units) come from
+one `bincount`, a weighted percentile is a cumulative sum over the values sorted once and one `searchsorted`
+on the flattened, row-offset cumulative sums. Draws are processed in chunks sized to the number of records, so
+memory stays bounded at 100k records.
+
+Words. With margin m (5 % of A, 0.5 percentage points for the hit rate): *better* / *worse* when the interval
+of B − A lies beyond ±m on one side, *equivalent* when it lies inside ±m, *inconclusive* otherwise. The tests
+behind the words are bootstrap p-values ("beyond the margin" and two one-sided "inside the margin"), adjusted
+with Benjamini–Hochberg across the metrics of one comparison, so a reported 95 % interval can exclude the
+margin while the verdict stays inconclusive. With one run on a side, run-to-run noise is not measured: latency
+and throughput verdicts are *inconclusive* unless a relative run-to-run noise is given (`run_noise`, e.g. from
+`estimate_run_noise` on repeats of one configuration). A hit-rate (and prefill-cost) difference between a side
+with prefix caching off and one with it on is true by construction and marked `by_construction`.
+
+Throughput is a per-run quantity (each run's output tokens/s, from its summary); its draws resample runs only.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-LOWER_IS_BETTER = {"ttft", "tpot", "e2e", "itl", "cost"}
+#: Percentiles compared per latency family (p99 of TPOT and e2e adds little but a multiple-comparison cost).
+QUANTILES = {"ttft": (50, 90, 99), "tpot": (50, 90), "e2e": (50, 90)}
+LATENCY_METRICS = tuple(QUANTILES)
+THROUGHPUT_METRIC = "output_tokens_per_s"
+HIT_RATE_METRIC = "hit_rate"
+COST_METRIC = "cost_prefill_units_per_request"
+HIGHER_IS_BETTER = {THROUGHPUT_METRIC, HIT_RATE_METRIC}
+#: Practical margin: differences inside it are not worth a verdict (relative to A; absolute for the hit rate).
+MARGIN_RELATIVE = 0.05
+MARGIN_HIT_RATE = 0.005
+ALPHA = 0.05
+VERDICTS = ("better", "worse", "equivalent", "inconclusive", "by_construction")
+TABLE_COLUMNS = ["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "margin", "p_value", "p_adjusted",
+                 "verdict", "runs_a", "runs_b", "paired"]
 
 
 @dataclass(frozen=True)
-class Comparison:
-    metric: str
-    a: float
-    b: float
-    diff: float
-    ci_low: float
-    ci_high: float
-    relative: float
-    verdict: str
+class Run:
+    """One replay run (a repeat of a cell): its request records and its per-run facts."""
 
-    def as_dict(self) -> dict:
-        return self.__dict__.copy()
+    name: str
+    records: pd.DataFrame
+    output_tokens_per_s: float | None = None  # from summary.json; None: computed from the records
+    prefix_caching: bool | None = None
+    trace_sha256: str | None = None
 
 
-#: Differences smaller than this are reported as "no significant difference" even when the interval excludes
-#: zero: relative to A for latency, throughput and cost (run-to-run noise of a shared machine), absolute for
-#: the hit rate (a fraction).
-MIN_EFFECT = {"relative": 0.05, "hit_rate": 0.005}
+@dataclass
+class _Side:
+    """The records of one side as arrays: every request's (run, session) unit, and per-run throughput."""
+
+    runs: int
+    sessions_per_run: np.ndarray  # (R,)
+    unit_offset: np.ndarray  # (R,) first unit index of each run
+    unit_of_request: np.ndarray  # (n,)
+    columns: dict[str, np.ndarray]
+    throughput: np.ndarray  # (R,) output tokens/s per run
+    prefix_caching: set = field(default_factory=set)
+
+    @property
+    def units(self) -> int:
+        return int(self.sessions_per_run.sum())
 
 
-def _verdict(metric: str, lo: float, hi: float, diff: float = math.nan, a: float = math.nan) -> str:
-    if math.isnan(lo) or math.isnan(hi) or (lo <= 0 <= hi):
-        return "no significant difference"
-    if not math.isnan(diff):
-        floor = MIN_EFFECT["hit_rate"] if metric == "hit_rate" else MIN_EFFECT["relative"] * abs(a)
-        if abs(diff) < floor:
-            return "no significant difference"
-    lower_better = metric.split("_")[0] in LOWER_IS_BETTER
-    b_smaller = hi < 0
-    return "better" if b_smaller == lower_better else "worse"
+# ---- input ---------------------------------------------------------------------------------------------------
+def _ok_records(df: pd.DataFrame) -> pd.DataFrame:
+    if not len(df):
+        return df
+    ok = df[df["error_class"].isna() & (df["attempt"] == 0)] if "attempt" in df else df[df["error_class"].isna()]
+    if "in_window" in ok:
+        ok = ok[ok["in_window"].astype(bool)]
+    return ok
 
 
-def pair_requests(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Successful requests present in both runs, joined on (request_id, attempt 0)."""
-    keep = ["request_id", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "cached_tokens", "output_tokens"]
-
-    def prep(df: pd.DataFrame) -> pd.DataFrame:
-        ok = df[df["error_class"].isna() & (df["attempt"] == 0)]
-        if "in_window" in ok:
-            ok = ok[ok["in_window"].astype(bool)]
-        return ok[keep]
-
-    return prep(a).merge(prep(b), on="request_id", suffixes=("_a", "_b"))
+def records_throughput(df: pd.DataFrame) -> float | None:
+    """Output tokens/s of one run from its records: tokens over first send to last completion."""
+    ok = _ok_records(df)
+    if not len(ok) or ok["done_s"].isna().all():
+        return None
+    span = float(ok["done_s"].max()) - float(df["sent_s"].min())
+    return float(ok["output_tokens"].sum()) / span if span > 0 else None
 
 
-def _resample_indices(n: int, resamples: int, rng: np.random.Generator, chunk: int = 256):
-    """Bootstrap index matrices in chunks (bounded memory for large runs), the same draws for every metric."""
+def split_runs(df: pd.DataFrame, name: str = "run") -> list[Run]:
+    """Records of several cells (a `cell` column, as `load_results` gives) as one Run per cell."""
+    if "cell" not in df or df["cell"].nunique() <= 1:
+        return [Run(name, df)]
+    return [Run(str(c), g) for c, g in df.groupby("cell", sort=False)]
+
+
+def _session_ids(run: Run) -> list[str]:
+    return sorted(map(str, pd.unique(_ok_records(run.records)["session_id"])))
+
+
+def traffic_is_identical(a_runs: Sequence[Run], b_runs: Sequence[Run]) -> bool:
+    """Paired when every run replayed the same trace (sha256, where known) with the same sessions."""
+    runs = [*a_runs, *b_runs]
+    shas = {r.trace_sha256 for r in runs}
+    if len(shas) > 1:
+        return False
+    first = _session_ids(runs[0])
+    return bool(first) and all(_session_ids(r) == first for r in runs[1:])
+
+
+def _side(runs: Sequence[Run], paired_sessions: list[str] | None) -> _Side:
+    frames, sessions_per_run, offsets, tput, off = [], [], [], [], 0
+    for run in runs:
+        ok = _ok_records(run.records)
+        if not len(ok):
+            from kvscope.harness.common.errors import KvscopeError
+
+            raise KvscopeError(f"{run.name}: no successful requests inside the window to compare")
+        sessions = paired_sessions or sorted(map(str, pd.unique(ok["session_id"])))
+        local = pd.Categorical(ok["session_id"].astype(str), categories=sessions).codes
+        frames.append(ok.assign(_unit=off + local))
+        sessions_per_run.append(len(sessions))
+        offsets.append(off)
+        off += len(sessions)
+        t = run.output_tokens_per_s if run.output_tokens_per_s is not None else records_throughput(run.records)
+        tput.append(np.nan if t is None else float(t))
+    allr = pd.concat(frames, ignore_index=True)
+    cols = {f"{m}_s": allr[f"{m}_s"].to_numpy(float) for m in LATENCY_METRICS}
+    cols["prompt_tokens"] = allr["prompt_tokens"].to_numpy(float)
+    cols["cached_tokens"] = allr["cached_tokens"].fillna(0).to_numpy(float)
+    return _Side(len(runs), np.asarray(sessions_per_run), np.asarray(offsets), allr["_unit"].to_numpy(np.int64),
+                 cols, np.asarray(tput), {r.prefix_caching for r in runs})
+
+
+# ---- resampling ----------------------------------------------------------------------------------------------
+@dataclass
+class _Draws:
+    """One chunk of draws: chosen run per slot (k, R_max) and the uniform session draws (k, R_max, S_max)."""
+
+    run_choice_a: np.ndarray
+    run_choice_b: np.ndarray
+    uniforms_a: np.ndarray
+    uniforms_b: np.ndarray
+
+
+def _draw_chunks(a: _Side, b: _Side, paired: bool, resamples: int, chunk: int, rng: np.random.Generator):
+    s_max = int(max(a.sessions_per_run.max(), b.sessions_per_run.max()))
+    r_max = max(a.runs, b.runs)
     done = 0
     while done < resamples:
         k = min(chunk, resamples - done)
-        yield rng.integers(0, n, size=(k, n))
+        ia = rng.integers(0, a.runs, size=(k, a.runs))
+        ua = rng.random((k, r_max, s_max))
+        if paired:
+            ib = ia if a.runs == b.runs else rng.integers(0, b.runs, size=(k, b.runs))
+            ub = ua
+        else:
+            ib, ub = rng.integers(0, b.runs, size=(k, b.runs)), rng.random((k, r_max, s_max))
+        yield _Draws(ia, ib, ua, ub)
         done += k
 
 
-def compare_paired(paired: pd.DataFrame, resamples: int = 2000, seed: int = 0,
-                   cost_per_uncached_token: float = 1.0, cost_per_cached_token: float = 0.1) -> list[Comparison]:
-    """Paired bootstrap of B − A for latency percentiles, hit rate and prefill cost (vectorised over draws)."""
-    rng = np.random.default_rng(seed)
-    n = len(paired)
-    out: list[Comparison] = []
-    if n < 2:
-        return out
-    # Requests without a metric (e.g. TPOT of one-token answers) are left out of that metric's pairs.
-    lat = {}
-    for m in ("ttft", "tpot", "e2e"):
-        xa, xb = paired[f"{m}_s_a"].to_numpy(float), paired[f"{m}_s_b"].to_numpy(float)
-        keep = ~(np.isnan(xa) | np.isnan(xb))
-        if keep.sum() >= 2:
-            lat[m] = (xa[keep], xb[keep])
-    pa, pb = paired["prompt_tokens_a"].to_numpy(float), paired["prompt_tokens_b"].to_numpy(float)
-    ca, cb = paired["cached_tokens_a"].fillna(0).to_numpy(float), paired["cached_tokens_b"].fillna(0).to_numpy(float)
-    cost_a = (pa - ca) * cost_per_uncached_token + ca * cost_per_cached_token
-    cost_b = (pb - cb) * cost_per_uncached_token + cb * cost_per_cached_token
-    qs = (50, 90, 99)
-    boots: dict[str, list[np.ndarray]] = {f"{m}_p{q}_s": [] for m in lat for q in qs}
-    boots["hit_rate"], boots["cost"] = [], []
-    for idx in _resample_indices(n, resamples, rng):
-        boots["hit_rate"].append(cb[idx].sum(1) / pb[idx].sum(1) - ca[idx].sum(1) / pa[idx].sum(1))
-        boots["cost"].append(cost_b[idx].mean(1) - cost_a[idx].mean(1))
-    for m, (xa, xb) in lat.items():
-        for idx in _resample_indices(len(xa), resamples, rng):
-            da = np.percentile(xa[idx], qs, axis=1)
-            db = np.percentile(xb[idx], qs, axis=1)
-            for j, q in enumerate(qs):
-                boots[f"{m}_p{q}_s"].append(db[j] - da[j])
-    for m, (xa_v, xb_v) in lat.items():
-        for q in qs:
-            name = f"{m}_p{q}_s"
-            a_v, b_v = float(np.percentile(xa_v, q)), float(np.percentile(xb_v, q))
-            lo, hi = np.percentile(np.concatenate(boots[name]), [2.5, 97.5])
-            out.append(Comparison(name, a_v, b_v, b_v - a_v, float(lo), float(hi),
-                                  (b_v - a_v) / a_v if a_v else math.nan, _verdict(name, lo, hi, b_v - a_v, a_v)))
-    a_v, b_v = float(ca.sum() / pa.sum()), float(cb.sum() / pb.sum())
-    lo, hi = np.percentile(np.concatenate(boots["hit_rate"]), [2.5, 97.5])
-    out.append(Comparison("hit_rate", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("hit_rate", lo, hi, b_v - a_v, a_v)))
-    a_v, b_v = float(cost_a.mean()), float(cost_b.mean())
-    lo, hi = np.percentile(np.concatenate(boots["cost"]), [2.5, 97.5])
-    out.append(Comparison("cost_prefill_units_per_request", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                          (b_v - a_v) / a_v if a_v else math.nan, _verdict("cost", lo, hi, b_v - a_v, a_v)))
+def _unit_weights(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """Weights (k, units): how often each (run, session) unit appears in each draw."""
+    k, slots = run_choice.shape
+    s_max = uniforms.shape[2]
+    n_sess = side.sessions_per_run[run_choice]  # (k, slots)
+    local = np.floor(uniforms[:, :slots, :] * n_sess[:, :, None]).astype(np.int64)
+    keep = np.arange(s_max)[None, None, :] < n_sess[:, :, None]
+    unit = side.unit_offset[run_choice][:, :, None] + local
+    flat = (np.arange(k)[:, None, None] * side.units + unit)[keep]
+    return np.bincount(flat, minlength=k * side.units).reshape(k, side.units).astype(np.int32)
+
+
+def _weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: Sequence[float]) -> np.ndarray:
+    """Inverted-CDF percentiles (the smallest value whose weighted CDF reaches q) per row: (len(qs), k).
+
+    Integer weights (resample counts) keep the cumulative sums exact and half the memory traffic of floats; rows
+    are offset so that one `searchsorted` on the flattened sums answers every row."""
+    k, n = weights.shape
+    dtype = np.int32 if k * (n * int(weights.max(initial=0)) + 1) < 2**31 else np.int64
+    cum = np.cumsum(weights, axis=1, dtype=dtype)
+    total = cum[:, -1].astype(np.float64)
+    step = int(total.max()) + 1
+    cum += (np.arange(k, dtype=dtype) * step)[:, None]
+    targets = np.asarray(qs, float)[:, None] / 100.0 * total[None, :]
+    # the smallest position whose cumulative weight reaches q * total (ceil: weights are integers)
+    targets = np.ceil(targets - 1e-9 * np.maximum(total, 1.0)[None, :]) + (np.arange(k) * step)[None, :]
+    pos = np.searchsorted(cum.ravel(), targets, side="left") - (np.arange(k) * n)[None, :]
+    return sorted_values[np.clip(pos, 0, n - 1)]
+
+
+# ---- statistics per draw -------------------------------------------------------------------------------------
+def _latency_draws(side: _Side, w_units: np.ndarray) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for m in LATENCY_METRICS:
+        x = side.columns[f"{m}_s"]
+        keep = ~np.isnan(x)
+        if keep.sum() < 2:
+            continue
+        order = np.argsort(x[keep], kind="stable")
+        vals, units = x[keep][order], side.unit_of_request[keep][order]
+        per_q = _weighted_percentiles(vals, w_units[:, units], QUANTILES[m])
+        for j, q in enumerate(QUANTILES[m]):
+            out[f"{m}_p{q}_s"] = per_q[j]
     return out
 
 
-def throughput_comparison(a: pd.DataFrame, b: pd.DataFrame, windows: int = 10, resamples: int = 2000,
-                          seed: int = 0) -> Comparison | None:
-    """Output tokens/s, with an interval from resampling equal time windows of each run independently."""
+def _unit_sums(side: _Side, values: np.ndarray) -> np.ndarray:
+    return np.bincount(side.unit_of_request, weights=values, minlength=side.units)
+
+
+def _cache_draws(side: _Side, w_units: np.ndarray, cost_uncached: float, cost_cached: float) -> dict[str, np.ndarray]:
+    prompt, cached = side.columns["prompt_tokens"], side.columns["cached_tokens"]
+    p_u, c_u = _unit_sums(side, prompt), _unit_sums(side, cached)
+    cost_u = _unit_sums(side, (prompt - cached) * cost_uncached + cached * cost_cached)
+    n_u = _unit_sums(side, np.ones_like(prompt))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {HIT_RATE_METRIC: (w_units @ c_u) / (w_units @ p_u), COST_METRIC: (w_units @ cost_u) / (w_units @ n_u)}
+
+
+def _draw_statistics(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray, costs: tuple[float, float],
+                     run_noise: Mapping[str, float], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    w = _unit_weights(side, run_choice, uniforms)
+    stats = {**_latency_draws(side, w), **_cache_draws(side, w, *costs)}
+    stats[THROUGHPUT_METRIC] = side.throughput[run_choice].mean(axis=1)
+    if side.runs == 1:  # no repeats on this side: add the run-to-run noise known from elsewhere, if any
+        for name in stats:
+            sigma = run_noise.get(_family(name))
+            if sigma:
+                stats[name] = stats[name] * np.exp(rng.normal(0.0, sigma, size=len(stats[name])))
+    return stats
+
+
+def _point_estimates(side: _Side, costs: tuple[float, float]) -> dict[str, float]:
+    ones = np.ones((1, side.units), dtype=np.int32)
+    stats = {**_latency_draws(side, ones), **_cache_draws(side, ones, *costs)}
+    out = {k: float(v[0]) for k, v in stats.items()}
+    out[THROUGHPUT_METRIC] = float(np.mean(side.throughput))
+    return out
+
+
+def _family(metric: str) -> str:
+    """ttft_p50_s -> ttft; output_tokens_per_s -> throughput; hit_rate / cost stay."""
+    if metric == THROUGHPUT_METRIC:
+        return "throughput"
+    return metric.split("_p")[0] if metric.endswith("_s") else metric
+
+
+# ---- verdicts ------------------------------------------------------------------------------------------------
+def _p_values(d: np.ndarray, margin: float) -> tuple[float, float]:
+    """(beyond the margin on one side, inside the margin): two-sided bootstrap p-values, (1 + count) / (1 + B)."""
+    n = len(d)
+    beyond = 2 * min(np.sum(d <= margin), np.sum(d >= -margin))
+    inside = 2 * max(np.sum(d <= -margin), np.sum(d >= margin))
+    return min(1.0, (1 + beyond) / (1 + n)), min(1.0, (1 + inside) / (1 + n))
+
+
+def _bh(p: Sequence[float]) -> np.ndarray:
+    from scipy.stats import false_discovery_control
+
+    return false_discovery_control(np.asarray(p, float), method="bh") if len(p) else np.zeros(0)
+
+
+def _margin(metric: str, a: float) -> float:
+    return MARGIN_HIT_RATE if metric == HIT_RATE_METRIC else MARGIN_RELATIVE * abs(a)
+
+
+def _by_construction(metric: str, a: _Side, b: _Side) -> bool:
+    """Hit rate (and prefill cost) when one side has prefix caching off and the other on."""
+    on, off = frozenset({True}), frozenset({False})
+    return metric in (HIT_RATE_METRIC, COST_METRIC) and {frozenset(a.prefix_caching), frozenset(b.prefix_caching)} \
+        == {on, off}
+
+
+def _rows(a: _Side, b: _Side, boots: dict[str, list[np.ndarray]], points: tuple[dict, dict],
+          run_noise: Mapping[str, float], paired: bool, alpha: float) -> pd.DataFrame:
+    rows = []
+    for name, chunks in boots.items():
+        d = np.concatenate(chunks)
+        d = d[~np.isnan(d)]
+        a_v, b_v = points[0].get(name, math.nan), points[1].get(name, math.nan)
+        if not len(d) or math.isnan(a_v) or math.isnan(b_v):
+            continue
+        margin = _margin(name, a_v)
+        lo, hi = np.percentile(d, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        p_out, p_in = _p_values(d, margin)
+        unmeasured = min(a.runs, b.runs) < 2 and _family(name) in {*LATENCY_METRICS, "throughput"} and not (
+            run_noise.get(_family(name)))
+        rows.append({"metric": name, "a": a_v, "b": b_v, "diff": b_v - a_v, "ci_low": float(lo), "ci_high": float(hi),
+                     "relative": (b_v - a_v) / a_v if a_v else math.nan, "margin": margin, "_p_out": p_out,
+                     "_p_in": p_in, "_fixed": "by_construction" if _by_construction(name, a, b)
+                     else "inconclusive" if unmeasured else None, "runs_a": a.runs, "runs_b": b.runs,
+                     "paired": paired})
+    t = pd.DataFrame(rows)
+    if not len(t):
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    tested = t["_fixed"].isna()
+    t["p_value"], t["p_adjusted"] = t["_p_out"].where(tested), np.nan
+    t.loc[tested, "p_adjusted"] = _bh(t.loc[tested, "_p_out"].tolist())
+    p_in_adj = pd.Series(np.nan, index=t.index)
+    p_in_adj[tested] = _bh(t.loc[tested, "_p_in"].tolist())
+    t["verdict"] = [_word(r, p_in_adj[i], alpha) for i, r in t.iterrows()]
+    return t[TABLE_COLUMNS]
+
+
+def _word(row: pd.Series, p_in_adjusted: float, alpha: float) -> str:
+    if isinstance(row["_fixed"], str):  # (pandas may hold the missing ones as None or NaN)
+        return row["_fixed"]
+    if row["p_adjusted"] < alpha:
+        b_larger = row["diff"] > 0
+        return "better" if b_larger == (row["metric"] in HIGHER_IS_BETTER) else "worse"
+    return "equivalent" if p_in_adjusted < alpha else "inconclusive"
+
+
+# ---- entry points --------------------------------------------------------------------------------------------
+def compare(a_runs: Sequence[Run], b_runs: Sequence[Run], resamples: int = 2000, seed: int = 0,
+            run_noise: Mapping[str, float] | None = None, alpha: float = ALPHA,
+            cost_per_uncached_token: float = 1.0, cost_per_cached_token: float = 0.1) -> pd.DataFrame:
+    """The verdict table, B relative to A: one row per metric (`TABLE_COLUMNS`).
+
+    `run_noise` maps a metric family (`ttft`, `tpot`, `e2e`, `throughput`) to its relative run-to-run standard
+    deviation, used only for a side with a single run (see `estimate_run_noise`)."""
+    if not a_runs or not b_runs:
+        raise ValueError("compare needs at least one run on each side")
+    paired = traffic_is_identical(a_runs, b_runs)
+    sessions = _session_ids(a_runs[0]) if paired else None
+    a, b = _side(a_runs, sessions), _side(b_runs, sessions)
+    if not len(a.unit_of_request) or not len(b.unit_of_request):
+        return pd.DataFrame(columns=TABLE_COLUMNS)
     rng = np.random.default_rng(seed)
-
-    def per_window(df: pd.DataFrame) -> np.ndarray | None:
-        ok = df[df["error_class"].isna()]
-        if len(ok) < windows or ok["done_s"].isna().all():
-            return None
-        t0, t1 = float(ok["sent_s"].min()), float(ok["done_s"].max())
-        if t1 <= t0:
-            return None
-        edges = np.linspace(t0, t1, windows + 1)
-        counts, _ = np.histogram(ok["done_s"].to_numpy(float), bins=edges, weights=ok["output_tokens"].to_numpy(float))
-        return counts / np.diff(edges)
-
-    wa, wb = per_window(a), per_window(b)
-    if wa is None or wb is None:
-        return None
-    ia = rng.integers(0, windows, size=(resamples, windows))
-    ib = rng.integers(0, windows, size=(resamples, windows))
-    boots = wb[ib].mean(axis=1) - wa[ia].mean(axis=1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    a_v, b_v = float(wa.mean()), float(wb.mean())
-    return Comparison("throughput_output_tok_per_s", a_v, b_v, b_v - a_v, float(lo), float(hi),
-                      (b_v - a_v) / a_v if a_v else math.nan, _verdict("throughput", lo, hi, b_v - a_v, a_v))
+    noise = dict(run_noise or {})
+    costs = (cost_per_uncached_token, cost_per_cached_token)
+    chunk = max(1, min(256, 4_000_000 // max(len(a.unit_of_request), len(b.unit_of_request))))
+    boots: dict[str, list[np.ndarray]] = {}
+    for draws in _draw_chunks(a, b, paired, resamples, chunk, rng):
+        sa = _draw_statistics(a, draws.run_choice_a, draws.uniforms_a, costs, noise, rng)
+        sb = _draw_statistics(b, draws.run_choice_b, draws.uniforms_b, costs, noise, rng)
+        for name in sa.keys() & sb.keys():
+            boots.setdefault(name, []).append(sb[name] - sa[name])
+    order = [f"{m}_p{q}_s" for m in LATENCY_METRICS for q in QUANTILES[m]] + [THROUGHPUT_METRIC, HIT_RATE_METRIC,
+                                                                           COST_METRIC]
+    boots = {k: boots[k] for k in order if k in boots}
+    return _rows(a, b, boots, (_point_estimates(a, costs), _point_estimates(b, costs)), noise, paired, alpha)
 
 
-def compare_runs(a: pd.DataFrame, b: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """The verdict table: one row per metric, B relative to A."""
-    rows = [c.as_dict() for c in compare_paired(pair_requests(a, b), resamples, seed)]
-    t = throughput_comparison(a, b, resamples=resamples, seed=seed)
-    if t is not None:
-        rows.append(t.as_dict())
-    return pd.DataFrame(rows, columns=["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "verdict"])
+def compare_runs(a: pd.DataFrame, b: pd.DataFrame, resamples: int = 2000, seed: int = 0,
+                 run_noise: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Records of A and B (one run each, or several cells told apart by the `cell` column)."""
+    return compare(split_runs(a, "A"), split_runs(b, "B"), resamples=resamples, seed=seed, run_noise=run_noise)
+
+
+def estimate_run_noise(runs: Sequence[Run]) -> dict[str, float]:
+    """Relative run-to-run standard deviation per metric family from repeats of one configuration (the
+    standard deviation of log per-run p50 latency and throughput; needs two runs or more)."""
+    if len(runs) < 2:
+        return {}
+    sides = [_side([r], None) for r in runs]
+    points = [_point_estimates(s, (1.0, 0.1)) for s in sides]
+    out = {}
+    for fam, metric in [*((m, f"{m}_p50_s") for m in LATENCY_METRICS), ("throughput", THROUGHPUT_METRIC)]:
+        vals = np.array([p.get(metric, math.nan) for p in points], float)
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        if len(vals) >= 2:
+            out[fam] = float(np.std(np.log(vals), ddof=1))
+    return out
+
+
+# ---- runs from result directories ----------------------------------------------------------------------------
+def runs_from_dirs(dirs: Iterable[str | Path]) -> list[Run]:
+    """Every cell of every directory (a replay run, a cell directory, or an experiment run) as a Run."""
+    from kvscope.harness.results.loaders import load_results
+
+    runs: list[Run] = []
+    for d in dirs:
+        res = load_results(d)
+        runs.extend(_runs_of(res, list(res.cell_dirs)))
+    return runs
+
+
+def runs_from_experiment(experiment, server: str, workload: str | None = None, load: str | None = None
+                         ) -> list[Run]:
+    """The repeats of one server configuration in an experiment (a directory or loaded `ExperimentResults`), at
+    one workload and load level (either may be left out when the server ran only one)."""
+    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.loaders import ExperimentResults, load_results
+
+    res = experiment if isinstance(experiment, ExperimentResults) else load_results(experiment)
+    root = res.root
+    c = res.cells
+    if not len(c) or "server" not in c:
+        raise KvscopeError(f"{root}: no cells")
+    ok = c[c["status"] == "ok"] if "status" in c else c
+    sel = ok[ok["server"] == server]
+    if not len(sel):
+        raise KvscopeError(f"{root}: no finished cell of server {server!r}; servers: "
+                           f"{', '.join(sorted(map(str, ok['server'].unique())))}")
+    for col, want, flag in (("workload", workload, "--workload"), ("load", load, "--load")):
+        values = list(dict.fromkeys(map(str, sel[col])))
+        if want is None and len(values) > 1:
+            raise KvscopeError(f"{root}: server {server!r} ran several {col}s ({', '.join(values)}); choose with {flag}")
+        if want is not None and want not in values:
+            raise KvscopeError(f"{root}: {flag} {want!r} not among {', '.join(values)} for server {server!r}")
+        sel = sel[sel[col].astype(str) == (want if want is not None else values[0])]
+    return _runs_of(res, sel.sort_values("repeat")["cell"].tolist())
+
+
+def _runs_of(res, cells: list[str]) -> list[Run]:
+    runs = []
+    for cell in cells:
+        summary = res.summaries.get(cell) or {}
+        facts = (summary.get("server_facts") or [{}])[0]
+        manifest_path = res.cell_dirs[cell] / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        name = res.root.name if res.manifest.get("single_run") else cell
+        runs.append(Run(name, res.requests[res.requests["cell"] == cell] if len(res.requests) else res.requests,
+                        (summary.get("throughput") or {}).get("output_tokens_per_s"), facts.get("prefix_caching"),
+                        (manifest.get("trace") or {}).get("sha256")))
+    return runs
+
+
+def verdicts_json(table: pd.DataFrame) -> dict:
+    """The `--json` body: {"metrics": [{"metric", "a", "b", "diff", "ci_low", "ci_high", "verdict", …}, …]}."""
+    rows = json.loads(table.to_json(orient="records"))
+    return {"metrics": rows}

@@ -38,16 +38,33 @@ def add_subcommands(sub) -> None:
     rep.add_argument("--show-input", action="store_true", help="keep code cells in the HTML")
     rep.set_defaults(func=_cmd_report)
 
-    cmp_ = sub.add_parser("compare", help="A/B comparison of two runs on identical traffic (HTML + verdict table)",
-                          description="Pair the requests of RUN_A and RUN_B by trace request id and report paired "
-                                      "differences with 95% bootstrap intervals and a verdict per metric.",
-                          formatter_class=_Formatter)
-    cmp_.add_argument("run_a", metavar="RUN_A", help="replay run or experiment cell directory")
-    cmp_.add_argument("run_b", metavar="RUN_B")
+    cmp_ = sub.add_parser(
+        "compare", help="A/B verdicts: repeats of A against repeats of B (hierarchical bootstrap)",
+        description="B relative to A, per metric of summary.json: a 95% interval of B - A from a bootstrap that "
+                    "resamples runs, then sessions within a run (paired on identical traffic), and a verdict: "
+                    "better / worse (beyond a 5% margin), equivalent (inside it), inconclusive, or by_construction. "
+                    "Benjamini-Hochberg across the metrics. With one run a side latency and throughput stay "
+                    "inconclusive (unless --run-noise-from gives repeats).\n\n"
+                    "  kvscope compare RUN_A RUN_B\n"
+                    "  kvscope compare A_RUN [A_RUN ...] --vs B_RUN [B_RUN ...] [--json FILE]\n"
+                    "  kvscope compare EXPERIMENT_DIR --a SERVER --b SERVER [--workload W] [--load L]",
+        formatter_class=_Formatter)
+    cmp_.add_argument("runs", metavar="RUN", nargs="+",
+                      help="replay run or cell directories of A (or RUN_A RUN_B, or one EXPERIMENT_DIR with --a/--b)")
+    cmp_.add_argument("--vs", metavar="RUN", nargs="+", help="the runs (repeats) of B")
+    cmp_.add_argument("--a", dest="server_a", metavar="SERVER", help="experiment mode: server configuration A")
+    cmp_.add_argument("--b", dest="server_b", metavar="SERVER", help="experiment mode: server configuration B")
+    cmp_.add_argument("--workload", metavar="W", help="experiment mode: the workload (needed when there are several)")
+    cmp_.add_argument("--load", metavar="L", help="experiment mode: the load level, e.g. c1 (needed when several)")
+    cmp_.add_argument("--json", metavar="FILE", help='write {"metrics": [{"metric", "a", "b", "diff", "ci_low", '
+                                                    '"ci_high", "verdict", ...}, ...]} here')
+    cmp_.add_argument("--run-noise-from", metavar="RUN", nargs="+",
+                      help="repeats of one configuration whose spread is the run-to-run noise (for one run a side)")
     cmp_.add_argument("--out", metavar="DIR", help="where to write the report (default: results/compare/A_vs_B)")
     cmp_.add_argument("--label-a", default=None)
     cmp_.add_argument("--label-b", default=None)
     cmp_.add_argument("--resamples", type=int, default=2000)
+    cmp_.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     cmp_.add_argument("--no-html", action="store_true", help="print the verdict table only")
     cmp_.set_defaults(func=_cmd_compare)
 
@@ -90,26 +107,72 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in report.notebooks) else 1
 
 
+def _compare_sides(args: argparse.Namespace) -> tuple[list, list, str, str]:
+    """(A runs, B runs, label A, label B) from the three ways of naming them."""
+    from kvscope.harness.analysis.ab import runs_from_dirs, runs_from_experiment
+    from kvscope.harness.common.errors import KvscopeError
+
+    if args.server_a or args.server_b:
+        if not (args.server_a and args.server_b) or len(args.runs) != 1 or args.vs:
+            raise KvscopeError("compare: experiment mode is EXPERIMENT_DIR --a SERVER --b SERVER (one directory, "
+                               "both --a and --b, no --vs)")
+        root = Path(args.runs[0])
+        a = runs_from_experiment(root, args.server_a, args.workload, args.load)
+        b = runs_from_experiment(root, args.server_b, args.workload, args.load)
+        return a, b, args.server_a, args.server_b
+    if args.workload or args.load:
+        raise KvscopeError("compare: --workload and --load select cells of an experiment; give --a and --b too")
+    if args.vs:
+        a_dirs, b_dirs = args.runs, args.vs
+    elif len(args.runs) == 2:
+        a_dirs, b_dirs = args.runs[:1], args.runs[1:]
+    else:
+        raise KvscopeError(f"compare: got {len(args.runs)} runs and no --vs; give RUN_A RUN_B, "
+                           "A_RUN ... --vs B_RUN ..., or EXPERIMENT_DIR --a SERVER --b SERVER")
+    for d in [*a_dirs, *b_dirs]:
+        if (Path(d) / "experiment.json").exists():
+            raise KvscopeError(f"compare: {d} is an experiment; choose its servers with --a SERVER --b SERVER")
+
+    def label(dirs: list[str]) -> str:
+        first = Path(dirs[0]).name
+        return first if len(dirs) == 1 else f"{first} (+{len(dirs) - 1} runs)"
+
+    return runs_from_dirs(a_dirs), runs_from_dirs(b_dirs), label(a_dirs), label(b_dirs)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from kvscope.harness.analysis.ab import compare_runs
-    from kvscope.harness.report.render import render_compare
-    from kvscope.harness.results.loaders import load_results
+    from kvscope.harness.analysis.ab import compare, estimate_run_noise, runs_from_dirs, verdicts_json
 
-    a, b = Path(args.run_a), Path(args.run_b)
-    label_a = args.label_a or a.name
-    label_b = args.label_b or b.name
-    table = compare_runs(load_results(a).requests, load_results(b).requests, resamples=args.resamples)
+    a_runs, b_runs, label_a, label_b = _compare_sides(args)
+    label_a, label_b = args.label_a or label_a, args.label_b or label_b
+    noise = estimate_run_noise(runs_from_dirs(args.run_noise_from)) if args.run_noise_from else None
+    table = compare(a_runs, b_runs, resamples=args.resamples, seed=args.seed, run_noise=noise)
+    shown = table[["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "p_adjusted", "verdict"]]
     with pd.option_context("display.width", 160, "display.max_columns", 20,
                            "display.float_format", lambda x: f"{x:.4g}"):
-        print(f"A = {label_a}\nB = {label_b}\n")
-        print(table.to_string(index=False))
+        print(f"A = {label_a} ({len(a_runs)} run(s))\nB = {label_b} ({len(b_runs)} run(s))"
+              f"\npaired: {bool(table['paired'].all()) if len(table) else False}\n")
+        print(shown.to_string(index=False))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(verdicts_json(table), indent=1) + "\n")
+        print(f"\nverdicts: {args.json}")
     if not args.no_html:
-        out = Path(args.out) if args.out else Path("results") / "compare" / f"{_safe(label_a)}_vs_{_safe(label_b)}"
-        html = render_compare(a, b, out, label_a, label_b, resamples=args.resamples)
-        print(f"\nreport: {html}")
+        _compare_html(args, label_a, label_b)
     return 0
+
+
+def _compare_html(args: argparse.Namespace, label_a: str, label_b: str) -> None:
+    from kvscope.harness.report.render import render_compare
+
+    if args.server_a or args.vs:
+        print("\n(no HTML report for several runs a side: `kvscope report` on the experiment shows them)")
+        return
+    out = Path(args.out) if args.out else Path("results") / "compare" / f"{_safe(label_a)}_vs_{_safe(label_b)}"
+    html = render_compare(Path(args.runs[0]), Path(args.runs[1]), out, label_a, label_b, resamples=args.resamples)
+    print(f"\nreport: {html}")
 
 
 def _safe(name: str) -> str:

@@ -35,6 +35,11 @@ Fault modes (`FAULT_MODES`):
   die             the whole server stops: listener closed, every connection reset (the process exits when
                   run from the command line)
 
+Latency noise (`LatencyNoise`, for calibrating A/B statistics): lognormal run, session-by-run and request factors
+on the configured TTFT and token gap, and fixed TTFT / throughput effects (`--run-noise`, `--session-noise`,
+`--request-noise`, `--ttft-effect`, `--throughput-effect`, `--noise-seed`). A run factor is drawn once per server
+start, so every process start is a fresh "run".
+
 Run: `python -m kvscope.harness.testing.faultserver --port 8100 --ttft-ms 0 --itl-ms 0 [--fault-rates reset_mid=0.01,...]`.
 In tests: `with FaultServer(FaultConfig(...)) as srv: srv.endpoint`.
 """
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -82,11 +88,81 @@ class FaultConfig:
     keepalive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this (uvicorn's default)
     exit_on_die: bool = False  # `die` ends the process (command-line use)
     text: str | None = None  # generated text of the first token (e.g. markup, to test report escaping)
+    noise: "LatencyNoise | None" = None  # random and fixed multipliers on ttft_s / itl_s (calibration tests)
 
     def __post_init__(self) -> None:
         for mode in [*self.schedule.values(), *self.token_faults.values(), *self.fault_rates]:
             if mode not in FAULT_MODES:
                 raise ValueError(f"unknown fault mode {mode!r}; known: {', '.join(FAULT_MODES)}")
+
+
+@dataclass(frozen=True)
+class LatencyNoise:
+    """Known latency structure for calibrating A/B statistics: multipliers on `ttft_s` and `itl_s`.
+
+    Random factors are lognormal, `exp(N(0, sigma))` (sigma ≈ the coefficient of variation when small): one run
+    factor per server start (TTFT and token gaps), one factor per session and server start (the session is the
+    request's `cache_salt`, else its first prompt token), one TTFT factor per request. The fixed effects are not
+    random: TTFT times `ttft_effect`; token gaps stretched so that each response takes 1 / `throughput_effect`
+    as long as without it (output tokens/s times `throughput_effect`). `seed` None draws a fresh seed."""
+
+    run_sigma: float = 0.0
+    session_sigma: float = 0.0
+    request_sigma: float = 0.0
+    ttft_effect: float = 1.0
+    throughput_effect: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("run_sigma", "session_sigma", "request_sigma"):
+            if not 0 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be within [0, 2], got {getattr(self, name)}")
+        for name in ("ttft_effect", "throughput_effect"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class _NoiseState:
+    """The draws of one server start: its run factor, and each session's factor drawn on first sight."""
+
+    def __init__(self, noise: LatencyNoise) -> None:
+        self.noise = noise
+        self.seed = noise.seed if noise.seed is not None else random.SystemRandom().randrange(1 << 62)
+        self.rng = random.Random(self.seed)
+        self.run_factor = _lognormal(self.rng, noise.run_sigma)
+        self.session_factors: dict[str, float] = {}
+
+    def session_factor(self, key: str) -> float:
+        if key not in self.session_factors:
+            self.session_factors[key] = _lognormal(random.Random(f"{self.seed}:{key}"), self.noise.session_sigma)
+        return self.session_factors[key]
+
+    def delays(self, ttft_s: float, itl_s: float, n_out: int, session_key: str) -> tuple[float, float]:
+        """(TTFT, token gap) for one request."""
+        n = self.noise
+        shared = self.run_factor * self.session_factor(session_key)
+        ttft = ttft_s * shared * _lognormal(self.rng, n.request_sigma)
+        itl = itl_s * shared
+        if n.throughput_effect != 1.0 and n_out > 1:
+            total = (ttft + (n_out - 1) * itl) / n.throughput_effect
+            ttft *= n.ttft_effect
+            return ttft, max(0.0, total - ttft) / (n_out - 1)
+        return ttft * n.ttft_effect, itl
+
+
+def _lognormal(rng: random.Random, sigma: float) -> float:
+    return rng.lognormvariate(0.0, sigma) if sigma > 0 else 1.0
+
+
+def _session_key(req: dict) -> str:
+    """Which session a request belongs to, as far as a server can tell: `cache_salt`, else the first prompt token."""
+    salt = req.get("cache_salt")
+    if salt:
+        return str(salt)
+    prompt = req.get("prompt") if "prompt" in req else req.get("messages")
+    if isinstance(prompt, list) and prompt:
+        return str(prompt[0].get("content", "")[:64] if isinstance(prompt[0], dict) else prompt[0])
+    return str(prompt)[:64]
 
 
 class _Stats:
@@ -147,7 +223,7 @@ def _simple_response(status: int, body: bytes, ctype: bytes = b"application/json
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("srv", "transport", "buf", "busy", "closed", "last_active", "task")
+    __slots__ = ("srv", "transport", "buf", "busy", "closed", "last_active", "task", "delays")
 
     def __init__(self, srv: "FaultServer") -> None:
         self.srv = srv
@@ -157,6 +233,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.last_active = time.monotonic()
         self.task: asyncio.Task | None = None
+        self.delays: tuple[float, float] | None = None  # (TTFT, token gap) of the current request, when noisy
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -243,6 +320,7 @@ class FaultServer:
         self._ready = threading.Event()
         self._sweeper: asyncio.TimerHandle | None = None
         self._started = time.time()
+        self.noise = _NoiseState(self.config.noise) if self.config.noise is not None else None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -334,6 +412,7 @@ class FaultServer:
         t = conn.transport
         assert t is not None
         if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
+            conn.delays = self._noisy_delays(body)
             self._completion(conn, path == b"/v1/chat/completions", body, fault, close)
             return
         if method == b"GET" and path == b"/health":
@@ -358,6 +437,17 @@ class FaultServer:
         if close:
             t.close()
             conn.closed = True
+
+    def _noisy_delays(self, body: bytes) -> tuple[float, float] | None:
+        """(TTFT, token gap) for this request under the configured noise; None without noise (or a bad body)."""
+        if self.noise is None:
+            return None
+        try:
+            req = orjson.loads(body)
+            n_out = int(self.config.output_len or req.get("max_tokens") or 16)
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+            return None
+        return self.noise.delays(self.config.ttft_s, self.config.itl_s, n_out, _session_key(req))
 
     def _metrics(self) -> bytes:
         s, c = self.stats, self.config
@@ -481,13 +571,14 @@ class FaultServer:
     async def _stream_slow(self, conn: _Conn, head: bytes, events: list[bytes], end_action: str) -> None:
         t = conn.transport
         assert t is not None
+        ttft_s, itl_s = conn.delays or (self.config.ttft_s, self.config.itl_s)
         try:
             t.write(head)
-            if self.config.ttft_s > 0:
-                await asyncio.sleep(self.config.ttft_s)
+            if ttft_s > 0:
+                await asyncio.sleep(ttft_s)
             for k, e in enumerate(events):
-                if k and self.config.itl_s > 0 and not e.startswith((b'data: {"id":"cmpl-u', b"data: [DONE]")):
-                    await asyncio.sleep(self.config.itl_s)
+                if k and itl_s > 0 and not e.startswith((b'data: {"id":"cmpl-u', b"data: [DONE]")):
+                    await asyncio.sleep(itl_s)
                 if conn.closed:
                     return
                 t.write(_chunk(e))
@@ -579,6 +670,36 @@ def _pairs(text: str | None, key_type, value_type) -> dict:
     return out
 
 
+def _add_noise_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("latency noise (calibration)", "lognormal multipliers exp(N(0, SIGMA)) on --ttft-ms / "
+                             "--itl-ms, and fixed effects")
+    g.add_argument("--run-noise", type=float, default=0.0, metavar="SIGMA", help="one factor per server start")
+    g.add_argument("--session-noise", type=float, default=0.0, metavar="SIGMA",
+                   help="one factor per session (cache_salt, else first prompt token) and server start")
+    g.add_argument("--request-noise", type=float, default=0.0, metavar="SIGMA", help="one TTFT factor per request")
+    g.add_argument("--ttft-effect", type=float, default=1.0, metavar="X", help="fixed TTFT multiplier (1.3: +30 %%)")
+    g.add_argument("--throughput-effect", type=float, default=1.0, metavar="X",
+                   help="stretch token gaps so output tokens/s is multiplied by X (0.7: -30 %%)")
+    g.add_argument("--noise-seed", type=int, metavar="SEED", help="seed of the noise draws (default: a fresh one)")
+
+
+_NOISE_FLAGS = {"run_sigma": "--run-noise", "session_sigma": "--session-noise", "request_sigma": "--request-noise",
+                "ttft_effect": "--ttft-effect", "throughput_effect": "--throughput-effect", "seed": "--noise-seed"}
+
+
+def _noise_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> LatencyNoise | None:
+    values = dict(run_sigma=args.run_noise, session_sigma=args.session_noise, request_sigma=args.request_noise,
+                  ttft_effect=args.ttft_effect, throughput_effect=args.throughput_effect, seed=args.noise_seed)
+    if values == {f.name: f.default for f in dataclasses.fields(LatencyNoise)}:
+        return None
+    try:
+        return LatencyNoise(**values)
+    except ValueError as exc:
+        field_name = str(exc).split()[0]
+        p.error(str(exc).replace(field_name, _NOISE_FLAGS.get(field_name, field_name), 1))
+        raise  # unreachable: p.error exits
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvscope.harness.testing.faultserver", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
@@ -594,11 +715,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", metavar="N=MODE,…", help="fault for the N-th completion request (0-based)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (faster) when it is installed")
+    _add_noise_arguments(p)
     args = p.parse_args(argv)
     cfg = FaultConfig(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, output_len=args.output_len,
                       model=args.model, vocab_size=args.vocab_size, block_size=args.block_size,
                       fault_rates=_pairs(args.fault_rates, str, float), schedule=_pairs(args.schedule, int, str),
-                      seed=args.seed, exit_on_die=True)
+                      seed=args.seed, exit_on_die=True, noise=_noise_from_args(p, args))
     srv = FaultServer(cfg, args.host, args.port)
 
     async def run() -> None:
