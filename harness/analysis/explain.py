@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from kvscope.harness.cachemodel.hashing import common_prefix, hash_token_blocks
+from kvscope.harness.cachemodel.hashing import hash_token_blocks
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
+from kvscope.workloads.prefix import common_prefix_len
 
 CAUSES = ("volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "history_truncated",
           "compaction", "evicted", "prefix_changed")
@@ -157,7 +158,7 @@ def _content_text(m: dict) -> str:
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    return common_prefix(a.tobytes(), b.tobytes()) // 4
+    return common_prefix_len(a, b)
 
 
 def volatile_at(old: str, new: str, c: int) -> str | None:
@@ -230,7 +231,7 @@ def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
 
 def _structural(r: RequestView, p: RequestView, d: int, rk: list[str], pk: list[str]) -> str:
     old, new = _content_text(p.messages[d]), _content_text(r.messages[d])  # type: ignore[index]
-    c = common_prefix(old, new)
+    c = common_prefix_len(old, new)
     if volatile_at(old, new, c):
         return "volatile_field"
     role = (r.messages[d] or {}).get("role")  # type: ignore[index]
