@@ -132,6 +132,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     model = _add(sub, "model", "build the small local model that tests and the quickstart serve")
@@ -209,9 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(func(args) or 0)
-    except (KvscopeError, WorkloadError, RecordsError) as exc:
-        print(f"kvscope: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("kvscope: interrupted", file=sys.stderr)
         return 130
@@ -220,7 +218,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (KvscopeError, WorkloadError, RecordsError, OSError, ValueError, MemoryError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        own = isinstance(exc, (KvscopeError, WorkloadError, RecordsError))
+        print(f"kvscope: error: {exc if own else describe_input_error(exc)}", file=sys.stderr)
+        return 2
 
+
+def describe_input_error(exc: BaseException) -> str:
+    """One line for an error that reached the CLI edge. kvscope's own errors already name file, field and what
+    is allowed; OSError, UnicodeDecodeError, ValueError and MemoryError reaching here mean bad input (a path
+    that is a directory or an existing file, binary garbage, a size that does not fit), so they are worded
+    from their attributes instead of shown as a traceback (``kvscope --debug`` shows it)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML/JSON text file"
+    if isinstance(exc, MemoryError):
+        return "out of memory: the input or a size option is too large for this machine"
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ import sys
 
 from kvscope.harness.cli.common import Formatter as _Fmt
 from kvscope.harness.cli.common import add_parser as _p
+from kvscope.harness.cli import argtypes
 
 WORKLOAD_HELP = """\
 Generate, import, inspect and export token-exact workload traces.
@@ -42,13 +43,13 @@ def add_subcommands(subparsers) -> None:
                    help="model directory with tokenizer.json (token ids come from this tokenizer)")
     g.add_argument("--out", metavar="TRACE", required=True, help="trace directory to write")
     g.add_argument("--seed", type=int, default=None, help="random seed (default: the spec's seed)")
-    g.add_argument("--scale", type=float, default=None,
+    g.add_argument("--scale", type=argtypes.positive_float, default=None,
                    help="multiply every token size, e.g. 0.05 for a CPU server (default: the spec's scale)")
-    g.add_argument("--output-scale", type=float, default=None, metavar="X",
+    g.add_argument("--output-scale", type=argtypes.positive_float, default=None, metavar="X",
                    help="multiply output sizes (answers, tool calls) by X instead of --scale, so small CPU runs "
                         "keep outputs long enough for decode and speculation metrics")
-    g.add_argument("--sessions", type=int, default=None, help="number of sessions (default: the spec's)")
-    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+    g.add_argument("--sessions", type=argtypes.positive_int, default=None, help="number of sessions (default: the spec's)")
+    g.add_argument("--max-context", type=argtypes.positive_int, default=None, metavar="TOKENS",
                    help="end sessions before a request would exceed this many tokens (server max_model_len)")
     g.add_argument("--text", action="store_true", default=None,
                    help="text mode: also fill `messages` (rendered through MODEL_DIR's chat template) for "
@@ -58,7 +59,7 @@ def add_subcommands(subparsers) -> None:
 
     s = _p(sub, "stats", "summarise a trace: sizes, appends, transitions, ideal prefix-hit ratio")
     s.add_argument("trace", metavar="TRACE", help="trace directory")
-    s.add_argument("--block-size", type=int, default=None, metavar="B",
+    s.add_argument("--block-size", type=argtypes.block_size, default=None, metavar="B",
                    help="block size for the ideal hit ratio (default: native block size of imports, else 16)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--no-hit", action="store_true", help="skip the ideal hit ratio (faster on huge traces)")
@@ -89,17 +90,17 @@ def add_subcommands(subparsers) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from kvscope.workloads.generate import generate_from_file
-    from kvscope.workloads.spec import SpecError
+    from pathlib import Path
 
-    try:
-        trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
-                                   sessions=args.sessions, progress=not args.no_progress,
-                                   max_context=args.max_context, text=args.text,
-                                   output_scale=args.output_scale)
-    except (SpecError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    from kvscope.harness.common.errors import ConfigError
+    from kvscope.workloads.generate import generate_from_file
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: is an existing file; give a trace directory to create")
+    trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
+                               sessions=args.sessions, progress=not args.no_progress,
+                               max_context=args.max_context, text=args.text,
+                               output_scale=args.output_scale)
     trace.write(args.out)
     t = trace.meta.get("truncated_sessions", 0)
     print(f"wrote {args.out}: {trace.num_sessions} sessions, {trace.num_requests} requests, "
