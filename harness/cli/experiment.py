@@ -50,6 +50,7 @@ def add_subcommands(sub) -> None:
     cmp_.add_argument("--label-b", default=None)
     cmp_.add_argument("--resamples", type=int, default=2000)
     cmp_.add_argument("--no-html", action="store_true", help="print the verdict table only")
+    cmp_.add_argument("--force", action="store_true", help="compare runs even if they replayed different traces")
     cmp_.set_defaults(func=_cmd_compare)
 
 
@@ -73,7 +74,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     failed = manifest.get("failed_cells") or []
     print(f"\nexperiment directory: {run_dir}")
     if failed:
-        print(f"{len(failed)} cell(s) failed: " + ", ".join(failed))
+        print(f"{len(failed)} cell(s) failed:")
+        for name in failed:
+            cell = manifest["cells"].get(name) or {}
+            print(f"  {name}: {cell.get('status')}: {cell.get('reason') or 'not run'}")
     if not args.no_report:
         index = render_report(run_dir)
         print(f"report: {index}")
@@ -100,7 +104,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     a, b = Path(args.run_a), Path(args.run_b)
     label_a = args.label_a or a.name
     label_b = args.label_b or b.name
-    table = compare_runs(load_results(a).requests, load_results(b).requests, resamples=args.resamples)
+    from kvscope.harness.results.comparable import check_has_records, check_same_trace
+
+    check_same_trace(a, b, force=args.force)
+    req_a, req_b = load_results(a).requests, load_results(b).requests
+    check_has_records(a, len(req_a)), check_has_records(b, len(req_b))
+    table = compare_runs(req_a, req_b, resamples=args.resamples)
     with pd.option_context("display.width", 160, "display.max_columns", 20,
                            "display.float_format", lambda x: f"{x:.4g}"):
         print(f"A = {label_a}\nB = {label_b}\n")

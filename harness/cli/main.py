@@ -205,14 +205,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         target.print_help()
         return 2 if args.command else 0
+    from kvscope.harness.common.signals import exit_code_for_interrupt, handle_termination_like_sigint
     from kvscope.harness.results.records import RecordsError
     from kvscope.workloads.errors import WorkloadError
 
+    handle_termination_like_sigint()
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         print("kvscope: interrupted", file=sys.stderr)
-        return 130
+        return exit_code_for_interrupt()
     except BrokenPipeError:  # output piped into `head` and friends: not an error
         import os
 

@@ -53,6 +53,8 @@ def add_subcommands(sub) -> None:
                    help="asyncio event loop implementation (auto: uvloop when installed)")
     p.add_argument("--records-flush", type=float, default=0.05, metavar="S",
                    help="write records at most S seconds after they complete (0: each at once)")
+    p.add_argument("--max-error-share", type=float, default=0.05, metavar="X",
+                   help="exit 1 when more than this share of requests fail (default 0.05)")
     p.add_argument("--request-timeout", type=float, default=1800.0, metavar="S", help="total time per request")
     p.add_argument("--idle-timeout", type=float, default=120.0, metavar="S", help="max gap between chunks")
     p.add_argument("--first-token-timeout", type=float, default=600.0, metavar="S")
@@ -83,7 +85,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             max_active_sessions=args.max_active_sessions, max_requests=args.max_requests, duration_s=args.duration,
             warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, routing=args.routing, on_error=args.on_error,
             retries=args.retries, retry_backoff_s=args.retry_backoff, client=args.client,
-            records_flush_s=args.records_flush, event_loop=args.event_loop, total_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
+            records_flush_s=args.records_flush, max_error_share=args.max_error_share, event_loop=args.event_loop, total_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
             first_token_timeout_s=args.first_token_timeout, connect_timeout_s=args.connect_timeout,
             slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, scrape_interval_s=args.scrape_interval,
             model=args.model, api_key_env=args.api_key_env, seed=args.seed, progress=not args.no_progress,
@@ -95,6 +97,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     print(f"\nrun directory: {outcome.run_dir}")
     if outcome.aborted:
         print(f"kvscope: error: replay stopped early: {outcome.aborted}", file=sys.stderr)
+        return 1
+    from kvscope.harness.replay.failure import replay_failure_reason
+
+    failure = replay_failure_reason(outcome.summary, opts.max_error_share)
+    if failure:
+        print(f"kvscope: error: replay failed: {failure}", file=sys.stderr)
         return 1
     return 0
 

@@ -55,6 +55,8 @@ def add_subcommands(subparsers) -> None:
                    help="text mode: also fill `messages` (rendered through MODEL_DIR's chat template) for "
                         "`kvscope replay --api chat`; token prompts then include the template tokens")
     g.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    g.add_argument("--allow-large", action="store_true",
+                   help="skip the size check (by default generation stops before using half the free memory)")
     g.set_defaults(func=_cmd_generate)
 
     s = _p(sub, "stats", "summarise a trace: sizes, appends, transitions, ideal prefix-hit ratio")
@@ -97,10 +99,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: is an existing file; give a trace directory to create")
+    from kvscope.harness.common.limits import generation_token_budget
+
+    max_tokens, hint = generation_token_budget(args.allow_large)
     trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
                                sessions=args.sessions, progress=not args.no_progress,
                                max_context=args.max_context, text=args.text,
-                               output_scale=args.output_scale)
+                               output_scale=args.output_scale, max_tokens=max_tokens, budget_hint=hint)
     trace.write(args.out)
     t = trace.meta.get("truncated_sessions", 0)
     print(f"wrote {args.out}: {trace.num_sessions} sessions, {trace.num_requests} requests, "

@@ -70,6 +70,10 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
         if not runs:
             raise KvscopeError(f"--resume: no earlier run of {spec.name} under {exp_root}")
         return runs[-1]
+    if run_id is not None and resume and not (exp_root / run_id / MANIFEST).exists():
+        known = sorted(p.name for p in exp_root.glob("*") if (p / MANIFEST).exists()) if exp_root.exists() else []
+        raise KvscopeError(f"--resume --run-id {run_id}: no such run of {spec.name} under {exp_root}; "
+                           f"known runs: {', '.join(known) or 'none'}")
     if run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S")
     from kvscope.harness.experiment.spec import check_name
@@ -167,6 +171,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
 
     ``after_cell(cell, server)`` is called after each cell (tests use it to inject faults between cells).
     """
+    from kvscope.harness.replay.failure import replay_failure_reason
     from kvscope.harness.replay.runner import replay
     from kvscope.harness.serving.server import VllmServer
     from kvscope.workloads.generate import generate_from_file
@@ -174,6 +179,11 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     spec_path = Path(spec_path)
     spec, raw = load_experiment_spec(spec_path)
     out = Path(out)
+    if only_cells:
+        known = [c.name for c in plan_cells(spec)]
+        unknown = [n for n in only_cells if n not in known]
+        if unknown:
+            raise KvscopeError(f"--cells: unknown cell(s) {', '.join(unknown)}; known cells: {', '.join(known)}")
     run_dir = _resolve_run_dir(spec, out, run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
@@ -271,7 +281,8 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                     outcome = replay(run_dir / manifest["traces"][cell.workload], cell_dir, opts,
                                      endpoints=[server.endpoint])
                     s = outcome.summary
-                    entry.update(status="failed" if outcome.aborted else "ok", reason=outcome.aborted,
+                    reason = outcome.aborted or replay_failure_reason(s, opts.max_error_share)
+                    entry.update(status="failed" if reason else "ok", reason=reason,
                                  dir=str(cell_dir.relative_to(run_dir)),
                                  headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
                                            "hit_rate": s["hit_rate"]["server_per_request"],
@@ -281,7 +292,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
                           f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 "
                           f"{_ms(s['latency']['ttft_s']['p50'])}", flush=True)
                 except KeyboardInterrupt:
-                    entry.update(status="failed", reason="interrupted")
+                    entry.update(status="interrupted", reason="interrupted")
                     raise
                 except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
                     entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],

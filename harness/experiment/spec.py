@@ -102,6 +102,11 @@ class CostSpec(BaseModel):
     gpu_name: str = "the serving machine"
 
 
+# Each cell is at least one replay; past these bounds a spec is a typo (repeats: 10**12 hung `experiment cells`).
+MAX_REPEATS = 1000
+MAX_CELLS = 10_000
+
+
 class ExperimentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -113,7 +118,7 @@ class ExperimentSpec(BaseModel):
     servers: dict[str, dict[str, Any]] = Field(description="named configurations: ServerConfig overrides")
     workloads: dict[str, WorkloadRef]
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
     slo: SloSpec = Field(default_factory=SloSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
@@ -147,6 +152,10 @@ class ExperimentSpec(BaseModel):
         names = [lv.name for lv in self.loads]
         if len(set(names)) != len(names):
             raise ValueError(f"load level names must be unique, got {names}")
+        n_cells = len(self.servers) * len(self.workloads) * len(self.loads) * self.repeats
+        if n_cells > MAX_CELLS:
+            raise ValueError(f"servers x workloads x loads x repeats = {n_cells:,} cells; allowed: at most "
+                             f"{MAX_CELLS:,}")
         return self
 
 

@@ -413,6 +413,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     """Run a replay end to end and write the run directory. Starts/stops a server if given a config."""
     from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
     from kvscope.harness.model.tinymodel import weights_are_random
+    from kvscope.harness.replay.resources import fit_options_to_machine
     from kvscope.workloads.trace import Trace
 
     run_dir = Path(run_dir)
@@ -421,6 +422,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
         if (run_dir / stale).exists():
             raise KvscopeError(f"{run_dir} already holds a run ({stale}); choose a new --out")
     trace = Trace.read(trace_dir)
+    opts = fit_options_to_machine(opts)
     headers: dict[str, str] = {}
     if opts.api_key_env:
         key = os.environ.get(opts.api_key_env)

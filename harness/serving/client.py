@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import orjson
 
+from kvscope.harness.common.limits import is_fd_exhaustion
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -312,6 +314,7 @@ async def stream_request(session, url: str, payload: dict[str, Any] | bytes, hea
         if dog.reason is not None:
             return result.fail(*dog.reason)
         cls = "stream_interrupted" if result.http_status == 200 else "connection_error"
+        cls = "client_fd_exhausted" if is_fd_exhaustion(exc) else cls
         return result.fail(cls, f"{exc.__class__.__name__}: {exc}")
     except aiohttp.ClientError as exc:
         return result.fail("client_error", f"{exc.__class__.__name__}: {exc}")
@@ -747,7 +750,8 @@ class FastStreamClient:
             except asyncio.TimeoutError:
                 return res.fail("connect_timeout", f"no connection to {key[0]}:{key[1]} within {timeouts.connect_s} s")
             except OSError as exc:
-                return res.fail("connection_error", f"connect to {key[0]}:{key[1]} failed: "
+                return res.fail("client_fd_exhausted" if is_fd_exhaustion(exc) else "connection_error",
+                                f"connect to {key[0]}:{key[1]} failed: "
                                                     f"{exc.__class__.__name__}: {exc}")
             fut = self.loop.create_future()
             conn.start(data, res, fut, timeouts)

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvscope.harness.common.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
+from kvscope.harness.serving import lifecycle
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
 
@@ -308,7 +309,9 @@ class VllmServer:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # own process group: stop() signals the whole tree
+            preexec_fn=lifecycle.die_with_parent(),
         )
+        self._watchdog = lifecycle.ParentDeathWatchdog(self.process.pid)  # kills the group if kvscope dies
         _LIVE_SERVERS.add(self)
         try:
             self.wait_ready(cfg.startup_timeout_s)
@@ -401,6 +404,9 @@ class VllmServer:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.release()
+            self._watchdog = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
