@@ -101,7 +101,9 @@ def _cmd_server_info(args: argparse.Namespace) -> int:
             raise ConfigError(f"--api-key-env: environment variable {args.api_key_env} is not set")
         headers["Authorization"] = f"Bearer {key}"
     log_text = Path(args.log).read_text(errors="replace") if args.log else None
-    facts = read_server_facts(args.endpoint, log_text=log_text, headers=headers)
+    from kvscope.harness.serving.endpoints import normalize_endpoint
+
+    facts = read_server_facts(normalize_endpoint(args.endpoint), log_text=log_text, headers=headers)
     if args.json:
         print(facts.as_json())
     else:

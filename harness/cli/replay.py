@@ -92,7 +92,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             reset_prefix_cache=not args.no_reset_prefix_cache)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
-    outcome = replay(args.trace, args.out, opts, endpoints=args.endpoint, server_config_path=args.server)
+    from kvscope.harness.serving.endpoints import normalize_endpoint
+
+    endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
+    outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server)
     print(format_console_summary(outcome.summary))
     print(f"\nrun directory: {outcome.run_dir}")
     if outcome.aborted:

@@ -183,7 +183,9 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
         known = [c.name for c in plan_cells(spec)]
         unknown = [n for n in only_cells if n not in known]
         if unknown:
-            raise KvscopeError(f"--cells: unknown cell(s) {', '.join(unknown)}; known cells: {', '.join(known)}")
+            shown = ", ".join(known[:20]) + (f", … ({len(known)} in all: kvscope experiment cells SPEC)"
+                                             if len(known) > 20 else "")
+            raise KvscopeError(f"--cells: unknown cell(s) {', '.join(unknown)}; known cells: {shown}")
     run_dir = _resolve_run_dir(spec, out, run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST

@@ -494,7 +494,10 @@ def read_server_facts(
             metrics_text = r.text
     except httpx.HTTPError as exc:
         raise ServerError(f"cannot read server facts from {endpoint}: {exc.__class__.__name__}: {exc}") from exc
-    snap = parse_metrics(metrics_text)
+    try:
+        snap = parse_metrics(metrics_text)
+    except ValueError as exc:  # MetricsParseError
+        raise ServerError(f"{endpoint}/metrics: {exc}; expected vLLM's Prometheus text (is this a vLLM server?)") from exc
     info = snap.info_labels("vllm:cache_config_info")
     if info:
         facts.block_size = _int_or_none(info.get("block_size"))

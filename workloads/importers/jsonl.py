@@ -2,7 +2,8 @@
 
 Import fields: ``prompt_token_ids`` (required), optional ``output_token_ids``, ``session_id``, ``step``,
 ``max_tokens``, ``arrival_s``. Requests of one session (same ``session_id``, ordered by ``step`` then line)
-are chained as parent → child. Prompts are stored compactly: a prompt that starts with its parent's prompt
+are chained as parent → child. A session starts at its first request's ``arrival_s`` (replay keeps the
+trace's session timing; later requests follow their parent as in any trace, with think time 0). Prompts are stored compactly: a prompt that starts with its parent's prompt
 (+ the parent's output) references the parent's segments and adds only the new tokens.
 """
 
@@ -28,12 +29,18 @@ def import_jsonl(path: str | Path) -> Trace:
     numbered = list(iter_json_lines(path))
     for line_no, r in numbered:
         require_fields(r, ("prompt_token_ids",), f"{path}: line {line_no}")
+        if "session_id" in r and r["session_id"] is None:
+            from kvscope.workloads.errors import TraceFileError
+
+            raise TraceFileError(f"{path}: line {line_no}: session_id is null; give a string or an integer, or "
+                                 "leave the field out (the line is then a session of its own)")
     lines = [r for _, r in numbered]
     b = TraceBuilder()
     order = sorted(range(len(lines)), key=lambda i: (str(lines[i].get("session_id", f"line{i}")),
                                                      int(lines[i].get("step", 0)), i))
     last: dict[str, tuple[int, list[int], np.ndarray]] = {}  # session -> (row, segments, full prompt)
     rows: dict[int, dict] = {}
+    session_start_s: dict[str, float] = {}  # a session starts at its first request's arrival_s
     for i in order:
         r = lines[i]
         sess = str(r.get("session_id", f"line{i:06d}"))
@@ -60,8 +67,10 @@ def import_jsonl(path: str | Path) -> Trace:
             segs.append(b.add_segment(prompt, "imported"))
         out_seg = b.add_segment(np.asarray(out, dtype=np.int32), "assistant") if out is not None else -1
         n_out = len(out) if out is not None else int(r.get("max_tokens", r.get("output_tokens", 1)))
+        arrival_s = float(r.get("arrival_s", 0.0))
+        start_s = session_start_s.setdefault(sess, arrival_s)
         rows[i] = dict(session_id=sess, step=int(r.get("step", 0)), parent_request_id=parent,
-                       arrival_s=float(r.get("arrival_s", 0.0)), prompt_segment_ids=segs, output_segment_id=out_seg,
+                       arrival_s=arrival_s, session_start_s=start_s, prompt_segment_ids=segs, output_segment_id=out_seg,
                        output_tokens=n_out, max_tokens=int(r.get("max_tokens", n_out)), transition=transition)
         idx = b.add_request(**rows[i])
         full = prompt if out is None else np.concatenate([prompt, np.asarray(out, dtype=np.int32)])
