@@ -4,7 +4,6 @@ imports what it needs lazily so that ``kvscope --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kvscope.harness.cli.common import Formatter as _Fmt
 from kvscope.harness.cli.common import add_parser as _p
