@@ -4,6 +4,7 @@ imports what it needs lazily so that ``kvscope --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kvscope.harness.cli.common import Formatter as _Fmt
 from kvscope.harness.cli.common import add_parser as _p
@@ -100,11 +101,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out}: is an existing file; give a trace directory to create")
     from kvscope.harness.common.limits import generation_token_budget
 
+    from kvscope.workloads.spec import SpecError
+
     max_tokens, hint = generation_token_budget(args.allow_large)
-    trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
-                               sessions=args.sessions, progress=not args.no_progress,
-                               max_context=args.max_context, text=args.text,
-                               output_scale=args.output_scale, max_tokens=max_tokens, budget_hint=hint)
+    try:
+        trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
+                                   sessions=args.sessions, progress=not args.no_progress,
+                                   max_context=args.max_context, text=args.text,
+                                   output_scale=args.output_scale, max_tokens=max_tokens, budget_hint=hint)
+    except SpecError as err:  # handled here too so that the handler itself returns 2 (tests call it directly)
+        print(f"kvscope: error: {err}", file=sys.stderr)
+        return 2
     trace.write(args.out)
     t = trace.meta.get("truncated_sessions", 0)
     print(f"wrote {args.out}: {trace.num_sessions} sessions, {trace.num_requests} requests, "
