@@ -44,7 +44,9 @@ class _Dist(BaseModel):
 
 class Constant(_Dist):
     kind: Literal["constant"] = "constant"
-    value: float
+    # every quantity a spec draws (token counts, turns, think and tool times) is non-negative; a negative
+    # constant used to be clipped to 0 silently
+    value: float = Field(ge=0)
 
     def _raw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value)

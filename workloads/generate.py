@@ -56,11 +56,13 @@ class _Context:
 
     def draw(self, kind: str, n: int, rng: np.random.Generator, closed: bool = False) -> np.ndarray:
         """Token-mode window, or stable text content (``closed``: safe to concatenate in one message)."""
+        self.builder.check_fits(n)
         if self.text is None:
             return self.source.draw(kind, n, rng)
         return self.text.closed(kind, n, rng) if closed else self.text.draw(kind, n, rng)
 
     def _system_tokens(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        self.builder.check_fits(n)
         if self.text is None:
             return self.source.draw("system", n, rng)
         cuts = sorted({c for c in self.text_cuts.values() if 0 < c} | {0})
@@ -320,8 +322,10 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
 
 def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, scale: float | None = None,
              sessions: int | None = None, progress: bool = False, max_context: int | None = None,
-             text: bool | None = None, output_scale: float | None = None) -> Trace:
-    """Generate the trace of ``spec``. ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
+             text: bool | None = None, output_scale: float | None = None, max_tokens: int | None = None,
+             budget_hint: str = "") -> Trace:
+    """Generate the trace of ``spec`` (at most ``max_tokens`` tokens: beyond, a WorkloadError naming
+    ``budget_hint``). ``seed``, ``scale``, ``sessions``, ``max_context`` (the server's
     max_model_len) and ``text`` (text mode, see :mod:`kvscope.workloads.text`) override the spec's values. Text mode
     needs a ``source`` made by ``TokenSource.from_tokenizer(model_dir)`` on a model with a chat template."""
     spec = _with_overrides(spec, max_context, output_scale, sessions)
@@ -329,6 +333,9 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
     scale = spec.scale if scale is None else scale
     text_mode = _text_mode(source, spec.text if text is None else text)
     ctx = _Context(spec, source, seed, scale, text_mode)
+    b = ctx.builder
+    b.max_tokens, b.budget_hint = max_tokens, budget_hint
+    b.check_fits(spec.sessions.count)  # every session holds at least one token
     limit = _context_limit(spec, scale)
     n_sessions = spec.sessions.count
     width = len(str(n_sessions - 1))
@@ -470,11 +477,13 @@ def _trace_meta(ctx: _Context, seed: int, scale: float, truncated: int) -> dict:
 def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed: int | None = None,
                        scale: float | None = None, sessions: int | None = None, progress: bool = False,
                        max_context: int | None = None, text: bool | None = None,
-                       output_scale: float | None = None) -> Trace:
+                       output_scale: float | None = None, max_tokens: int | None = None,
+                       budget_hint: str = "") -> Trace:
     """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
     from kvscope.workloads.spec import load_spec
 
     spec = load_spec(spec_path)
     source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()
     return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,
-                    max_context=max_context, text=text, output_scale=output_scale)
+                    max_context=max_context, text=text, output_scale=output_scale, max_tokens=max_tokens,
+                    budget_hint=budget_hint)

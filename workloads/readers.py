@@ -193,6 +193,9 @@ def read_token_jsonl(path: str | Path) -> list[TokenRequest]:
         else:
             n_out = int(r.get("output_tokens", r.get("max_tokens", 1)))
         sid = r.get("session_id")
+        if "session_id" in r and sid is None:
+            raise TraceFileError(f"{where}: session_id is null; give a string or an integer, or leave the field "
+                                 "out (the line is then a session of its own)")
         gap = r.get("gap_s")
         out.append(TokenRequest(line_no=line_no, prompt=prompt, output=output, output_tokens=n_out,
                                 max_tokens=int(r.get("max_tokens", n_out)),

@@ -256,8 +256,12 @@ def _resolve(path: str | Path, seen: tuple = ()) -> tuple[Path, dict]:
         p = q
     if p.resolve() in seen:
         raise SpecError(f"{p.name}: extends: cycle through {p}")
+    if p.is_dir():
+        raise SpecError(f"{path}: is a directory; a workload spec is a YAML file or a preset name")
     try:
         data = yaml.safe_load(p.read_text())
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: a workload spec is a YAML text file; this is not UTF-8 text (byte {err.start})") from None
     except yaml.YAMLError as err:
         raise SpecError(f"{p.name}: invalid YAML: {err}") from None
     if isinstance(data, dict) and "extends" in data:

@@ -290,14 +290,26 @@ def _py(v: Any) -> Any:
 class TraceBuilder:
     """Accumulates segments and request rows, then sorts requests by arrival and numbers them."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None, budget_hint: str = "") -> None:
         self._tokens: list[np.ndarray] = []
         self._kinds: list[str] = []
         self.rows: list[dict] = []
+        # size bound: generation stops with a clear error before the machine runs out of memory
+        self.max_tokens, self.budget_hint, self.num_tokens = max_tokens, budget_hint, 0
+
+    def check_fits(self, n_tokens: int) -> None:
+        """Raise before ``n_tokens`` more would exceed ``max_tokens`` (call it before allocating them)."""
+        if self.max_tokens is not None and self.num_tokens + n_tokens > self.max_tokens:
+            from kvscope.workloads.errors import WorkloadError
+
+            raise WorkloadError(f"workload too large: more than {self.max_tokens:,} tokens would be generated"
+                                + (f" ({self.budget_hint})" if self.budget_hint else ""))
 
     def add_segment(self, tokens: np.ndarray, kind: str) -> int:
         if kind not in SEGMENT_KINDS:
             raise ValueError(f"unknown segment kind {kind!r}")
+        self.check_fits(len(tokens))
+        self.num_tokens += len(tokens)
         self._tokens.append(np.asarray(tokens, dtype=np.int32))
         self._kinds.append(kind)
         return len(self._kinds) - 1

@@ -83,7 +83,12 @@ def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order:
         return read_token_jsonl(path, block_size or 16)
     if kind == "kvscope":
         return read_kvscope_trace(path, block_size or 16)
-    raise ValueError(f"{path} looks like a run directory, not a trace")
+    from kvscope.workloads.errors import TraceFileError
+
+    if (Path(path) / "trace.json").exists():
+        raise TraceFileError(f"{path}: segments.parquet is missing; a kvscope trace directory holds trace.json, "
+                             "requests.parquet and segments.parquet")
+    raise TraceFileError(f"{path} looks like a run directory, not a trace")
 
 
 # -- block-id traces ---------------------------------------------------------------------------------

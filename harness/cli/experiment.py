@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -66,6 +67,7 @@ def add_subcommands(sub) -> None:
     cmp_.add_argument("--resamples", type=int, default=2000)
     cmp_.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     cmp_.add_argument("--no-html", action="store_true", help="print the verdict table only")
+    cmp_.add_argument("--force", action="store_true", help="compare runs even if they replayed different traces")
     cmp_.set_defaults(func=_cmd_compare)
 
 
@@ -86,10 +88,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     run_dir = run_experiment(args.spec, out=args.out, run_id=args.run_id, resume=args.resume, only_cells=args.cells)
 
-    failed = load_experiment_file(run_dir).failed_cells or []
+    recorded = load_experiment_file(run_dir)
+    failed = recorded.failed_cells or []
     print(f"\nexperiment directory: {run_dir}")
     if failed:
-        print(f"{len(failed)} cell(s) failed: " + ", ".join(failed))
+        print(f"{len(failed)} cell(s) failed:")
+        for name in failed:
+            cell = recorded.cells.get(name)
+            status, reason = (cell.status, cell.reason) if cell is not None else ("missing", None)
+            print(f"  {name}: {status}: {reason or 'not run'}")
     if not args.no_report:
         index = render_report(run_dir)
         print(f"report: {index}")
@@ -132,12 +139,23 @@ def _compare_sides(args: argparse.Namespace) -> tuple[list, list, str, str]:
     for d in [*a_dirs, *b_dirs]:
         if (Path(d) / "experiment.json").exists():
             raise KvscopeError(f"compare: {d} is an experiment; choose its servers with --a SERVER --b SERVER")
+    _check_comparable([Path(d) for d in [*a_dirs, *b_dirs]], force=args.force)
 
     def label(dirs: list[str]) -> str:
         first = Path(dirs[0]).name
         return first if len(dirs) == 1 else f"{first} (+{len(dirs) - 1} runs)"
 
     return runs_from_dirs(a_dirs), runs_from_dirs(b_dirs), label(a_dirs), label(b_dirs)
+
+
+def _check_comparable(dirs: list[Path], force: bool) -> None:
+    """Every run replayed the same trace (paired differences need it) and holds request records."""
+    from kvscope.harness.results.comparable import check_has_records, check_same_trace
+    from kvscope.harness.results.records import read_records
+
+    for d in dirs:
+        check_same_trace(dirs[0], d, force=force)
+        check_has_records(d, len(read_records(d)))
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -96,7 +96,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_server_info(args: argparse.Namespace) -> int:
     from kvscope.harness.serving.backend import Backend
 
-    backend = Backend.create(args.backend, endpoint=args.endpoint, api_key_env=args.api_key_env)
+    from kvscope.harness.serving.endpoints import normalize_endpoint
+
+    backend = Backend.create(args.backend, endpoint=normalize_endpoint(args.endpoint), api_key_env=args.api_key_env)
     try:
         backend.auth_headers()
     except KvscopeError as exc:
@@ -134,6 +136,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     model = _add(sub, "model", "build the small local model that tests and the quickstart serve")
@@ -210,23 +213,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         target.print_help()
         return 2 if args.command else 0
+    from kvscope.harness.common.signals import exit_code_for_interrupt, handle_termination_like_sigint
     from kvscope.harness.results.records import RecordsError
     from kvscope.workloads.errors import WorkloadError
 
+    handle_termination_like_sigint()
     try:
         return int(func(args) or 0)
-    except (KvscopeError, WorkloadError, RecordsError) as exc:
-        print(f"kvscope: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("kvscope: interrupted", file=sys.stderr)
-        return 130
+        return exit_code_for_interrupt()
     except BrokenPipeError:  # output piped into `head` and friends: not an error
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (KvscopeError, WorkloadError, RecordsError, OSError, ValueError, MemoryError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        own = isinstance(exc, (KvscopeError, WorkloadError, RecordsError))
+        print(f"kvscope: error: {exc if own else describe_input_error(exc)}", file=sys.stderr)
+        return 2
 
+
+def describe_input_error(exc: BaseException) -> str:
+    """One line for an error that reached the CLI edge. kvscope's own errors already name file, field and what
+    is allowed; OSError, UnicodeDecodeError, ValueError and MemoryError reaching here mean bad input (a path
+    that is a directory or an existing file, binary garbage, a size that does not fit), so they are worded
+    from their attributes instead of shown as a traceback (``kvscope --debug`` shows it)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML/JSON text file"
+    if isinstance(exc, MemoryError):
+        return "out of memory: the input or a size option is too large for this machine"
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 if __name__ == "__main__":
     sys.exit(main())

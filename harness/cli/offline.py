@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from kvscope.harness.cli import argtypes
+
 
 def _floats(s: str) -> list[float]:
     return [float(x) for x in s.split(",") if x.strip()]
@@ -26,15 +28,15 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
         "JSONL or a kv-cache-tester folder/tarball.",
     )
     p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--block-size", type=int, default=None,
+    p.add_argument("--block-size", type=argtypes.block_size, default=None,
                    help="KV block size in tokens (default: the trace's native size, 16 for token traces)")
     cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--num-gpu-blocks", type=int, default=None,
+    cap.add_argument("--num-gpu-blocks", type=argtypes.num_gpu_blocks, default=None,
                      help="vLLM's num_gpu_blocks (null block included, so N-1 usable); default infinite")
     cap.add_argument("--capacity-tokens", type=str, default=None,
                      help="vLLM's 'KV cache size: T tokens' (= num_gpu_blocks * block size); a comma list "
                      "(1e5,1e6,...) prints the hit-ratio curve")
-    p.add_argument("--replicas", type=int, default=1, help="number of vLLM replicas")
+    p.add_argument("--replicas", type=argtypes.positive_int, default=1, help="number of vLLM replicas")
     p.add_argument("--routing", default="round-robin", choices=POLICIES, type=lambda s: s.replace("_", "-"),
                    help="how requests are spread over replicas")
     p.add_argument("--mode", default="sequential", choices=["sequential", "timed"],

@@ -75,6 +75,7 @@ def add_subcommands(sub) -> None:
     _option(p, "--client", "client")
     _option(p, "--event-loop", "event_loop")
     _option(p, "--records-flush", "records_flush_s", metavar="S")
+    _option(p, "--max-error-share", "max_error_share", metavar="X")
     _option(p, "--request-timeout", "total_timeout_s", metavar="S")
     _option(p, "--idle-timeout", "idle_timeout_s", metavar="S")
     _option(p, "--first-token-timeout", "first_token_timeout_s", metavar="S")
@@ -102,11 +103,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
-    outcome = replay(args.trace, args.out, opts, endpoints=args.endpoint, server_config_path=args.server)
+    from kvscope.harness.serving.endpoints import normalize_endpoint
+
+    endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
+    outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server)
     print(format_console_summary(outcome.summary))
     print(f"\nrun directory: {outcome.run_dir}")
     if outcome.aborted:
         print(f"kvscope: error: replay stopped early: {outcome.aborted}", file=sys.stderr)
+        return 1
+    from kvscope.harness.replay.failure import replay_failure_reason
+
+    failure = replay_failure_reason(outcome.summary, opts.max_error_share)
+    if failure:
+        print(f"kvscope: error: replay failed: {failure}", file=sys.stderr)
         return 1
     return 0
 

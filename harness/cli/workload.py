@@ -8,6 +8,7 @@ import sys
 
 from kvscope.harness.cli.common import Formatter as _Fmt
 from kvscope.harness.cli.common import add_parser as _p
+from kvscope.harness.cli import argtypes
 
 WORKLOAD_HELP = """\
 Generate, import, inspect and export token-exact workload traces.
@@ -46,23 +47,25 @@ def add_subcommands(subparsers) -> None:
                    help="model directory with tokenizer.json (token ids come from this tokenizer)")
     g.add_argument("--out", metavar="TRACE", required=True, help="trace directory to write")
     g.add_argument("--seed", type=int, default=None, help="random seed (default: the spec's seed)")
-    g.add_argument("--scale", type=float, default=None,
+    g.add_argument("--scale", type=argtypes.positive_float, default=None,
                    help="multiply every token size, e.g. 0.05 for a CPU server (default: the spec's scale)")
-    g.add_argument("--output-scale", type=float, default=None, metavar="X",
+    g.add_argument("--output-scale", type=argtypes.positive_float, default=None, metavar="X",
                    help="multiply output sizes (answers, tool calls) by X instead of --scale, so small CPU runs "
                         "keep outputs long enough for decode and speculation metrics")
-    g.add_argument("--sessions", type=int, default=None, help="number of sessions (default: the spec's)")
-    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+    g.add_argument("--sessions", type=argtypes.positive_int, default=None, help="number of sessions (default: the spec's)")
+    g.add_argument("--max-context", type=argtypes.positive_int, default=None, metavar="TOKENS",
                    help="end sessions before a request would exceed this many tokens (server max_model_len)")
     g.add_argument("--text", action="store_true", default=None,
                    help="text mode: also fill `messages` (rendered through MODEL_DIR's chat template) for "
                         "`kvscope replay --api chat`; token prompts then include the template tokens")
     g.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    g.add_argument("--allow-large", action="store_true",
+                   help="skip the size check (by default generation stops before using half the free memory)")
     g.set_defaults(func=_cmd_generate)
 
     s = _p(sub, "stats", "summarise a trace: sizes, appends, transitions, ideal prefix-hit ratio")
     s.add_argument("trace", metavar="TRACE", help="trace directory")
-    s.add_argument("--block-size", type=int, default=None, metavar="B",
+    s.add_argument("--block-size", type=argtypes.block_size, default=None, metavar="B",
                    help="block size for the ideal hit ratio (default: native block size of imports, else 16)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--no-hit", action="store_true", help="skip the ideal hit ratio (faster on huge traces)")
@@ -99,16 +102,25 @@ def add_subcommands(subparsers) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvscope.harness.common.errors import ConfigError
     from kvscope.workloads.generate import generate_from_file
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: is an existing file; give a trace directory to create")
+    from kvscope.harness.common.limits import generation_token_budget
+
     from kvscope.workloads.spec import SpecError
 
+    max_tokens, hint = generation_token_budget(args.allow_large)
     try:
         trace = generate_from_file(args.spec, args.tokenizer, seed=args.seed, scale=args.scale,
                                    sessions=args.sessions, progress=not args.no_progress,
                                    max_context=args.max_context, text=args.text,
-                                   output_scale=args.output_scale)
-    except (SpecError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+                                   output_scale=args.output_scale, max_tokens=max_tokens, budget_hint=hint)
+    except SpecError as err:  # handled here too so that the handler itself returns 2 (tests call it directly)
+        print(f"kvscope: error: {err}", file=sys.stderr)
         return 2
     trace.write(args.out)
     t = trace.meta.get("truncated_sessions", 0)

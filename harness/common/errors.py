@@ -32,6 +32,8 @@ def load_yaml_mapping(path: Path | str, what: str) -> dict:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: a {what} is a YAML text file; this is not UTF-8 text (byte {exc.start})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

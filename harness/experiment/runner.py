@@ -78,6 +78,10 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
         if not runs:
             raise KvscopeError(f"--resume: no earlier run of {spec.name} under {exp_root}")
         return runs[-1]
+    if run_id is not None and resume and not (exp_root / run_id / MANIFEST).exists():
+        known = sorted(p.name for p in exp_root.glob("*") if (p / MANIFEST).exists()) if exp_root.exists() else []
+        raise KvscopeError(f"--resume --run-id {run_id}: no such run of {spec.name} under {exp_root}; "
+                           f"known runs: {', '.join(known) or 'none'}")
     if run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S")
     from kvscope.harness.experiment.spec import check_name
@@ -186,6 +190,8 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     """
     spec_path = Path(spec_path)
     spec, _ = load_experiment_spec(spec_path)
+    if only_cells:
+        _check_cells_exist(spec, only_cells)
     run_dir = _resolve_run_dir(spec, Path(out), run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
@@ -212,6 +218,16 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     manifest["failed_cells"] = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
     run.save()
     return run_dir
+
+
+def _check_cells_exist(spec: ExperimentSpec, only_cells: list[str]) -> None:
+    """`--cells` names only cells the spec plans (a typo would otherwise run nothing and exit 0)."""
+    known = [c.name for c in plan_cells(spec)]
+    unknown = [n for n in only_cells if n not in known]
+    if unknown:
+        shown = ", ".join(known[:20]) + (f", … ({len(known)} in all: kvscope experiment cells SPEC)"
+                                         if len(known) > 20 else "")
+        raise KvscopeError(f"--cells: unknown cell(s) {', '.join(unknown)}; known cells: {shown}")
 
 
 def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
@@ -275,7 +291,7 @@ def _run_server(run: _Run, server_name: str, cells: list[Cell],
                     started = True
                 _run_cell(run, cell, backend, srec, log_path)
             except KeyboardInterrupt:
-                entry.update(status="failed", reason="interrupted")
+                entry.update(status="interrupted", reason="interrupted")
                 raise
             except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
                 entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
@@ -304,6 +320,7 @@ def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], l
     """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
     import shutil
 
+    from kvscope.harness.replay.failure import replay_failure_reason
     from kvscope.harness.replay.runner import replay
 
     spec, entry = run.spec, run.manifest["cells"][cell.name]
@@ -331,7 +348,8 @@ def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], l
     print(f"[{cell.name}] replaying …", flush=True)
     outcome = replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backends=[backend])
     s = outcome.summary
-    entry.update(status="failed" if outcome.aborted else "ok", reason=outcome.aborted,
+    reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
+    entry.update(status="failed" if reason else "ok", reason=reason,
                  dir=str(cell_dir.relative_to(run.run_dir)),
                  headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
                            "hit_rate": s["hit_rate"]["server_per_request"],

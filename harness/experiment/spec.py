@@ -108,6 +108,11 @@ class ReplaySettings(ReplayOptions):
         return ReplayOptions(**shared, **per_cell)
 
 
+# Each cell is at least one replay; past these bounds a spec is a typo (repeats: 10**12 hung `experiment cells`).
+MAX_REPEATS = 1000
+MAX_CELLS = 10_000
+
+
 class ExperimentSpec(ExperimentSpecCore):
     """The whole spec. Name, description, notebooks, `slo` and `cost` come from `ExperimentSpecCore` (results
     layer), the part that experiment.json records for reports; the rest only the runner reads."""
@@ -122,7 +127,7 @@ class ExperimentSpec(ExperimentSpecCore):
                                                            "openai for an endpoint kvscope does not start)")
     workloads: dict[str, WorkloadRef]
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
 
     @field_validator("name")
@@ -153,6 +158,10 @@ class ExperimentSpec(ExperimentSpecCore):
         names = [lv.name for lv in self.loads]
         if len(set(names)) != len(names):
             raise ValueError(f"load level names must be unique, got {names}")
+        n_cells = len(self.servers) * len(self.workloads) * len(self.loads) * self.repeats
+        if n_cells > MAX_CELLS:
+            raise ValueError(f"servers x workloads x loads x repeats = {n_cells:,} cells; allowed: at most "
+                             f"{MAX_CELLS:,}")
         return self
 
 

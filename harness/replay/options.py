@@ -67,6 +67,8 @@ class ReplayOptions(BaseModel):
         "auto", description="streaming client: the built-in HTTP/1.1 keep-alive client for http:// endpoints "
                             "(auto, fast) or aiohttp (https, proxies)")
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="asyncio event loop implementation (auto: uvloop when installed)")
+    max_error_share: float = Field(0.05, ge=0, le=1, description="the run counts as failed (exit 1, cell "
+                                                               "'failed') when more of its requests fail")
     records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "
                                                             "complete (0: each one at once)")
 

@@ -423,6 +423,9 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
         if (run_dir / stale).exists():
             raise KvscopeError(f"{run_dir} already holds a run ({stale}); choose a new --out")
     trace = Trace.read(trace_dir)
+    from kvscope.harness.replay.resources import fit_options_to_machine
+
+    opts = fit_options_to_machine(opts)
     launched = backends is None and server_config_path is not None
     bks = list(backends) if backends is not None else _backends_for(opts, endpoints, server_config_path)
     started = time.time()

@@ -14,6 +14,7 @@ once the run ends; the JSONL stays as the raw log.
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import os
 import warnings
@@ -23,12 +24,18 @@ from typing import Any
 
 import orjson
 
+from kvscope.harness.common.errors import KvscopeError
+
 JSONL_NAME = "requests.jsonl"
 PARQUET_NAME = "requests.parquet"
 
 
 class RecordsError(ValueError):
     """A records file is unreadable; the message names the file and line."""
+
+
+class DiskFullError(KvscopeError):
+    """The disk filled up while records were written; the JSONL was cut back to its last whole line."""
 
 
 @dataclass(slots=True)
@@ -88,6 +95,9 @@ class RecordWriter:
         self.path = Path(run_dir) / file_name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size  # bytes of whole lines on disk
+        self.lines_on_disk = self.path.read_bytes().count(b"\n") if self._size else 0
+        self._disk_full: DiskFullError | None = None
         self.count = 0
         self.flush_interval_s = flush_interval_s
         self.max_pending = max_pending
@@ -98,6 +108,8 @@ class RecordWriter:
         self.write_line(record.to_json_line())
 
     def write_line(self, line: bytes) -> None:
+        if self._disk_full is not None:
+            raise self._disk_full
         self.count += 1
         if self.flush_interval_s <= 0:
             self._write_all(line)
@@ -111,13 +123,39 @@ class RecordWriter:
             except RuntimeError:
                 self.flush()
                 return
-            self._timer = loop.call_later(self.flush_interval_s, self.flush)
+            self._timer = loop.call_later(self.flush_interval_s, self._flush_from_timer)
 
     def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        view, done = memoryview(data), 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, view[done:])
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._give_up_disk_full(data, done)
+        self._size += len(data)
+        self.lines_on_disk += data.count(b"\n")
+
+    def _give_up_disk_full(self, data: bytes, written: int) -> None:
+        """Cut a partly written batch back to its last whole line, so the JSONL stays readable, and raise."""
+        whole = data.rfind(b"\n", 0, written) + 1
+        self._size += whole
+        self.lines_on_disk += data.count(b"\n", 0, whole)
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            pass
+        self._pending.clear()
+        self._disk_full = DiskFullError(f"disk full writing {self.path}: {self.lines_on_disk} records kept in "
+                                        f"{JSONL_NAME}")
+        raise self._disk_full from None
+
+    def _flush_from_timer(self) -> None:
+        try:
+            self.flush()
+        except DiskFullError:
+            pass  # raised again by the next write and by close(), where the caller sees it
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -129,11 +167,22 @@ class RecordWriter:
             self._write_all(data)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self.flush()
-            os.fsync(self._fd)
+        if self._fd < 0:
+            return
+        try:
+            if self._disk_full is None:
+                self.flush()
+                os.fsync(self._fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._disk_full = DiskFullError(f"disk full writing {self.path}: {self.lines_on_disk} records kept in "
+                                            f"{JSONL_NAME}")
+        finally:
             os.close(self._fd)
             self._fd = -1
+        if self._disk_full is not None:
+            raise self._disk_full
 
     def __enter__(self) -> "RecordWriter":
         return self
@@ -165,7 +214,7 @@ def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError as exc:
             if i == last:  # the writer died mid-line: everything before it is intact
                 warnings.warn(f"{path}: line {i + 1}: incomplete final record dropped ({len(line)} bytes; "
-                              "the writer was killed mid-write)", TornRecordWarning, stacklevel=2)
+                              "the writer was killed mid-write, or the disk was full)", TornRecordWarning, stacklevel=2)
                 break
             raise RecordsError(f"{path}: line {i + 1}: not a JSON record ({exc})") from exc
         if not isinstance(row, dict) or "request_id" not in row:

@@ -236,7 +236,7 @@ class ExperimentSpecCore(BaseModel):
 
 SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
 
-CellStatus = Literal["pending", "running", "ok", "failed"]
+CellStatus = Literal["pending", "running", "ok", "failed", "interrupted"]
 
 
 class CellHeadline(_Block):

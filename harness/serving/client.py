@@ -35,6 +35,8 @@ from kvscope.harness.serving.sse import (
     check_sse_line,
     parse_sse_payload,
 )
+from kvscope.harness.common.limits import is_fd_exhaustion
+
 
 __all__ = [
     "TEXT_HEAD_CHARS", "AiohttpStreamClient", "CompletionResult", "FastStreamClient", "HttpProtocolError",
@@ -119,6 +121,7 @@ async def stream_request(session, url: str, payload: dict[str, Any] | bytes, hea
         if dog.reason is not None:
             return result.fail(*dog.reason)
         cls = "stream_interrupted" if result.http_status == 200 else "connection_error"
+        cls = "client_fd_exhausted" if is_fd_exhaustion(exc) else cls
         return result.fail(cls, f"{exc.__class__.__name__}: {exc}")
     except aiohttp.ClientError as exc:
         return result.fail("client_error", f"{exc.__class__.__name__}: {exc}")

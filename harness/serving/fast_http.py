@@ -14,6 +14,7 @@ import time
 
 from kvscope.harness.serving.request import CompletionResult, Timeouts, Watchdog
 from kvscope.harness.serving.sse import SseDecoder
+from kvscope.harness.common.limits import is_fd_exhaustion
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _LENGTH, _UNTIL_CLOSE, _IDLE, _DONE_PENDING = range(9)
 _MAX_HEAD = 65536
@@ -380,7 +381,8 @@ class FastStreamClient:
             except asyncio.TimeoutError:
                 return res.fail("connect_timeout", f"no connection to {key[0]}:{key[1]} within {timeouts.connect_s} s")
             except OSError as exc:
-                return res.fail("connection_error", f"connect to {key[0]}:{key[1]} failed: "
+                return res.fail("client_fd_exhausted" if is_fd_exhaustion(exc) else "connection_error",
+                                f"connect to {key[0]}:{key[1]} failed: "
                                                     f"{exc.__class__.__name__}: {exc}")
             fut = self.loop.create_future()
             conn.start(data, res, fut, timeouts)

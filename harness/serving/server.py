@@ -35,6 +35,7 @@ from kvscope.harness.common.errors import (
     load_yaml_mapping,
 )
 from kvscope.harness.common.secrets import redact_argv, redact_config, redact_text, secret_argv_values
+from kvscope.harness.serving import lifecycle
 from kvscope.harness.serving.backend import ServerFacts
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
@@ -353,7 +354,9 @@ class VllmServer:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # own process group: stop() signals the whole tree
+            preexec_fn=lifecycle.die_with_parent(),
         )
+        self._watchdog = lifecycle.ParentDeathWatchdog(self.process.pid)  # kills the group if kvscope dies
         _LIVE_SERVERS.add(self)
         try:
             self.wait_ready(cfg.startup_timeout_s)
@@ -446,6 +449,9 @@ class VllmServer:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.release()
+            self._watchdog = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -525,7 +531,10 @@ def read_server_facts(
             metrics_text = r.text
     except httpx.HTTPError as exc:
         raise ServerError(f"cannot read server facts from {endpoint}: {exc.__class__.__name__}: {exc}") from exc
-    snap = parse_metrics(metrics_text)
+    try:
+        snap = parse_metrics(metrics_text)
+    except ValueError as exc:  # MetricsParseError
+        raise ServerError(f"{endpoint}/metrics: {exc}; expected vLLM's Prometheus text (is this a vLLM server?)") from exc
     info = snap.info_labels("vllm:cache_config_info")
     if info:
         facts.block_size = _int_or_none(info.get("block_size"))

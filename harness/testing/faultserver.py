@@ -19,7 +19,7 @@ Fault modes (`FAULT_MODES`):
   ok              normal stream: `max_tokens` tokens (or `output_len`), usage chunk, `[DONE]`
   reset_before    the connection is reset (RST) before any response byte
   reset_mid       headers and half the tokens, then RST
-  http_429 / http_500 / http_503           that status with a vLLM-style JSON error body
+  http_401 / http_429 / http_500 / http_503  that status with a vLLM-style JSON error body
   http_429_empty / http_500_empty / http_503_empty   that status with an empty body
   stall_headers   request read, nothing ever answered
   stall_before    200 headers sent, then nothing (no first token, ever)
@@ -62,7 +62,7 @@ from typing import Any
 import orjson
 
 FAULT_MODES = (
-    "ok", "reset_before", "reset_mid", "http_429", "http_500", "http_503", "http_429_empty", "http_500_empty",
+    "ok", "reset_before", "reset_mid", "http_401", "http_429", "http_500", "http_503", "http_429_empty", "http_500_empty",
     "http_503_empty", "stall_headers", "stall_before", "stall_mid", "malformed_sse", "invalid_json", "error_event",
     "no_usage", "no_done", "extra_tokens", "fewer_tokens", "close_after", "die",
 )

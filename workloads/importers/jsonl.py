@@ -3,7 +3,8 @@
 Import fields (read by :func:`kvscope.workloads.readers.read_token_jsonl`, shared with ``kvscope simulate``):
 ``prompt_token_ids`` (required), optional ``output_token_ids``, ``session_id``, ``step``, ``max_tokens``,
 ``output_tokens``, ``arrival_s``, ``cache_salt``. Requests of one session (same ``session_id``, ordered by
-``step`` then line) are chained as parent → child. Prompts are stored compactly: a prompt that starts with its
+``step`` then line) are chained as parent → child. A session starts at its first request's ``arrival_s`` (replay
+keeps the trace's session timing; later requests follow their parent as in any trace, with think time 0). Prompts are stored compactly: a prompt that starts with its
 parent's prompt (+ the parent's output) references the parent's segments and adds only the new tokens.
 """
 
@@ -38,6 +39,7 @@ def import_jsonl(path: str | Path) -> Trace:
     sessions = [r.session_id if r.session_id is not None else f"line{i:06d}" for i, r in enumerate(lines)]
     order = sorted(range(len(lines)), key=lambda i: (sessions[i], lines[i].step, i))
     last: dict[str, tuple[int, list[int], np.ndarray]] = {}  # session -> (row, segments, full prompt)
+    session_start_s: dict[str, float] = {}  # a session starts at its first request's arrival_s
     for i in order:
         r, sess = lines[i], sessions[i]
         segs: list[int] = []
@@ -53,7 +55,9 @@ def import_jsonl(path: str | Path) -> Trace:
         elif len(r.prompt):
             segs.append(b.add_segment(r.prompt, "imported"))
         out_seg = b.add_segment(r.output, "assistant") if r.output is not None else -1
+        start_s = session_start_s.setdefault(sess, r.arrival_s)
         idx = b.add_request(session_id=sess, step=r.step, parent_request_id=parent, arrival_s=r.arrival_s,
+                            session_start_s=start_s,
                             prompt_segment_ids=segs, output_segment_id=out_seg, output_tokens=r.output_tokens,
                             max_tokens=r.max_tokens, transition=transition, cache_salt=r.cache_salt)
         full = r.prompt if r.output is None else np.concatenate([r.prompt, r.output])

@@ -1,0 +1,251 @@
+"""Signals stop what kvscope started (issue 14).
+
+Fast tests (no vLLM): the parent-death watchdog kills a process group when its owner is SIGKILLed and leaves
+it alone after a normal release; SIGTERM of a replay is handled like Ctrl-C (records flushed, exit 143).
+Real-server tests (marker vllm): SIGTERM and SIGKILL of `kvscope replay --server` and `kvscope experiment run`
+leave no vLLM process behind after 15 s, and `--resume` then finishes the experiment with every cell exactly
+once. Processes are found two ways: the tree recorded under kvscope before the kill, and any process whose
+command line names this test's own copy of the model (other developers may serve the same tiny model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+
+GONE_WITHIN_S = 15.0
+
+
+def _kvscope_popen(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _naming(fragment: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if fragment in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _assert_all_gone(tree: list[psutil.Process], fragment: str) -> None:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while time.monotonic() < deadline and (_alive(tree) or _naming(fragment)):
+        time.sleep(0.5)
+    left = {p.pid: " ".join(p.cmdline())[:120] for p in _alive(tree) + _naming(fragment) if p.is_running()}
+    assert not left, f"still running {GONE_WITHIN_S} s after the signal: {left}"
+
+
+# ------------------------------------------------------------------------------------------ watchdog
+
+
+OWNER = textwrap.dedent("""
+    import subprocess, sys, time
+    from kvscope.harness.serving.lifecycle import ParentDeathWatchdog
+    group = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    child = subprocess.Popen(["sleep", "600"], start_new_session=False)  # same session as the owner: not killed
+    dog = ParentDeathWatchdog(group.pid, grace_s=2.0)
+    if sys.argv[1] == "release":
+        group.terminate(); group.wait(); dog.release()
+    print(group.pid, dog.process.pid, child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_watchdog_kills_the_group_when_its_owner_is_sigkilled():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, "keep"], stdout=subprocess.PIPE, text=True)
+    group_pid, dog_pid, other_pid = map(int, owner.stdout.readline().split())
+    group, dog = psutil.Process(group_pid), psutil.Process(dog_pid)
+    assert group.is_running() and dog.is_running()
+    owner.kill()
+    owner.wait()
+    _wait_for(lambda: not _alive([group]), GONE_WITHIN_S, "the watched process group to be killed")
+    _wait_for(lambda: not _alive([dog]), 5, "the watchdog to exit")
+    other = psutil.Process(other_pid)
+    assert _alive([other])  # only the watched group is killed
+    other.kill()
+
+
+def test_released_watchdog_exits_without_killing():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, "release"], stdout=subprocess.PIPE, text=True)
+    _, dog_pid, other_pid = map(int, owner.stdout.readline().split())
+    assert not psutil.pid_exists(dog_pid) or psutil.Process(dog_pid).status() == psutil.STATUS_ZOMBIE
+    owner.kill()
+    owner.wait()
+    time.sleep(0.5)
+    other = psutil.Process(other_pid)
+    assert _alive([other])
+    other.kill()
+
+
+def test_pdeathsig_only_from_the_main_thread():
+    import threading
+
+    from kvscope.harness.serving.lifecycle import die_with_parent
+
+    assert die_with_parent() is not None
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(die_with_parent()))
+    t.start()
+    t.join()
+    assert seen == [None]
+
+
+# ------------------------------------------------------------------------------- SIGTERM like Ctrl-C
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_of_a_replay_flushes_records_and_says_interrupted(tmp_path, signum, code):
+    trace = synthetic_trace(40, steps=20).write(tmp_path / "trace")
+    with FaultServer(FaultConfig(ttft_s=0.02, itl_s=0.005)) as srv:
+        proc = _kvscope_popen("replay", str(trace), "--endpoint", srv.endpoint, "--out", str(tmp_path / "run"),
+                              "--concurrency", "2", "--time-scale", "0", "--no-progress", "--no-reset-prefix-cache")
+        jsonl = tmp_path / "run" / "requests.jsonl"
+        _wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, 60, "the first records")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-2000:]
+    assert "kvscope: interrupted" in err and "Traceback" not in err
+    lines = jsonl.read_text().splitlines()
+    assert lines and all(json.loads(x)["request_id"] >= 0 for x in lines)  # whole lines only
+
+
+# --------------------------------------------------------------------------------- real vLLM server
+
+
+@pytest.fixture()
+def own_model(require_vllm, tiny_model_dir, tmp_path) -> Path:
+    """A private copy of the model, so its path identifies this test's servers among everyone's."""
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / f"model-{os.getpid()}-{time.monotonic_ns()}"))
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _vllm_started(fragment: str):
+    return lambda: any("vllm" in " ".join(p.cmdline()) for p in _naming(fragment))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_signal_of_replay_with_server_leaves_no_vllm(own_model, tmp_path, signum):
+    from kvscope.workloads.generate import generate_from_file
+
+    trace = generate_from_file("agent-coding", own_model, seed=0, scale=0.02, sessions=6, max_context=1500)
+    trace.write(tmp_path / "trace")
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(f"model: {own_model}\nserved_model_name: tiny\nmax_model_len: 2048\n"
+                   "kv_cache_memory_bytes: 32M\nstartup_timeout_s: 240\n")
+    proc = _kvscope_popen("replay", str(tmp_path / "trace"), "--server", str(cfg), "--out", str(tmp_path / "run"),
+                          "--concurrency", "1", "--time-scale", "0", "--no-progress")
+    jsonl = tmp_path / "run" / "requests.jsonl"
+    _wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, 300, "the replay to record requests")
+    tree = _tree(proc.pid)
+    assert any("vllm" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    proc.send_signal(signum)
+    proc.communicate(timeout=90)
+    assert proc.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+    _assert_all_gone(tree, str(own_model))
+    if signum == signal.SIGTERM:
+        lines = jsonl.read_text().splitlines()
+        assert lines and all(json.loads(x)["request_id"] >= 0 for x in lines)
+
+
+EXPERIMENT = """\
+name: sig
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
+servers: {{apc: {{}}}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.02, sessions: 3, seed: 3, max_context: 1500}}
+loads: [{{concurrency: 1}}]
+repeats: 2
+replay: {{time_scale: 0.0, warmup_requests: 0}}
+"""
+
+
+@pytest.mark.vllm
+def test_experiment_sigterm_then_sigkill_then_resume(own_model, tmp_path):
+    """SIGTERM during cell 1 (cell 'interrupted', no vLLM left); resume and SIGKILL it (no vLLM left); a final
+    --resume finishes with each cell exactly once. Three server starts in all."""
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(EXPERIMENT.format(model=own_model))
+    run_dir = tmp_path / "res" / "sig" / "r1"
+    manifest = run_dir / "experiment.json"
+    cells = ["apc__agent__c1__r0", "apc__agent__c1__r1"]
+
+    def cell_recording(name: str):
+        jl = run_dir / "cells" / name / "requests.jsonl"
+        return lambda: jl.exists() and jl.stat().st_size > 0
+
+    args = ["experiment", "run", str(spec), "--out", str(tmp_path / "res"), "--run-id", "r1", "--no-report"]
+    proc = _kvscope_popen(*args)
+    _wait_for(cell_recording(cells[0]), 300, "cell 1 to record requests")
+    tree = _tree(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=90)
+    assert proc.returncode == 143
+    _assert_all_gone(tree, str(own_model))
+    state = json.loads(manifest.read_text())["cells"]
+    assert state[cells[0]]["status"] == "interrupted"
+
+    proc = _kvscope_popen(*args, "--resume")
+    _wait_for(_vllm_started(str(own_model)), 120, "the resumed run to start vLLM")
+    _wait_for(lambda: _tree(proc.pid) and len(_tree(proc.pid)) > 2, 60, "vLLM's children")
+    tree = _tree(proc.pid)
+    proc.kill()
+    proc.wait()
+    _assert_all_gone(tree, str(own_model))
+
+    proc = _kvscope_popen(*args, "--resume")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    final = json.loads(manifest.read_text())
+    assert sorted(final["cells"]) == cells and final["failed_cells"] == []
+    assert all(final["cells"][c]["status"] == "ok" for c in cells)
+    for c in cells:  # each cell's records are one complete replay, not two attempts appended
+        rows = [json.loads(x) for x in (run_dir / "cells" / c / "requests.jsonl").read_text().splitlines()]
+        ids = [r["request_id"] for r in rows]
+        assert len(ids) == len(set(ids)) and final["cells"][c]["headline"]["requests"] == len(ids)
+    assert not _naming(str(own_model))
