@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+# The public traces live beside the repository (../shared/data); KVSCOPE_SHARED_DATA points elsewhere.
+SHARED_DATA = Path(os.environ.get("KVSCOPE_SHARED_DATA") or REPO / ".." / "shared" / "data").resolve()
 
 
 def _vllm_importable() -> bool:

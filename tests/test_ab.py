@@ -201,7 +201,12 @@ def test_compare_experiment_servers_takes_their_repeats(mock_runs, tmp_path):
             (exp / "cells").mkdir(parents=True, exist_ok=True)
             (exp / "cells" / name).symlink_to(d, target_is_directory=True)
             cells[name] = {"server": server, "workload": "w", "load": "c4", "repeat": k, "status": "ok"}
-    (exp / "experiment.json").write_text(json.dumps({"experiment": "x", "cells": cells}))
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import ExperimentFile
+
+    write_result_file(exp / "experiment.json", ExperimentFile, {
+        "experiment": "x", "run_id": "r", "spec": {"name": "x"}, "spec_path": "x.yaml", "created_at": 0.0,
+        "cells": {name: {**cell, "dir": f"cells/{name}"} for name, cell in cells.items()}})
     out = tmp_path / "v.json"
     r = _kvscope(str(exp), "--a", "fast", "--b", "slow", "--json", str(out), "--resamples", "500")
     assert r.returncode == 0, r.stderr

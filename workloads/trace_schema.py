@@ -35,9 +35,10 @@ class TextModeInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    chat_template_sha256: str
-    template_segments: int
-    resized_segments: int
+    chat_template_sha256: str | None = None  # null for recorded traces: the upstream applied its template
+    template_segments: int = 0
+    resized_segments: int = 0
+    recorded: bool = False  # `kvscope record`: messages as the agent sent them, token ids from the upstream
     # Imported transcripts: prompts stored whole (split where they leave the parent's prompt) because their
     # message parts did not tokenise the same apart as joined.
     prompts_split_by_prefix: int = 0
@@ -70,6 +71,10 @@ class TraceFile(VersionedFile):
     created_by: str | None = None
     # Imported agent transcripts: whose usage the observed_* columns carry ("anthropic", "openai", …), totals a
     # format records only per trajectory, and what the source does not record (system prompt, tools, …).
+    # `kvscope record`: where the trace came from and the recording's facts (upstream with credentials removed,
+    # exchange counts, tokenizer source): open, it grows with the proxy.
+    source: str | None = None
+    record: dict[str, Any] | None = None
     observed_usage: str | None = None
     observed_totals: dict[str, Any] | None = None
     not_recorded: list[str] | None = None

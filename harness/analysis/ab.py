@@ -420,16 +420,18 @@ def runs_from_experiment(experiment, server: str, workload: str | None = None, l
 
 
 def _runs_of(res, cells: list[str]) -> list[Run]:
+    from kvscope.harness.results.loaders import load_run_manifest
+
     runs = []
     for cell in cells:
-        summary = res.summaries.get(cell) or {}
-        facts = (summary.get("server_facts") or [{}])[0]
+        summary = res.summaries.get(cell)
+        facts = (summary.server_facts or [{}])[0] if summary is not None else {}
         manifest_path = res.cell_dirs[cell] / "manifest.json"
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        trace_sha256 = load_run_manifest(manifest_path).trace.sha256 if manifest_path.exists() else None
         name = res.root.name if res.manifest.get("single_run") else cell
         runs.append(Run(name, res.requests[res.requests["cell"] == cell] if len(res.requests) else res.requests,
-                        (summary.get("throughput") or {}).get("output_tokens_per_s"), facts.get("prefix_caching"),
-                        (manifest.get("trace") or {}).get("sha256")))
+                        summary.throughput.output_tokens_per_s if summary is not None else None,
+                        facts.get("prefix_caching"), trace_sha256))
     return runs
 
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 from kvscope.harness.replay.options import ReplayOptions
@@ -92,11 +92,17 @@ class ReplaySettings(ReplayOptions):
     @classmethod
     def _no_per_cell_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name, value in data.items():
-                # A recorded spec (experiment.json) carries every field at its default: only a value that
-                # differs from ReplayOptions' default was set by the user.
-                if name in PER_CELL_OPTIONS and value != ReplayOptions.model_fields[name].default:
+            for name in data:
+                if name in PER_CELL_OPTIONS:
                     raise ValueError(f"{name} is set per cell by {PER_CELL_OPTIONS[name]}, not in replay:")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump_without_per_cell_fields(self, handler: Any) -> Any:
+        """experiment.json records what the section can hold: the per-cell fields are not among them."""
+        data = handler(self)
+        for name in PER_CELL_OPTIONS:
+            data.pop(name, None)
         return data
 
     def cell_options(self, **per_cell: Any) -> ReplayOptions:
