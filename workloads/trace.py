@@ -296,6 +296,7 @@ class TraceBuilder:
         self.rows: list[dict] = []
         # size bound: generation stops with a clear error before the machine runs out of memory
         self.max_tokens, self.budget_hint, self.num_tokens = max_tokens, budget_hint, 0
+        self._by_content: dict[tuple[str, bytes], int] = {}  # shared_segment's index
 
     def check_fits(self, n_tokens: int) -> None:
         """Raise before ``n_tokens`` more would exceed ``max_tokens`` (call it before allocating them)."""
@@ -313,6 +314,16 @@ class TraceBuilder:
         self._tokens.append(np.asarray(tokens, dtype=np.int32))
         self._kinds.append(kind)
         return len(self._kinds) - 1
+
+    def shared_segment(self, tokens: np.ndarray, kind: str) -> int:
+        """The segment holding exactly these tokens of this kind, added once: recorded and imported histories
+        repeat every earlier message in each later request, and a shared segment stores them once."""
+        ids = np.asarray(tokens, dtype=np.int32)
+        key = (kind, ids.tobytes())
+        sid = self._by_content.get(key)
+        if sid is None:
+            sid = self._by_content[key] = self.add_segment(ids, kind)
+        return sid
 
     def segment_len(self, sid: int) -> int:
         return len(self._tokens[sid])

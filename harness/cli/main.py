@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.cli.common import Formatter as _Formatter
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.cli.common import add_parser as _add
@@ -135,7 +136,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
-    parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
+    parser.add_argument("--version", action="version", version=f"kvscope {kvscope_version()}")
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
@@ -191,13 +192,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("kvscope")
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

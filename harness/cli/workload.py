@@ -18,7 +18,28 @@ every prompt is known token by token, so prefix-cache reuse can be predicted bef
 """
 
 # Agent-transcript formats (text mode; kvscope.workloads.importers.TRANSCRIPT_IMPORTERS holds the readers).
-TRANSCRIPT_FORMATS = ("claude-code", "codex", "openai-chat", "swe-agent", "openhands")
+class _TranscriptFormats:
+    """The registry's format names, read on first use (importing the importers at every `kvscope --help` would
+    cost half a second): a new importer is one entry in TRANSCRIPT_IMPORTERS, not an edit here."""
+
+    def _names(self) -> tuple[str, ...]:
+        from kvscope.workloads.importers import TRANSCRIPT_IMPORTERS
+
+        return tuple(TRANSCRIPT_IMPORTERS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
+TRANSCRIPT_FORMATS = _TranscriptFormats()
+
+
+class _ImportFormats(_TranscriptFormats):
+    def _names(self) -> tuple[str, ...]:
+        return ("mooncake", "kvcache-tester", "jsonl", *super()._names(), "tracelab")
 
 EXAMPLES = """\
 examples:
@@ -77,7 +98,7 @@ def add_subcommands(subparsers) -> None:
            "openhands) become text-mode traces, one request per model call, tokenised with --tokenizer, with the "
            "provider's usage in the observed_* columns; tracelab round traces hold counts only and become token "
            "traces of synthetic tokens with the recorded prefix reuse.")
-    i.add_argument("format", choices=["mooncake", "kvcache-tester", "jsonl", *TRANSCRIPT_FORMATS, "tracelab"],
+    i.add_argument("format", choices=_ImportFormats(),
                    help="source format")
     i.add_argument("src", metavar="SRC", help="source file (mooncake, jsonl, transcripts) or directory / .tar.gz "
                                               "(kvcache-tester)")

@@ -42,39 +42,32 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
-def secret_argv_values(argv: Sequence[str]) -> list[str]:
-    """The values given to secret-looking flags (`--api-key a b`, `--api-key=a`), in order."""
-    values: list[str] = []
+def _split_secret_args(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Each argument as (the text to keep, the secret it carries or None): `--api-key=a` keeps `--api-key=`
+    and carries `a`; the words after a bare secret flag are carried whole, up to the next flag."""
+    parts: list[tuple[str, str | None]] = []
     taking = False
     for arg in argv:
         if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
-            taking = False
-            if SECRET_FLAG_RE.match(_flag_name(arg)):
-                if "=" in arg:
-                    values.append(arg.split("=", 1)[1])
-                else:
-                    taking = True
-        elif taking:
-            values.append(arg)
-    return [v for v in values if v]
+            taking = bool(SECRET_FLAG_RE.match(_flag_name(arg)))
+            if taking and "=" in arg:
+                taking = False
+                parts.append((_flag_name(arg) + "=", arg.split("=", 1)[1]))
+            else:
+                parts.append((arg, None))
+        else:
+            parts.append(("", arg) if taking else (arg, None))
+    return parts
+
+
+def secret_argv_values(argv: Sequence[str]) -> list[str]:
+    """The values given to secret-looking flags (`--api-key a b`, `--api-key=a`), in order."""
+    return [secret for _, secret in _split_secret_args(argv) if secret]
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """A command line with the value(s) of every secret-looking flag replaced."""
-    out: list[str] = []
-    taking = False
-    for arg in argv:
-        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
-            taking = False
-            if SECRET_FLAG_RE.match(_flag_name(arg)):
-                if "=" in arg:
-                    arg = _flag_name(arg) + "=" + REDACTED
-                else:
-                    taking = True
-            out.append(arg)
-        else:
-            out.append(REDACTED if taking else arg)
-    return out
+    return [kept + REDACTED if secret is not None else kept for kept, secret in _split_secret_args(argv)]
 
 
 def _is_number(s: str) -> bool:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
@@ -198,7 +199,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
     manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
                          "weights_random": bool(card and card.get("weights") == "random")}
-    manifest["kvscope_version"] = _version()
+    manifest["kvscope_version"] = kvscope_version()
     run = _Run(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
     cells = plan_cells(spec)
     if only_cells:
@@ -368,10 +369,3 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f} ms"
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("kvscope")
-    except Exception:  # noqa: BLE001
-        return "unknown"

@@ -25,6 +25,7 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.record.proxy import EXCHANGES_LOG
 from kvscope.harness.record.tokenize import RequestTokenizer
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
+from kvscope.workloads.trace import TraceBuilder
 
 _KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                  "tool": "tool_output", "function": "tool_output"}
@@ -101,31 +102,18 @@ def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
             "completion_tokens": usage.get("completion_tokens")}
 
 
-class _SegmentStore:
-    def __init__(self, builder) -> None:
-        self.builder = builder
-        self.ids: dict[tuple[str, bytes], int] = {}
-
-    def get(self, tokens: np.ndarray, kind: str) -> int:
-        key = (kind, tokens.tobytes())
-        sid = self.ids.get(key)
-        if sid is None:
-            sid = self.ids[key] = self.builder.add_segment(tokens, kind)
-        return sid
-
-
-def _prompt_segments(store: _SegmentStore, ids: np.ndarray, messages: list[dict] | None,
+def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict] | None,
                      ends: list[int] | None) -> list[int]:
     if not messages or ends is None or len(ends) != len(messages):
-        return [store.get(ids, "imported")]
+        return [builder.shared_segment(ids, "imported")]
     out, start = [], 0
     for m, end in zip(messages, ends):
         kind = _KIND_OF_ROLE.get((m or {}).get("role", ""), "imported")
         if kind == "assistant" and (m or {}).get("tool_calls"):
             kind = "tool_call"
-        out.append(store.get(ids[start:end], kind))
+        out.append(builder.shared_segment(ids[start:end], kind))
         start = end
-    out.append(store.get(ids[start:], "template"))
+    out.append(builder.shared_segment(ids[start:], "template"))
     return out
 
 
@@ -143,14 +131,11 @@ def _transition(parent_ids: np.ndarray | None, ids: np.ndarray) -> str:
 def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
                 meta: dict[str, Any] | None = None) -> Path:
     """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``."""
-    from kvscope.workloads.trace import TraceBuilder
-
     ok = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
                 key=lambda e: (e["received_unix_s"], e["request_id"]))
     if not ok:
         raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from")
     builder = TraceBuilder()
-    store = _SegmentStore(builder)
     sessions = SessionAssigner()
     t0 = ok[0]["received_unix_s"]
     extras: list[ExchangeRow] = []
@@ -175,7 +160,7 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
             "parent_request_id": sess.last_row if sess else -1, "arrival_s": arrival,
             "session_start_s": arrival if sess is None else sess.start_s,
             "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
-            "prompt_segment_ids": _prompt_segments(store, ids, messages, tok.message_ends),
+            "prompt_segment_ids": _prompt_segments(builder, ids, messages, tok.message_ends),
             "output_tokens": int(n_out), "max_tokens": int(max_tokens),
             "transition": _transition(prompts[sess.last_row] if sess else None, ids),
             "input_kind": ex["api"], "tenant": 0,

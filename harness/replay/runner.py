@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import orjson
 
+from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.serving.client import (
     AiohttpStreamClient,
     CompletionResult,
@@ -445,7 +446,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     summary = _summarize_run(run_dir, replayer, st, facts, opts, bks)
     summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
     manifest = {
-        "kvscope_version": _kvscope_version(),
+        "kvscope_version": kvscope_version(),
         "vllm_version": facts[0].get("vllm_version"),
         "backend": bks[0].name,
         "engine_version": facts[0].get("engine_version"),
@@ -623,10 +624,3 @@ def _check_vocab(trace, facts: list[dict], endpoints: Sequence[str] = (), header
                        f"{int(toks[bad[0]])} in {where}); {what}. Nothing was sent.")
 
 
-def _kvscope_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("kvscope")
-    except Exception:  # noqa: BLE001
-        return "unknown"

@@ -182,7 +182,6 @@ class _Tokens:
         self.tok = Tokenizer.from_file(str(p / "tokenizer.json"))
         self.template = ChatTemplate.from_model_dir(p)
         self.b = builder
-        self._segments: dict[tuple[str, bytes], int] = {}
         self._piece_ids: dict[str, np.ndarray] = {}  # messages repeat in every later request of a session
         self.split_prompts = 0  # prompts stored by LCP split because the pieces did not tokenise independently
 
@@ -204,11 +203,7 @@ class _Tokens:
         return got
 
     def segment(self, ids: np.ndarray, kind: str) -> int:
-        key = (kind, ids.tobytes())
-        sid = self._segments.get(key)
-        if sid is None:
-            sid = self._segments[key] = self.b.add_segment(ids, kind)
-        return sid
+        return self.b.shared_segment(ids, kind)
 
     def prompt(self, messages: Sequence[Message], previous: tuple[list[int], np.ndarray] | None
                ) -> tuple[list[int], np.ndarray, int]:
