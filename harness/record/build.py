@@ -25,6 +25,7 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.record.proxy import EXCHANGES_LOG
 from kvscope.harness.record.tokenize import RequestTokenizer
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
+from kvscope.workloads.prefix import common_prefix_len
 from kvscope.workloads.trace import TraceBuilder
 
 _KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
@@ -46,15 +47,6 @@ def _message_key(m: Any) -> str:
     return json.dumps(m, sort_keys=True)
 
 
-def _leading_common(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class SessionAssigner:
     """Header, ``user`` field, or longest leading-message match (see the module doc)."""
 
@@ -71,7 +63,7 @@ class SessionAssigner:
         keys = [_message_key(m) for m in body.get("messages") or [body.get("prompt")]]
         best, best_n = None, 0
         for s in self.sessions.values():
-            n = _leading_common(keys, s.last_messages)
+            n = common_prefix_len(keys, s.last_messages)
             system_first = bool(body.get("messages")) and (body["messages"][0] or {}).get("role") in (
                 "system", "developer")
             need = 2 if system_first else 1
