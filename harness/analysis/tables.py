@@ -130,7 +130,8 @@ def load_curve(res: ExperimentResults) -> pd.DataFrame:
                                    max_kv_usage=("kv_cache_usage", "max")).reset_index()
         pre = m.groupby("cell")["num_preemptions"].agg(lambda s: s.max() - s.min()).reset_index(name="preemptions")
         c = c.merge(mm, on="cell", how="left").merge(pre, on="cell", how="left")
-    c = c.assign(load_value=c["load"].str.extract(r"(\d+\.?\d*)")[0].astype(float))
+    c = c.assign(load_value=c["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float))
+    c = c[c["load_value"].notna()]  # a replay at the trace's own start times has no load level to plot
     cols = ["server", "workload", "load", "load_value", "repeat", "req_per_s", "ttft_p50_s", "ttft_p90_s",
             "ttft_p99_s", "tpot_p50_s", "max_running", "max_waiting", "max_kv_usage", "preemptions"]
     return c.reindex(columns=cols).sort_values(["server", "workload", "load_value"])
@@ -219,7 +220,8 @@ def percentile_table(res: ExperimentResults) -> pd.DataFrame:
 def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | None = None) -> pd.DataFrame:
     """Share and rate of requests meeting the SLOs, per cell (recomputed here so any SLO can be tried)."""
     ok = res.ok_requests()
-    durations = res.cells.set_index("cell")["duration_s"].to_dict()
+    # An interrupted cell has no summary, so no duration: its goodput rate is unknown (NaN), its share is not.
+    durations = res.cells.set_index("cell")["duration_s"].to_dict() if "duration_s" in res.cells else {}
     rows = []
     for cell, g in ok.groupby("cell"):
         d = goodput_block(g, float(durations.get(cell, math.nan)), slo_ttft_ms, slo_tpot_ms) or {}

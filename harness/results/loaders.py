@@ -151,16 +151,24 @@ def _summary_row(name: str, meta: dict, s: SummaryFile) -> dict[str, Any]:
     return row
 
 
+def _read_metrics(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+        raise KvscopeError(f"{path}: unreadable Parquet ({exc})") from None
+
+
 def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame, SummaryFile | None]:
-    from kvscope.harness.results.records import read_records
+    from kvscope.harness.results.records import JSONL_NAME, PARQUET_NAME, read_records
 
     summary = load_summary(cell_dir / SUMMARY_NAME) if (cell_dir / SUMMARY_NAME).exists() else None
-    try:
-        req = read_records(cell_dir)
-    except Exception:  # noqa: BLE001 - a failed cell may have no records
-        req = pd.DataFrame()
-    met = pd.read_parquet(cell_dir / "server_metrics.parquet") if (cell_dir / "server_metrics.parquet").exists() \
-        else pd.DataFrame()
+    # A cell that failed before sending anything has no records: that is empty. A records file that exists but
+    # cannot be read is an error naming it (RecordsError), never an empty cell.
+    has_records = (cell_dir / PARQUET_NAME).exists() or (cell_dir / JSONL_NAME).exists()
+    req = read_records(cell_dir) if has_records else pd.DataFrame()
+    met = _read_metrics(cell_dir / "server_metrics.parquet")
     for df in (req, met):
         if len(df) or len(df.columns):
             df["cell"] = name
@@ -169,12 +177,23 @@ def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.
     return req, met, summary
 
 
+def _load_name(run_manifest: ManifestFile | None) -> str:
+    """A single run's load level as an experiment names it (`c4`, `r0.5`), or `trace` (the trace's timing)."""
+    options = run_manifest.options if run_manifest is not None else {}
+    if options.get("concurrency"):
+        return f"c{options['concurrency']}"
+    if options.get("session_rate"):
+        return f"r{options['session_rate']:g}"
+    return "trace"
+
+
 def _single_run_manifest(root: Path) -> tuple[dict[str, Any], ManifestFile | None]:
     """A replay run directory described as an experiment of one cell."""
     run_manifest = load_run_manifest(root / MANIFEST_NAME) if (root / MANIFEST_NAME).exists() else None
     name = root.name
     server_conf = (run_manifest.server_config if run_manifest else None) or {}
-    manifest = {"experiment": name, "single_run": True, "cells": {name: {"status": "ok", "dir": "."}},
+    manifest = {"experiment": name, "single_run": True,
+                "cells": {name: {"status": "ok", "dir": ".", "load": _load_name(run_manifest)}},
                 "model": {"path": server_conf.get("model"), "weights_random": None},
                 "single_run_trace": run_manifest.trace.path if run_manifest else None,
                 "run_manifest": run_manifest.model_dump(mode="json") if run_manifest else {}}
