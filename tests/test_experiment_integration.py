@@ -72,8 +72,8 @@ def test_every_cell_ran_and_results_load_as_tidy_frames(experiment):
     from kvscope.harness.results.loaders import load_experiment_file, load_summary
 
     recorded = load_experiment_file(experiment, ExperimentSpec).spec
-    assert recorded.replay.warmup_pass and recorded.replay.request_timeout_s == manifest["spec"]["replay"][
-        "request_timeout_s"] > 0
+    assert recorded.replay.warmup_pass and recorded.replay.total_timeout_s == manifest["spec"]["replay"][
+        "total_timeout_s"] == 1800.0  # a default the YAML never named
     assert recorded.cost.gpu_hourly_usd == 1.0 and recorded.slo.ttft_ms == 500
     for entry in manifest["cells"].values():
         assert load_summary(experiment / entry["dir"]).requests.sent == entry["headline"]["requests"]
