@@ -385,3 +385,25 @@ def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model
     run_ex = explain_path(str(tmp_path / "run"))  # the replay run gives the same attribution
     assert [a.cause for a in run_ex.requests] == [a.cause for a in ex.requests]
     (tmp_path / "explain.txt").write_text(json.dumps(ex.to_json(), indent=1))
+
+
+def test_claude_code_sample_shows_observed_cache_reads_beside_the_anthropic_model(shared_data, tiny_model_dir,
+                                                                                 tmp_path):
+    """The real Claude Code session: all 10 calls keep their usage, and explain puts Anthropic's observed
+    cache reads beside the Anthropic cache model's prediction, as shares of each side's prompt."""
+    from kvscope.harness.analysis.explain import explain_path
+    from kvscope.harness.cli.record import provider_comparison_lines
+    from kvscope.workloads.importers import import_claude_code
+
+    sample = shared_data / "agent-traces/tracelab/example_sessions/claude/session.converted.jsonl"
+    import_claude_code(sample, tiny_model_dir).write(tmp_path / "cc")
+    ex = explain_path(str(tmp_path / "cc"))
+    assert ex.provider_preset == "anthropic-sonnet-5m"  # chosen from the trace's observed usage
+    observed = [a.provider_cached_tokens for a in ex.requests]
+    assert observed[0] == 27217 and observed[-1] == 47506 and len(observed) == 10
+    assert all(a.provider_prompt_tokens and a.provider_prompt_tokens > a.provider_cached_tokens for a in ex.requests)
+    # the model sees only what this log holds: its reads grow call by call and never exceed the prompt
+    model = [a.provider_predicted_cached_tokens for a in ex.requests]
+    assert model == sorted(model) and all(m <= a.prompt_tokens for m, a in zip(model, ex.requests))
+    lines = provider_comparison_lines(ex)
+    assert lines[-1].startswith("agreement: mean |observed share - model share|")

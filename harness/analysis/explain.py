@@ -100,6 +100,9 @@ class Attribution:
     evicted_tokens: int = 0
     provider_cached_tokens: int | None = None  # observed provider usage, where the trace has it
     provider_predicted_cached_tokens: int | None = None  # the provider cache model's prediction
+    # The provider's own prompt size for this call (imported transcripts: its tokenizer, with the system prompt
+    # and tools the log does not hold), so observed and predicted reads compare as shares of their prompts.
+    provider_prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -338,7 +341,8 @@ def _apply_patches(views: Sequence[RequestView], patches: list[tuple[int, tuple[
 
 
 def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[int | None] | None = None,
-            provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None
+            provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None,
+            provider_prompt: Sequence[int | None] | None = None
             ) -> Explanation:
     """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
     server's cached tokens per request (None: the infinite-cache simulation stands in)."""
@@ -374,10 +378,11 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
         index.add(v.request_id, hashes)
     causes = _totals(views, B, split, patches, base, obs)
+    preset = provider_preset or "openai-gpt-4.1"
     if provider_observed is not None:
-        _provider_columns(views, rows, provider_observed, provider_preset or "openai-gpt-4.1")
+        _provider_columns(views, rows, provider_observed, preset, provider_prompt)
     return Explanation(rows, causes, B, sum(r.prompt_tokens for r in rows), sum(obs),
-                       sum(r.recomputed_tokens for r in rows), provider_preset if provider_observed else None)
+                       sum(r.recomputed_tokens for r in rows), preset if provider_observed is not None else None)
 
 
 def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
@@ -399,7 +404,7 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
 
 
 def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], provider_observed: Sequence[int | None],
-                      preset: str) -> None:
+                      preset: str, provider_prompt: Sequence[int | None] | None = None) -> None:
     from kvscope.harness.pricing.provider_cache import ProviderCache, load_preset
 
     cfg = load_preset(preset)
@@ -410,6 +415,7 @@ def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], pro
         req.arrival_s = v.arrival_s
         row.provider_cached_tokens = provider_observed[v.request_id]
         row.provider_predicted_cached_tokens = cache.request(req).cache_read
+        row.provider_prompt_tokens = provider_prompt[v.request_id] if provider_prompt is not None else None
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -468,6 +474,7 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
     p = Path(path)
     observed: list[int | None] | None = None
     provider: list[int | None] | None = None
+    provider_prompt: list[int | None] | None = None
     if (p / "manifest.json").is_file() and not (p / "trace.json").is_file():
         from kvscope.harness.results.records import read_records
 
@@ -491,7 +498,25 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
             if col.notna().any():
                 provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
                 observed = provider
+        else:
+            provider, provider_prompt = imported_provider_usage(trace.requests)
     B = int(block_size or trace.meta.get("block_size_hint") or 16)
     views = views_from_trace(trace, extras)
-    return explain(views, B, observed, provider, provider_preset)
+    if provider_preset is None:  # the provider whose usage the trace carries
+        provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
+    return explain(views, B, observed, provider, provider_preset, provider_prompt)
+
+
+def imported_provider_usage(requests) -> tuple[list[int | None] | None, list[int | None] | None]:
+    """Observed provider cache reads and prompt sizes of an imported transcript (the `observed_*` columns:
+    Anthropic's `cache_read_input_tokens`, else OpenAI's `cached_tokens`), or (None, None)."""
+    import pandas as pd
+
+    def column(name: str) -> list[int | None] | None:
+        if name not in requests or not requests[name].notna().any():
+            return None
+        return [None if pd.isna(x) else int(x) for x in requests.sort_values("request_id")[name]]
+
+    reads = column("observed_cache_read_input_tokens") or column("observed_cached_tokens")
+    return reads, (column("observed_prompt_tokens") if reads is not None else None)
 

@@ -42,8 +42,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("path", metavar="TRACE|RUN_DIR")
     ex.add_argument("--json", metavar="FILE", help="write {requests: [...], causes: [...]} to FILE ('-': stdout)")
     ex.add_argument("--block-size", type=int, metavar="B", help="KV block size (default: the trace's hint, else 16)")
-    ex.add_argument("--provider", metavar="PRESET", default="openai-gpt-4.1",
-                    help="provider cache model shown beside observed provider cache reads (default openai-gpt-4.1)")
+    ex.add_argument("--provider", metavar="PRESET", default=None,
+                    help="provider cache model shown beside observed provider cache reads (default: "
+                         "anthropic-sonnet-5m for Anthropic usage, else openai-gpt-4.1)")
     ex.add_argument("--all", action="store_true", help="list every request, not only those with recomputed tokens")
     ex.set_defaults(func=_cmd_explain)
 
@@ -134,6 +135,33 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def provider_comparison_lines(ex) -> list[str]:
+    """Observed provider cache reads beside the provider cache model's, per request: in tokens where both count
+    the same prompt, as shares of each side's prompt where they do not (an imported transcript's provider
+    tokenised a prompt with its own tokenizer, system prompt and tools included)."""
+    lines = [f"observed provider cache reads vs the {ex.provider_preset} cache model:",
+             f"{'req':>5} {'observed':>9} {'share':>6} {'model':>7} {'share':>6}"]
+    exact, gaps = 0, []
+    for a in ex.requests:
+        seen, model = a.provider_cached_tokens, a.provider_predicted_cached_tokens
+        seen_share = seen / a.provider_prompt_tokens if seen is not None and a.provider_prompt_tokens else None
+        model_share = model / a.prompt_tokens if model is not None and a.prompt_tokens else None
+        lines.append(f"{a.request_id:>5} {seen!s:>9} {_pct(seen_share):>6} {model!s:>7} {_pct(model_share):>6}")
+        exact += seen is not None and seen == model
+        if seen_share is not None and model_share is not None:
+            gaps.append(abs(seen_share - model_share))
+    if gaps:
+        lines.append(f"agreement: mean |observed share - model share| {100 * sum(gaps) / len(gaps):.1f} pp over "
+                     f"{len(gaps)} requests (shares, since the provider's prompt is tokenised differently)")
+    else:
+        lines.append(f"agreement: {exact}/{len(ex.requests)} requests exactly")
+    return lines
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 def format_explanation(ex, every: bool = False) -> str:
     lines = [f"{len(ex.requests)} requests, {ex.prompt_tokens} prompt tokens, {ex.cached_tokens} cached "
              f"(hit rate {ex.hit_rate:.1%}), {ex.recomputed_tokens} recomputed (block size {ex.block_size})", ""]
@@ -149,11 +177,5 @@ def format_explanation(ex, every: bool = False) -> str:
     if not ex.causes:
         lines.append("(no recomputed tokens)")
     if ex.provider_preset:
-        lines += ["", f"observed provider cache reads vs the {ex.provider_preset} cache model:",
-                  f"{'req':>5} {'observed':>9} {'model':>7}"]
-        agree = 0
-        for a in ex.requests:
-            lines.append(f"{a.request_id:>5} {a.provider_cached_tokens!s:>9} {a.provider_predicted_cached_tokens!s:>7}")
-            agree += a.provider_cached_tokens == a.provider_predicted_cached_tokens
-        lines.append(f"agreement: {agree}/{len(ex.requests)} requests exactly")
+        lines += ["", *provider_comparison_lines(ex)]
     return "\n".join(lines)
