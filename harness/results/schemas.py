@@ -127,6 +127,22 @@ class ClientStats(_Block):
     note: str | None
 
 
+class DataQuality(_Block):
+    """Whether a cell's latencies can be trusted (kvscope.harness.replay.summary.DataQuality says how each is
+    measured); `flags` names what is off."""
+
+    burst_share: float | None  # answers of > 1 token whose tokens all arrived together (TTFT ≈ e2e)
+    zero_gap_itl_share: float | None
+    client_cpu_utilization: float | None
+    client_saturated: bool
+    scrape_interval_s: float | None  # asked for
+    scrape_gap_s: float | None  # measured (median gap between scrapes)
+    scrapes: int
+    ttft_s_without_bursts: Percentiles
+    tpot_s_without_bursts: Percentiles
+    flags: list[str]
+
+
 class SummaryFile(VersionedFile):
     FORMAT = "kvscope-summary"
     SUPPORTED_VERSIONS = (1,)
@@ -140,6 +156,7 @@ class SummaryFile(VersionedFile):
     goodput: Goodput | None
     hit_rate: HitRates
     speculative: Speculative | None
+    data_quality: DataQuality | None = None  # absent in summaries written before it existed
     # Counter deltas from /metrics, one key per series the metrics watcher reconciles: which ones exist
     # depends on the vLLM version and the features on, so the block is open.
     server_deltas: dict[str, Any] | None
