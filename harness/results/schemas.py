@@ -262,6 +262,10 @@ class CellHeadline(_Block):
     hit_rate: float | None
     ttft_p50_s: float | None
     req_per_s: float | None
+    ttft_p90_s: float | None = None
+    preemptions: float | None = None  # vllm:num_preemptions_total delta over the cell
+    mean_sessions_in_flight: float | None = None  # achieved concurrency, from the records' send/done times
+    under_driven: bool | None = None  # closed loop: fewer sessions in flight than the level's concurrency
 
 
 class CellEntry(_Block):
@@ -286,6 +290,29 @@ class ServerEntry(_Block):
     log: str
     facts: dict[str, Any] | None = None
     ready_after_s: float | None = None
+
+
+class SweepPoint(_Block):
+    load: float
+    ttft_p90_s: float | None
+    preemptions: float
+    mean_sessions_in_flight: float | None
+    cell: str | None
+
+
+class CapacityEntry(_Block):
+    """One sweep's answer (kvscope.harness.analysis.capacity.Capacity): the highest measured load meeting the SLO."""
+
+    server: str
+    workload: str
+    kind: Literal["concurrency", "session_rate"]
+    slo_ttft_p90_ms: float
+    capacity: float | None
+    interpolated: float | None
+    ceiling: Literal["slo", "preemption"] | None
+    under_driven: list[float]
+    points: list[SweepPoint]
+    sentence: str
 
 
 class ModelEntry(_Block):
@@ -314,6 +341,8 @@ class ExperimentFile(VersionedFile, Generic[SpecT]):
     traces: dict[str, str] = Field(default_factory=dict)  # workload -> trace dir relative to the experiment dir
     completed_at: float | None = None
     failed_cells: list[str] | None = None
+    cell_order: str | None = None  # how cells were ordered and servers kept (kvscope experiment cells says it)
+    capacity: list[CapacityEntry] | None = None  # one per sweep (spec `sweep:`), null without one
 
 
 # ------------------------------------------------------------------------------------------- report.json
