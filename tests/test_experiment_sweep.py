@@ -82,3 +82,13 @@ def test_a_failed_cell_counts_as_past_the_ceiling_and_resume_continues():
     assert sw.capacity().capacity == 1 and sw.capacity().ceiling == "slo"
     preempted = point_from_cell(4, {"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 2.0}})
     assert preempted.preemptions == 2.0
+
+
+def test_a_sweep_only_workload_stays_out_of_the_grid_and_must_be_swept():
+    wl = {"w": {"spec": "chat"}, "big": {"spec": "chat", "sessions": 8, "sweep_only": True}}
+    spec = ExperimentSpec.model_validate({**BASE, "workloads": wl, "repeats": 1,
+                                          "sweep": {"levels": [1, 2], "slo_ttft_p90_ms": 250, "workloads": ["big"]}})
+    assert {c.workload for c in plan_cells(spec)} == {"w"}
+    assert {s.workload for s in plan_sweeps(spec)} == {"big"}
+    with pytest.raises(ValueError, match="sweep_only: name them in sweep.workloads"):
+        ExperimentSpec.model_validate({**BASE, "workloads": wl})

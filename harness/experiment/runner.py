@@ -57,7 +57,8 @@ def plan_cells(spec: ExperimentSpec) -> list[Cell]:
     """The grid's cells in the order they run: repeat-major, so the arms interleave (A B A B …) and drift over
     the run spreads over every configuration and workload. With ``servers_up: one`` a configuration's cells
     stay together (one server up at a time): repeats interleave within it, configurations do not."""
-    grid = [(s, w, lv.name or "") for s in spec.servers for w in spec.workloads for lv in spec.loads]
+    grid = [(s, w, lv.name or "") for s in spec.servers for w, ref in spec.workloads.items() if not ref.sweep_only
+            for lv in spec.loads]
     if spec.servers_up == "one":
         return [Cell(s, w, lv, r) for server in spec.servers for r in range(spec.repeats)
                 for (s, w, lv) in grid if s == server]

@@ -53,6 +53,8 @@ class WorkloadRef(BaseModel):
     sessions: int | None = Field(None, gt=0)
     seed: int | None = None
     max_context: int | None = Field(None, gt=0, description="end sessions before exceeding this many tokens")
+    sweep_only: bool = Field(False, description="run this workload only in the sweep, not in the grid of loads "
+                                                "x repeats (a sweep needs as many sessions as its top level)")
 
 
 class LoadLevel(BaseModel):
@@ -219,6 +221,9 @@ class ExperimentSpec(ExperimentSpecCore):
                 unknown = [n for n in names or [] if n not in known]
                 if unknown:
                     raise ValueError(f"sweep.{what}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+        sweep_only = [n for n, ref in self.workloads.items() if ref.sweep_only]
+        if sweep_only and (self.sweep is None or any(n not in (self.sweep.workloads or []) for n in sweep_only)):
+            raise ValueError(f"workloads {', '.join(sweep_only)} are sweep_only: name them in sweep.workloads")
         return self
 
 

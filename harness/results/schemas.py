@@ -278,6 +278,7 @@ class CellEntry(_Block):
     started_at: float | None = None
     ended_at: float | None = None
     warmup_requests: int | None = None
+    prefix_cache_reset: str | None = None  # the backend's reset outcome before the cell
     dir: str | None = None  # the cell's run directory, relative to the experiment directory
     headline: CellHeadline | None = None
     traceback: str | None = None
@@ -285,6 +286,7 @@ class CellEntry(_Block):
 
 class ServerEntry(_Block):
     # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
+    backend: str = "vllm"  # the serving backend's registered name
     config: dict[str, Any]
     restarts: int = 0
     log: str
