@@ -82,7 +82,8 @@ def describe_plan(spec: ExperimentSpec) -> str:
     text = f"order: {order}; {reset}"
     if spec.sweep is not None:
         sw = spec.sweep
-        text += (f"; then a {sw.kind} sweep over {sw.levels} per configuration x workload "
+        levels = ", ".join(f"{x:g}" for x in sw.levels)
+        text += (f"; then a {sw.kind} sweep over [{levels}] per configuration x workload "
                  f"(TTFT p90 <= {sw.slo_ttft_p90_ms:g} ms, no preemption"
                  + (f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
                     if sw.adaptive else "") + ")")
