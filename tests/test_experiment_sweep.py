@@ -77,7 +77,7 @@ def test_bisections_are_bounded_and_a_fixed_sweep_runs_every_level():
 def test_a_failed_cell_counts_as_past_the_ceiling_and_resume_continues():
     sw = _sweep()
     sw.record(point_from_cell(1, {"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 0}}))
-    sw.record(point_from_cell(2, {"status": "failed", "headline": {"ttft_p90_s": 0.05}}))
+    sw.record(point_from_cell(2, {"status": "failed", "headline": {"ttft_p90_s": 0.05}}))  # replayed, failed
     assert sw.next_load() is None  # 1 passed, 2 failed: adjacent, nothing between
     assert sw.capacity().capacity == 1 and sw.capacity().ceiling == "slo"
     preempted = point_from_cell(4, {"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 2.0}})
@@ -92,3 +92,11 @@ def test_a_sweep_only_workload_stays_out_of_the_grid_and_must_be_swept():
     assert {s.workload for s in plan_sweeps(spec)} == {"big"}
     with pytest.raises(ValueError, match="sweep_only: name them in sweep.workloads"):
         ExperimentSpec.model_validate({**BASE, "workloads": wl})
+
+
+def test_a_cell_that_never_replayed_stops_the_sweep_without_a_measurement():
+    sw = _sweep()
+    sw.record(point_from_cell(1, {"status": "ok", "headline": {"ttft_p90_s": 0.05}}))
+    sw.record(point_from_cell(2, {"status": "failed", "reason": "ServerError: no start"}), "ServerError: no start")
+    assert sw.next_load() is None and sw.stopped == "ServerError: no start"
+    assert sorted(sw.points) == [1] and sw.capacity().ceiling is None

@@ -403,12 +403,13 @@ def _run_sweeps(run: _Run, servers: _Servers, after_cell: Callable[[Cell, Any], 
                                                  "load": cell.load, "repeat": 0, "status": "pending"})
             if entry["status"] != "ok":
                 _run_one(run, servers, cell, after_cell, level)
-            sw.record(point_from_cell(load, cells[cell.name]))
+            sw.record(point_from_cell(load, cells[cell.name]), cells[cell.name].get("reason"))
     run.manifest["capacity"] = []
     for sw in sweeps:
         cap = sw.capacity()
-        run.manifest["capacity"].append({**asdict(cap), "sentence": cap.sentence()})
-        print(f"capacity: {cap.sentence()}", flush=True)
+        sentence = cap.sentence() + (f" (sweep stopped: {sw.stopped})" if sw.stopped else "")
+        run.manifest["capacity"].append({**asdict(cap), "sentence": sentence})
+        print(f"capacity: {sentence}", flush=True)
     run.save()
 
 

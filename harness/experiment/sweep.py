@@ -30,12 +30,15 @@ class SweepState:
     spec: SweepSpec
     points: dict[float, LoadPoint] = field(default_factory=dict)
     bisections: int = 0
+    stopped: str | None = None  # why the sweep ended early (a cell that never replayed: no server, …)
 
     def level_name(self, load: float) -> str:
         return sweep_level(self.spec.kind, load).name or ""
 
     def next_load(self) -> float | None:
         """The next load to run, or None when the sweep is done."""
+        if self.stopped:
+            return None
         slo = self.spec.slo_ttft_p90_ms
         failed = any(not point_meets_slo(p, slo) for p in self.points.values())
         if not (self.spec.adaptive and failed):
@@ -47,7 +50,11 @@ class SweepState:
         nxt = next_bisection_load(list(self.points.values()), slo, self.spec.kind)
         return nxt if nxt is not None and nxt not in self.points else None
 
-    def record(self, point: LoadPoint) -> None:
+    def record(self, point: LoadPoint | None, why: str | None = None) -> None:
+        """Add a measured level; None (the cell never replayed) ends the sweep without a point."""
+        if point is None:
+            self.stopped = why or "a sweep cell did not run"
+            return
         if point.load not in self.spec.levels:
             self.bisections += 1
         self.points[point.load] = point
@@ -75,8 +82,11 @@ def cell_in_flight(cell_dir: Path) -> float | None:
     return mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
 
 
-def point_from_cell(load: float, entry: dict[str, Any]) -> LoadPoint:
-    """A sweep cell's manifest entry as a load point; a failed cell (overload errors, timeouts) fails the SLO."""
+def point_from_cell(load: float, entry: dict[str, Any]) -> LoadPoint | None:
+    """A sweep cell's manifest entry as a load point; a cell that replayed and failed (overload errors,
+    timeouts) fails the SLO; one that never replayed (the server did not start) is no measurement: None."""
+    if entry.get("status") != "ok" and not entry.get("headline"):
+        return None
     head = entry.get("headline") or {}
     ok = entry.get("status") == "ok"
     return LoadPoint(load=load, ttft_p90_s=head.get("ttft_p90_s") if ok else None,
