@@ -22,7 +22,8 @@ help:
 	@sed -n '1,6p' Makefile
 
 # The main job: a 30-second smoke check (one 6-turn conversation, cached tokens per turn), then the
-# quickstart experiment (4 server configurations x 4 workloads x 2 loads) and its notebook report.
+# quickstart experiment (3 server configurations x 3 workloads x 3 repeats, then a concurrency sweep) and its
+# notebook report.
 demo: install
 	$(VENV)/bin/kvscope demo
 	$(VENV)/bin/kvscope experiment run experiments/quickstart.yaml

@@ -179,6 +179,7 @@ servers:
   good: {{}}
 workloads:
   agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
+repeats: 1
 """)
     run_dir = run_experiment(spec, out=tmp_path / "results", run_id="x")
     cells = json.loads((run_dir / "experiment.json").read_text())["cells"]

@@ -12,9 +12,11 @@ REPO = Path(__file__).resolve().parents[1]
 def test_shipped_specs_validate_and_plan_in_stated_order():
     spec, _ = load_experiment_spec(REPO / "experiments" / "quickstart.yaml")
     cells = [c.name for c in plan_cells(spec)]
-    assert len(cells) == 4 * 4 * 2
-    assert cells[0] == "baseline__chat__c1__r0" and cells[1] == "baseline__chat__c4__r0"
-    assert {c.split("__")[0] for c in cells} == {"baseline", "no-prefix-cache", "ngram-k4", "no-prefix-cache-ngram-k4"}
+    assert len(cells) == 3 * 3 * 1 * 3  # servers x grid workloads x loads x repeats; agent-sweep is sweep-only
+    assert cells[:2] == ["baseline__agent-coding__c2__r0", "baseline__agent-coding-timestamped__c2__r0"]
+    assert cells[9] == "baseline__agent-coding__c2__r1"  # repeat-major: the arms interleave
+    assert {c.split("__")[0] for c in cells} == {"baseline", "no-prefix-cache", "ngram-k4"}
+    assert spec.sweep is not None and len(spec.sweep.levels) >= 5
     gpu, _ = load_experiment_spec(REPO / "experiments" / "gpu-llama31-8b.yaml")
     assert gpu.model.source == "hf" and "eagle3" in gpu.servers
 

@@ -124,7 +124,7 @@ def test_experiment_json_records_the_validated_spec_with_defaults(tmp_path):
     _write_json(path, _experiment_manifest(_spec()))
     raw = json.loads(path.read_text())
     # defaults the YAML never named are recorded
-    assert raw["spec"]["replay"]["total_timeout_s"] == 1800.0 and raw["spec"]["repeats"] == 1
+    assert raw["spec"]["replay"]["total_timeout_s"] == 1800.0 and raw["spec"]["repeats"] == 3
     assert raw["spec"]["cost"]["pricing"] == DEFAULT_PRICING
     assert raw["spec"]["loads"] == [{"name": "c1", "concurrency": 1, "session_rate": None}]
     full = load_experiment_file(path, ExperimentSpec)

@@ -28,7 +28,7 @@ def test_summary_layout_and_values():
     deltas = {"prefix_cache_hit_rate": 0.5, "spec_decode_num_drafts": 10, "spec_acceptance_rate": 0.3}
     s = S.summarize(rec, deltas, 20.0, True, slo_ttft_ms=500, weights_random=True)
     assert list(s) == ["requests", "duration_s", "throughput", "latency", "goodput", "hit_rate", "speculative",
-                       "server_deltas"]
+                       "data_quality", "server_deltas"]
     assert list(s["latency"]) == ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
     ok = rec[rec.in_window & rec.error_class.isna()]
     assert s["requests"]["ok"] == len(ok) and s["requests"]["sent"] == len(rec)
@@ -57,3 +57,23 @@ def test_a_registered_metric_appears_at_its_tag(monkeypatch):
     assert s["throughput"]["max_prompt_tokens"] == int(rec[rec.in_window & rec.error_class.isna()].prompt_tokens.max())
     with pytest.raises(ValueError, match="already registered"):
         S.summary_metric(type("Again", (S.SummaryMetric,), {"tag": "hit_rate"}))
+
+
+def test_data_quality_flags_burst_answers_zero_gaps_a_saturated_client_and_coarse_scrapes():
+    n = 10
+    burst = np.arange(n) < 4  # 4 of 10 answers: every token in the first chunk
+    rec = pd.DataFrame({
+        "in_window": True, "error_class": None, "attempt": 0, "http_status": 200, "length_mismatch": False,
+        "output_tokens": 20, "prompt_tokens": 100, "ttft_s": np.where(burst, 0.5, 0.1),
+        "tpot_s": np.where(burst, 0.0, 0.02), "e2e_s": 0.5,
+        "itl_s": [[0.0, 0.0] if b else [0.02, 0.02] for b in burst],
+        "cached_tokens": 0.0, "predicted_cached_tokens": 0.0})
+    dq = S.summarize(rec, {}, 10.0, True, client_cpu_utilization=0.95, scrape_times_s=(0.0, 5.0, 10.0),
+                     scrape_interval_s=1.0)["data_quality"]
+    assert dq["burst_share"] == pytest.approx(0.4) and dq["zero_gap_itl_share"] == pytest.approx(0.4)
+    assert dq["ttft_s_without_bursts"]["count"] == 6 and dq["ttft_s_without_bursts"]["p90"] == pytest.approx(0.1)
+    assert dq["scrape_gap_s"] == 5.0 and dq["client_saturated"]
+    assert dq["flags"] == ["burst_deliveries", "zero_gap_itls", "client_saturated", "coarse_metrics_scrapes"]
+    clean = S.summarize(rec[~burst], {}, 10.0, True, client_cpu_utilization=0.2,
+                        scrape_times_s=tuple(np.arange(11.0)), scrape_interval_s=1.0)["data_quality"]
+    assert clean["flags"] == [] and clean["burst_share"] == 0

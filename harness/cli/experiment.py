@@ -72,10 +72,11 @@ def add_subcommands(sub) -> None:
 
 
 def _cmd_cells(args: argparse.Namespace) -> int:
-    from kvscope.harness.experiment.runner import plan_cells
+    from kvscope.harness.experiment.runner import describe_plan, plan_cells
     from kvscope.harness.experiment.spec import load_experiment_spec
 
     spec, _ = load_experiment_spec(args.spec)
+    print(f"# {describe_plan(spec)}")
     for i, c in enumerate(plan_cells(spec), start=1):
         print(f"{i:4d}  {c.name}")
     return 0

@@ -1,19 +1,24 @@
-"""Run an experiment: each server configuration once, every cell (workload × load × repeat) against it.
+"""Run an experiment: every cell (server configuration × workload × load × repeat), then the load sweeps.
 
 Layout of one run (`results/<experiment>/<run-id>/`):
 
-    experiment.json            manifest: spec, model, servers (config, facts, log, restarts), cells + status
+    experiment.json            manifest: spec, model, servers (config, facts, log, restarts), cells + status,
+                               cell order, capacities (one per sweep)
     traces/<workload>/         the generated traces (one per workload, shared by every cell)
     servers/<server>.log       vLLM log of each configuration
     cells/<server>__<workload>__<load>__r<k>/   a replay run directory (requests.parquet, summary.json, …)
+    cells/<server>__<workload>__sweep-c<n>__r0/ a sweep level's cell
 
 Each server configuration is a serving backend (kvscope.harness.serving.backend): vLLM, launched by kvscope,
-or an OpenAI-compatible endpoint it only attaches to. The backend gives the auth headers of every request
-(warm-up, replay, scraping, reset) and the redacted config recorded here. Between cells the prefix cache is
-emptied through the backend (vLLM: `/reset_prefix_cache` in dev mode; a restart if that fails), after a few
-warm-up requests, so every cell starts from the same state and predictions stay exact. A cell that fails is
-recorded with its reason and the experiment goes on; a server that died is restarted for the next cell.
-`--resume` skips cells whose status is `ok`.
+or an OpenAI-compatible endpoint it only attaches to. Cells run repeat-major (see `plan_cells`); with
+``servers_up: all`` every configuration's server stays up once started so the arms interleave without
+restarts, with ``one`` a server is stopped before the next configuration's starts. Before every cell a few
+warm-up requests, then the prefix cache is emptied through the backend (vLLM: `/reset_prefix_cache` in dev
+mode; a restart if that fails), so every cell starts from the same state and predictions stay exact;
+``between_repeats: restart`` also starts a fresh process for each new repeat. A cell that fails is recorded
+with its reason and the experiment goes on; a server that died is restarted for the next cell. After the grid,
+each sweep (kvscope.harness.experiment.sweep) runs level by level until its ceiling, and its capacity is
+recorded. `--resume` skips cells whose status is `ok`; `--cells` runs only the named grid cells (no sweep).
 """
 
 from __future__ import annotations
@@ -50,9 +55,40 @@ class Cell:
 
 
 def plan_cells(spec: ExperimentSpec) -> list[Cell]:
-    """The stated order: servers (each started once), then workloads, load levels, repeats."""
-    return [Cell(s, w, lv.name or "", r) for s in spec.servers for w in spec.workloads for lv in spec.loads
-            for r in range(spec.repeats)]
+    """The grid's cells in the order they run: repeat-major, so the arms interleave (A B A B …) and drift over
+    the run spreads over every configuration and workload. With ``servers_up: one`` a configuration's cells
+    stay together (one server up at a time): repeats interleave within it, configurations do not."""
+    grid = [(s, w, lv.name or "") for s in spec.servers for w, ref in spec.workloads.items() if not ref.sweep_only
+            for lv in spec.loads]
+    if spec.servers_up == "one":
+        return [Cell(s, w, lv, r) for server in spec.servers for r in range(spec.repeats)
+                for (s, w, lv) in grid if s == server]
+    return [Cell(s, w, lv, r) for r in range(spec.repeats) for (s, w, lv) in grid]
+
+
+def describe_plan(spec: ExperimentSpec) -> str:
+    """How cells are ordered and servers kept, and what it costs: `kvscope experiment cells` prints it and
+    experiment.json records it."""
+    n = len(spec.servers)
+    if spec.servers_up == "all":
+        order = (f"repeat-major: repeat r of every configuration x workload x load, then r+1 (A B A B …); all {n} "
+                 f"server configuration(s) stay up once started (one process each, idle while another runs: "
+                 "memory for all of them, no restarts)")
+    else:
+        order = (f"one server at a time ({n} start(s)): each configuration's cells repeat-major within it; "
+                 "configurations are not interleaved, so drift between them reads as a difference")
+    reset = ("prefix cache reset before every cell" if spec.between_repeats == "reset"
+             else f"prefix cache reset before every cell, fresh server process before each repeat "
+                  f"(~{n * max(spec.repeats - 1, 0)} extra start(s))")
+    text = f"order: {order}; {reset}"
+    if spec.sweep is not None:
+        sw = spec.sweep
+        levels = ", ".join(f"{x:g}" for x in sw.levels)
+        text += (f"; then a {sw.kind} sweep over [{levels}] per configuration x workload "
+                 f"(TTFT p90 <= {sw.slo_ttft_p90_ms:g} ms, no preemption"
+                 + (f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
+                    if sw.adaptive else "") + ")")
+    return text
 
 
 def safe_child(root: Path, *parts: str) -> Path:
@@ -210,11 +246,19 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     run.save()
     _generate_traces(run, spec_path, tokenizer_dir)
     todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
+    manifest["cell_order"] = describe_plan(spec)
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
-    for server_name in spec.servers:
-        server_cells = [c for c in todo if c.server == server_name]
-        if server_cells:
-            _run_server(run, server_name, server_cells, after_cell)
+    servers = _Servers(run)
+    try:
+        for cell in todo:
+            if spec.servers_up == "one":
+                servers.stop_all_but(cell.server)
+            _run_one(run, servers, cell, after_cell)
+        if not only_cells:
+            _run_sweeps(run, servers, after_cell)
+    finally:
+        servers.stop_all()
+        run.save()
     manifest["completed_at"] = time.time()
     manifest["failed_cells"] = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
     run.save()
@@ -269,44 +313,105 @@ def _generate_traces(run: _Run, spec_path: Path, tokenizer_dir: str) -> None:
     run.save()
 
 
-def _run_server(run: _Run, server_name: str, cells: list[Cell],
-                after_cell: Callable[[Cell, Any], None] | None) -> None:
-    """Every cell of one server configuration against one backend (started once, restarted if it died)."""
-    backend = server_backend(run.spec, server_name, run.model_path)
-    log_path = safe_child(run.run_dir, "servers", f"{server_name}.log")
-    srec = run.manifest["servers"].setdefault(
-        server_name, {"restarts": 0, "log": str(log_path.relative_to(run.run_dir))})
-    srec.update(backend=backend.name, config=backend.redacted_config())
-    started = False
-    try:
-        for cell in cells:
-            entry = run.manifest["cells"][cell.name]
-            entry.update(status="running", started_at=time.time(), reason=None)
-            run.save()
-            try:
-                if not started or not backend.is_running():
-                    if started:
-                        srec["restarts"] += 1
-                        backend.stop()
-                    _start_server(backend, server_name, log_path, srec)
-                    started = True
-                _run_cell(run, cell, backend, srec, log_path)
-            except KeyboardInterrupt:
-                entry.update(status="interrupted", reason="interrupted")
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
-                entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
-                             traceback=traceback.format_exc()[-2000:])
-                print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
-            finally:
-                entry["ended_at"] = time.time()
-                run.save()
-            if after_cell is not None:  # the launched process (VllmServer) where there is one
-                after_cell(cell, getattr(backend, "server", None) or backend)
-    finally:
-        if started:
+class _Servers:
+    """The experiment's backends by configuration name: started on first use, restarted when one died or a new
+    repeat asks for a fresh process (``between_repeats: restart``), stopped at the end."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.backends: dict[str, "Backend"] = {}
+        self.last_repeat: dict[str, int] = {}
+
+    def _record(self, name: str) -> dict[str, Any]:
+        log_path = safe_child(self.run.run_dir, "servers", f"{name}.log")
+        return self.run.manifest["servers"].setdefault(
+            name, {"restarts": 0, "log": str(log_path.relative_to(self.run.run_dir))})
+
+    def log_path(self, name: str) -> Path:
+        return safe_child(self.run.run_dir, "servers", f"{name}.log")
+
+    def get(self, name: str, repeat: int) -> "Backend":
+        srec = self._record(name)
+        backend = self.backends.get(name)
+        fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat
+        if backend is None:
+            backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path)
+            srec.update(backend=backend.name, config=backend.redacted_config())
+            _start_server(backend, name, self.log_path(name), srec)
+        elif fresh or not backend.is_running():
+            srec["restarts"] += 1
             backend.stop()
+            _start_server(backend, name, self.log_path(name), srec)
+        self.last_repeat[name] = repeat
+        return backend
+
+    def stop_all_but(self, keep: str) -> None:
+        for name in [n for n in self.backends if n != keep]:
+            self.backends.pop(name).stop()
+
+    def stop_all(self) -> None:
+        for name in list(self.backends):
+            self.backends.pop(name).stop()
+
+
+def _run_one(run: _Run, servers: _Servers, cell: Cell, after_cell: Callable[[Cell, Any], None] | None,
+             level: Any = None) -> None:
+    """One cell against its configuration's server; a failure is recorded and the experiment goes on."""
+    entry = run.manifest["cells"][cell.name]
+    entry.update(status="running", started_at=time.time(), reason=None)
+    run.save()
+    backend = None
+    try:
+        backend = servers.get(cell.server, cell.repeat)
+        _run_cell(run, cell, backend, run.manifest["servers"][cell.server], servers.log_path(cell.server), level)
+    except KeyboardInterrupt:
+        entry.update(status="interrupted", reason="interrupted")
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
+        entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
+                     traceback=traceback.format_exc()[-2000:])
+        print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
+        if backend is None:  # it did not start: the next cell tries a fresh one
+            servers.backends.pop(cell.server, None)
+    finally:
+        entry["ended_at"] = time.time()
         run.save()
+    if after_cell is not None and backend is not None:  # the launched process (VllmServer) where there is one
+        after_cell(cell, getattr(backend, "server", None) or backend)
+
+
+def _run_sweeps(run: _Run, servers: _Servers, after_cell: Callable[[Cell, Any], None] | None) -> None:
+    """Every sweep, round-robin one level at a time, until each is done; then the capacities."""
+    from dataclasses import asdict
+
+    from kvscope.harness.experiment.spec import sweep_level
+    from kvscope.harness.experiment.sweep import plan_sweeps, point_from_cell
+
+    sweeps = plan_sweeps(run.spec)
+    if not sweeps:
+        return
+    cells = run.manifest["cells"]
+    active = list(sweeps)
+    while active:
+        for sw in list(active):
+            load = sw.next_load()
+            if load is None:
+                active.remove(sw)
+                continue
+            level = sweep_level(sw.spec.kind, load)
+            cell = Cell(sw.server, sw.workload, level.name or "", 0)
+            entry = cells.setdefault(cell.name, {"server": cell.server, "workload": cell.workload,
+                                                 "load": cell.load, "repeat": 0, "status": "pending"})
+            if entry["status"] != "ok":
+                _run_one(run, servers, cell, after_cell, level)
+            sw.record(point_from_cell(load, cells[cell.name]), cells[cell.name].get("reason"))
+    run.manifest["capacity"] = []
+    for sw in sweeps:
+        cap = sw.capacity()
+        sentence = cap.sentence() + (f" (sweep stopped: {sw.stopped})" if sw.stopped else "")
+        run.manifest["capacity"].append({**asdict(cap), "sentence": sentence})
+        print(f"capacity: {sentence}", flush=True)
+    run.save()
 
 
 def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: dict[str, Any]) -> None:
@@ -317,7 +422,8 @@ def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: di
     srec["ready_after_s"] = backend.ready_after_s
 
 
-def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path) -> None:
+def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path,
+              level: Any = None) -> None:
     """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
     import shutil
 
@@ -326,6 +432,8 @@ def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], l
 
     spec, entry = run.spec, run.manifest["cells"][cell.name]
     loads = {lv.name: lv for lv in spec.loads}
+    if level is not None:  # a sweep level, outside the grid's loads
+        loads[level.name] = level
     model = _model_name(backend, spec)
     trace_dir = run.run_dir / run.manifest["traces"][cell.workload]
     entry["warmup_requests"] = _warm_up(backend, model, srec.get("facts") or {}, spec.replay.warmup_requests,
@@ -351,14 +459,33 @@ def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], l
     s = outcome.summary
     reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
     entry.update(status="failed" if reason else "ok", reason=reason,
-                 dir=str(cell_dir.relative_to(run.run_dir)),
-                 headline={"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
-                           "hit_rate": s["hit_rate"]["server_per_request"],
-                           "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
-                           "req_per_s": s["throughput"]["requests_per_s"]})
+                 dir=str(cell_dir.relative_to(run.run_dir)), headline=_headline(s, cell_dir, loads[cell.load]))
+    head = entry["headline"]
     print(f"[{cell.name}] {entry['status']}: {s['requests']['ok']} ok, hit "
-          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 "
-          f"{_ms(s['latency']['ttft_s']['p50'])}", flush=True)
+          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 {_ms(head['ttft_p50_s'])} p90 "
+          f"{_ms(head['ttft_p90_s'])}, {_num(head['mean_sessions_in_flight'])} sessions in flight"
+          + (" (UNDER-DRIVEN)" if head["under_driven"] else "")
+          + (f", {head['preemptions']:g} preemptions" if head["preemptions"] else ""), flush=True)
+
+
+def _headline(s: dict[str, Any], cell_dir: Path, level: Any) -> dict[str, Any]:
+    """The cell's key figures in experiment.json, with the achieved concurrency and the preemptions."""
+    from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
+    from kvscope.harness.experiment.sweep import cell_in_flight
+
+    in_flight = cell_in_flight(cell_dir)
+    short = None
+    if level.concurrency is not None and in_flight is not None:
+        short = bool(in_flight < SHORTFALL_TOLERANCE * level.concurrency)
+    return {"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
+            "hit_rate": s["hit_rate"]["server_per_request"], "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
+            "ttft_p90_s": s["latency"]["ttft_s"]["p90"], "req_per_s": s["throughput"]["requests_per_s"],
+            "preemptions": float((s.get("server_deltas") or {}).get("num_preemptions") or 0),
+            "mean_sessions_in_flight": in_flight, "under_driven": short}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _fmt(x: float | None) -> str:

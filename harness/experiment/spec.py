@@ -17,8 +17,8 @@ from kvscope.harness.common.errors import ConfigError, format_validation_error, 
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
-__all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "WorkloadRef",
-           "check_name", "load_experiment_spec"]
+__all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "SweepSpec",
+           "WorkloadRef", "check_name", "load_experiment_spec", "sweep_level"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -53,6 +53,8 @@ class WorkloadRef(BaseModel):
     sessions: int | None = Field(None, gt=0)
     seed: int | None = None
     max_context: int | None = Field(None, gt=0, description="end sessions before exceeding this many tokens")
+    sweep_only: bool = Field(False, description="run this workload only in the sweep, not in the grid of loads "
+                                                "x repeats (a sweep needs as many sessions as its top level)")
 
 
 class LoadLevel(BaseModel):
@@ -70,6 +72,43 @@ class LoadLevel(BaseModel):
             self.name = f"c{self.concurrency}" if self.concurrency else f"r{self.session_rate:g}"
         check_name(self.name, "load level name")
         return self
+
+
+class SweepSpec(BaseModel):
+    """A load sweep to saturation, run after the grid: closed-loop concurrency or open-loop session rate, levels
+    in ascending order until the TTFT p90 SLO breaks or the server preempts; `adaptive` skips the levels above
+    the first failure and bisects between the last passing level and it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["concurrency", "session_rate"] = "concurrency"
+    levels: list[float] = Field(min_length=2, description="loads to try, e.g. [1, 2, 4, 8, 16]")
+    slo_ttft_p90_ms: float = Field(gt=0, description="a level meets the SLO when its TTFT p90 is at most this and "
+                                                     "it caused no preemption")
+    adaptive: bool = Field(True, description="stop at the first failing level, then bisect below it")
+    max_bisections: int = Field(3, ge=0, le=20, description="adaptive: extra levels between pass and fail")
+    servers: list[str] | None = Field(None, description="configurations to sweep (default: all)")
+    workloads: list[str] | None = Field(None, description="workloads to sweep (default: all)")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"levels must be distinct and > 0, got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _integer_concurrency(self) -> "SweepSpec":
+        if self.kind == "concurrency" and any(x != int(x) for x in self.levels):
+            raise ValueError(f"concurrency levels must be whole numbers, got {self.levels}")
+        return self
+
+
+def sweep_level(kind: str, load: float) -> LoadLevel:
+    """The load level of one sweep cell: named `sweep-c4` or `sweep-r0.5` (apart from the grid's names)."""
+    if kind == "concurrency":
+        return LoadLevel(name=f"sweep-c{int(load)}", concurrency=int(load))
+    return LoadLevel(name=f"sweep-r{load:g}", session_rate=load)
 
 
 PER_CELL_OPTIONS = {"concurrency": "loads", "session_rate": "loads", "seed": "the repeat index",
@@ -133,7 +172,15 @@ class ExperimentSpec(ExperimentSpecCore):
                                                            "openai for an endpoint kvscope does not start)")
     workloads: dict[str, WorkloadRef]
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
-    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
+    repeats: int = Field(3, ge=1, le=MAX_REPEATS, description="runs of every configuration x workload x load")
+    between_repeats: Literal["reset", "restart"] = Field(
+        "reset", description="reset: empty the prefix cache before every cell (always done); restart: also start "
+                             "a fresh server process before each new repeat of a configuration")
+    servers_up: Literal["all", "one"] = Field(
+        "all", description="all: keep every configuration's server up once started, so cells run repeat-major "
+                           "across configurations (A B A B); one: one server at a time, repeats interleaved only "
+                           "within a configuration")
+    sweep: SweepSpec | None = None
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
 
     @field_validator("name")
@@ -168,6 +215,15 @@ class ExperimentSpec(ExperimentSpecCore):
         if n_cells > MAX_CELLS:
             raise ValueError(f"servers x workloads x loads x repeats = {n_cells:,} cells; allowed: at most "
                              f"{MAX_CELLS:,}")
+        if self.sweep is not None:
+            for what, names, known in (("servers", self.sweep.servers, self.servers),
+                                       ("workloads", self.sweep.workloads, self.workloads)):
+                unknown = [n for n in names or [] if n not in known]
+                if unknown:
+                    raise ValueError(f"sweep.{what}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+        sweep_only = [n for n, ref in self.workloads.items() if ref.sweep_only]
+        if sweep_only and (self.sweep is None or any(n not in (self.sweep.workloads or []) for n in sweep_only)):
+            raise ValueError(f"workloads {', '.join(sweep_only)} are sweep_only: name them in sweep.workloads")
         return self
 
 

@@ -514,7 +514,9 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
                    opts: ReplayOptions, backends: "list[Backend]") -> dict[str, Any]:
     """Compact the records, write the metrics series and build summary.json's content."""
     from kvscope.harness.model.tinymodel import weights_are_random
-    from kvscope.harness.replay.summary import summarize
+    import pandas as pd
+
+    from kvscope.harness.replay.summary import CLIENT_SATURATED_CPU_SHARE, summarize
 
     compact(run_dir)
     records = read_records(run_dir)
@@ -524,22 +526,24 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
         records.loc[records["sent_s"] > cutoff, "in_window"] = False
         records.to_parquet(run_dir / "requests.parquet", index=False)
     assert replayer.watcher is not None
-    replayer.watcher.write(run_dir)
+    series = pd.read_parquet(replayer.watcher.write(run_dir))
     deltas = replayer.watcher.deltas()
     config = backends[0].config
     model_dir = getattr(config, "model", None) if backends[0].name == "vllm" else None
     prefix_on = facts[0].get("prefix_caching")
-    summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
-                        weights_random=weights_are_random(model_dir) if model_dir else None)
-    summary["aborted"] = st.abort_reason
     util = st.cpu_s / duration if duration else None
+    summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
+                        weights_random=weights_are_random(model_dir) if model_dir else None,
+                        client_cpu_utilization=util, scrape_interval_s=opts.scrape_interval_s,
+                        scrape_times_s=tuple(series["t_s"]) if "t_s" in series else ())
+    summary["aborted"] = st.abort_reason
     summary["client"] = {
         "cpu_s": st.cpu_s, "cpu_utilization": util,
         "cpu_us_per_request": st.cpu_s / len(records) * 1e6 if len(records) else None,
         "event_loop": st.event_loop, "stale_connection_resends": replayer._fast.stale_retries if replayer._fast else 0,
-        "saturated": bool(util is not None and util > 0.9),
+        "saturated": bool(util is not None and util > CLIENT_SATURATED_CPU_SHARE),
         "note": ("the replay client used > 90 % of a core: latencies may include client queuing; use fewer "
-                 "sessions per process or several processes") if util is not None and util > 0.9 else None,
+                 "sessions per process or several processes") if util is not None and util > CLIENT_SATURATED_CPU_SHARE else None,
     }
     summary["server_facts"] = facts
     return summary

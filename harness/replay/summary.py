@@ -86,6 +86,18 @@ class RunView:
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     weights_random: bool | None
+    client_cpu_utilization: float | None = None  # the replay client's CPU seconds per wall second
+    scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
+    scrape_interval_s: float | None = None  # the scrape period asked for
+
+
+CLIENT_SATURATED_CPU_SHARE = 0.9
+"""Above this share of one core the replay client queues its own work, and latencies include that queueing."""
+BURST_TOLERANCE = (0.001, 0.02)
+"""An answer arrived in one burst when e2e − TTFT ≤ 1 ms + 2 % of e2e: its tokens came together, so TTFT is
+the whole generation and TPOT/ITL say nothing about decoding."""
+ZERO_GAP_ITL_S = 1e-4
+"""Inter-token gaps below 0.1 ms: chunks read from one socket buffer, not separate decode steps."""
 
 
 class SummaryMetric:
@@ -233,6 +245,50 @@ class Speculative(SummaryMetric):
 
 
 @summary_metric
+class DataQuality(SummaryMetric):
+    """Can the cell's latencies be trusted? Burst deliveries (TTFT ≈ e2e), zero-gap ITLs, a saturated client,
+    a /metrics series too coarse for the run, plus TTFT and TPOT percentiles without the burst answers.
+    ``flags`` names what is off (empty: nothing seen)."""
+
+    tag = "data_quality"
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        ok = run.ok
+        multi = ok[ok["output_tokens"] > 1] if len(ok) else ok
+        abs_tol, rel_tol = BURST_TOLERANCE
+        gap = (multi["e2e_s"] - multi["ttft_s"]).to_numpy(float) if len(multi) else np.zeros(0)
+        burst = gap <= abs_tol + rel_tol * multi["e2e_s"].to_numpy(float) if len(multi) else np.zeros(0, bool)
+        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_s"]]) if len(ok) else np.zeros(0)
+        steady = multi[~burst] if len(multi) else multi
+        scrape_gaps = np.diff(np.unique(np.asarray(run.scrape_times_s, float)))
+        scrape_gap_s = float(np.median(scrape_gaps)) if len(scrape_gaps) else None
+        out: dict[str, Any] = {
+            "burst_share": _ratio(int(burst.sum()), len(multi)),
+            "zero_gap_itl_share": _ratio(int((itl < ZERO_GAP_ITL_S).sum()), len(itl)),
+            "client_cpu_utilization": run.client_cpu_utilization,
+            "client_saturated": bool(run.client_cpu_utilization is not None
+                                     and run.client_cpu_utilization > CLIENT_SATURATED_CPU_SHARE),
+            "scrape_interval_s": run.scrape_interval_s,
+            "scrape_gap_s": scrape_gap_s,
+            "scrapes": int(len(run.scrape_times_s)),
+            "ttft_s_without_bursts": _pcts(steady["ttft_s"].to_numpy(float) if len(steady) else np.zeros(0)),
+            "tpot_s_without_bursts": _pcts(steady["tpot_s"].dropna().to_numpy(float) if len(steady)
+                                           else np.zeros(0)),
+        }
+        flags = []
+        if (out["burst_share"] or 0) > 0.2:
+            flags.append("burst_deliveries")
+        if (out["zero_gap_itl_share"] or 0) > 0.2:
+            flags.append("zero_gap_itls")
+        if out["client_saturated"]:
+            flags.append("client_saturated")
+        if run.duration_s and (scrape_gap_s is None or run.duration_s / scrape_gap_s < 5):
+            flags.append("coarse_metrics_scrapes")  # fewer than 5 scrapes over the run: no time series to read
+        out["flags"] = flags
+        return out
+
+
+@summary_metric
 class ServerDeltas(SummaryMetric):
     tag = "server_deltas"
 
@@ -242,14 +298,16 @@ class ServerDeltas(SummaryMetric):
 
 def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-              weights_random: bool | None = None) -> dict[str, Any]:
+              weights_random: bool | None = None, client_cpu_utilization: float | None = None,
+              scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None) -> dict[str, Any]:
     """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
     requests inside the window."""
     window = records[records["in_window"].astype(bool)] if len(records) else records
     run = RunView(records=records, window=window, ok=window[window["error_class"].isna()],
                   failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
                   prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
-                  weights_random=weights_random)
+                  weights_random=weights_random, client_cpu_utilization=client_cpu_utilization,
+                  scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s)
     summary: dict[str, Any] = {}
     for tag, metric in _METRICS.items():
         *parents, leaf = tag.split(".")

@@ -127,6 +127,22 @@ class ClientStats(_Block):
     note: str | None
 
 
+class DataQuality(_Block):
+    """Whether a cell's latencies can be trusted (kvscope.harness.replay.summary.DataQuality says how each is
+    measured); `flags` names what is off."""
+
+    burst_share: float | None  # answers of > 1 token whose tokens all arrived together (TTFT ≈ e2e)
+    zero_gap_itl_share: float | None
+    client_cpu_utilization: float | None
+    client_saturated: bool
+    scrape_interval_s: float | None  # asked for
+    scrape_gap_s: float | None  # measured (median gap between scrapes)
+    scrapes: int
+    ttft_s_without_bursts: Percentiles
+    tpot_s_without_bursts: Percentiles
+    flags: list[str]
+
+
 class SummaryFile(VersionedFile):
     FORMAT = "kvscope-summary"
     SUPPORTED_VERSIONS = (1,)
@@ -140,6 +156,7 @@ class SummaryFile(VersionedFile):
     goodput: Goodput | None
     hit_rate: HitRates
     speculative: Speculative | None
+    data_quality: DataQuality | None = None  # absent in summaries written before it existed
     # Counter deltas from /metrics, one key per series the metrics watcher reconciles: which ones exist
     # depends on the vLLM version and the features on, so the block is open.
     server_deltas: dict[str, Any] | None
@@ -245,6 +262,10 @@ class CellHeadline(_Block):
     hit_rate: float | None
     ttft_p50_s: float | None
     req_per_s: float | None
+    ttft_p90_s: float | None = None
+    preemptions: float | None = None  # vllm:num_preemptions_total delta over the cell
+    mean_sessions_in_flight: float | None = None  # achieved concurrency, from the records' send/done times
+    under_driven: bool | None = None  # closed loop: fewer sessions in flight than the level's concurrency
 
 
 class CellEntry(_Block):
@@ -273,6 +294,29 @@ class ServerEntry(_Block):
     ready_after_s: float | None = None
 
 
+class SweepPoint(_Block):
+    load: float
+    ttft_p90_s: float | None
+    preemptions: float
+    mean_sessions_in_flight: float | None
+    cell: str | None
+
+
+class CapacityEntry(_Block):
+    """One sweep's answer (kvscope.harness.analysis.capacity.Capacity): the highest measured load meeting the SLO."""
+
+    server: str
+    workload: str
+    kind: Literal["concurrency", "session_rate"]
+    slo_ttft_p90_ms: float
+    capacity: float | None
+    interpolated: float | None
+    ceiling: Literal["slo", "preemption"] | None
+    under_driven: list[float]
+    points: list[SweepPoint]
+    sentence: str
+
+
 class ModelEntry(_Block):
     path: str
     tokenizer: str
@@ -299,6 +343,8 @@ class ExperimentFile(VersionedFile, Generic[SpecT]):
     traces: dict[str, str] = Field(default_factory=dict)  # workload -> trace dir relative to the experiment dir
     completed_at: float | None = None
     failed_cells: list[str] | None = None
+    cell_order: str | None = None  # how cells were ordered and servers kept (kvscope experiment cells says it)
+    capacity: list[CapacityEntry] | None = None  # one per sweep (spec `sweep:`), null without one
 
 
 # ------------------------------------------------------------------------------------------- report.json

@@ -1,0 +1,94 @@
+"""The live load sweep of an experiment: which level to run next, and each measured cell as a load point.
+
+Why a state object per (server, workload): the next level depends on what the earlier ones measured (stop at
+the first failure, then bisect), so the runner asks each sweep for its next load after every cell and
+round-robins over the sweeps (all servers are up at once by default, so sweeps of different configurations
+interleave like the grid's repeats). The decision itself — pass/fail, bisection, capacity — is the pure logic
+of `kvscope.harness.analysis.capacity`, which the report reads as well. A resumed run rebuilds the points from
+the cells already recorded, so `--resume` continues a sweep where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvscope.harness.analysis.capacity import (Capacity, LoadPoint, capacity_from_points, mean_in_flight,
+                                               next_bisection_load, point_meets_slo)
+from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
+
+__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell"]
+
+
+@dataclass
+class SweepState:
+    """One configuration's sweep on one workload: the levels measured so far and what comes next."""
+
+    server: str
+    workload: str
+    spec: SweepSpec
+    points: dict[float, LoadPoint] = field(default_factory=dict)
+    bisections: int = 0
+    stopped: str | None = None  # why the sweep ended early (a cell that never replayed: no server, …)
+
+    def level_name(self, load: float) -> str:
+        return sweep_level(self.spec.kind, load).name or ""
+
+    def next_load(self) -> float | None:
+        """The next load to run, or None when the sweep is done."""
+        if self.stopped:
+            return None
+        slo = self.spec.slo_ttft_p90_ms
+        failed = any(not point_meets_slo(p, slo) for p in self.points.values())
+        if not (self.spec.adaptive and failed):
+            for level in self.spec.levels:
+                if level not in self.points:
+                    return level
+        if not self.spec.adaptive or self.bisections >= self.spec.max_bisections:
+            return None
+        nxt = next_bisection_load(list(self.points.values()), slo, self.spec.kind)
+        return nxt if nxt is not None and nxt not in self.points else None
+
+    def record(self, point: LoadPoint | None, why: str | None = None) -> None:
+        """Add a measured level; None (the cell never replayed) ends the sweep without a point."""
+        if point is None:
+            self.stopped = why or "a sweep cell did not run"
+            return
+        if point.load not in self.spec.levels:
+            self.bisections += 1
+        self.points[point.load] = point
+
+    def capacity(self) -> Capacity:
+        return capacity_from_points(self.server, self.workload, self.spec.kind, list(self.points.values()),
+                                    self.spec.slo_ttft_p90_ms)
+
+
+def plan_sweeps(spec: ExperimentSpec) -> list[SweepState]:
+    if spec.sweep is None:
+        return []
+    return [SweepState(s, w, spec.sweep) for s in (spec.sweep.servers or list(spec.servers))
+            for w in (spec.sweep.workloads or list(spec.workloads))]
+
+
+def cell_in_flight(cell_dir: Path) -> float | None:
+    """Mean sessions in flight of a replayed cell, from its records' send and completion times."""
+    import pandas as pd
+
+    path = cell_dir / "requests.parquet"
+    if not path.exists():
+        return None
+    rec = pd.read_parquet(path, columns=["session_id", "sent_s", "done_s"])
+    return mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
+
+
+def point_from_cell(load: float, entry: dict[str, Any]) -> LoadPoint | None:
+    """A sweep cell's manifest entry as a load point; a cell that replayed and failed (overload errors,
+    timeouts) fails the SLO; one that never replayed (the server did not start) is no measurement: None."""
+    if entry.get("status") != "ok" and not entry.get("headline"):
+        return None
+    head = entry.get("headline") or {}
+    ok = entry.get("status") == "ok"
+    return LoadPoint(load=load, ttft_p90_s=head.get("ttft_p90_s") if ok else None,
+                     preemptions=float(head.get("preemptions") or 0),
+                     mean_sessions_in_flight=head.get("mean_sessions_in_flight"), cell=entry.get("dir"))

@@ -1,0 +1,78 @@
+"""The pure capacity logic on synthetic load curves (harness/analysis/capacity.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from kvscope.harness.analysis.capacity import (LoadPoint, capacity_from_points, interpolated_crossing,
+                                               mean_in_flight, next_bisection_load, point_meets_slo)
+
+
+def curve(loads, knee: float, slope_ms: float = 40.0, base_ms: float = 50.0) -> list[LoadPoint]:
+    """TTFT p90 flat below the knee, rising linearly above it."""
+    return [LoadPoint(x, (base_ms + max(0.0, x - knee) * slope_ms) / 1000) for x in loads]
+
+
+def test_capacity_is_the_highest_measured_load_meeting_the_slo_and_names_the_ceiling():
+    pts = curve([1, 2, 4, 8, 16], knee=4, slope_ms=60)  # 50, 50, 50, 290, 770 ms
+    cap = capacity_from_points("baseline", "agent", "concurrency", pts, 250)
+    assert cap.capacity == 4 and cap.ceiling == "slo"
+    assert 4 < cap.interpolated < 8
+    assert cap.sentence().startswith("baseline holds 4 concurrent agent sessions at TTFT p90 ≤ 250 ms; at 8")
+
+
+def test_preemption_fails_a_level_even_within_the_latency_slo():
+    pts = [LoadPoint(1, 0.05), LoadPoint(2, 0.06), LoadPoint(4, 0.07, preemptions=3)]
+    cap = capacity_from_points("s", "w", "concurrency", pts, 250)
+    assert cap.capacity == 2 and cap.ceiling == "preemption"
+    assert not point_meets_slo(pts[2], 250)
+
+
+def test_no_ceiling_within_the_levels_and_nothing_passing_are_said_so():
+    cap = capacity_from_points("s", "w", "concurrency", curve([1, 2, 4], knee=10), 250)
+    assert cap.capacity == 4 and cap.ceiling is None and "at least" in cap.sentence()
+    none = capacity_from_points("s", "w", "session_rate", [LoadPoint(0.5, 0.9), LoadPoint(1.0, None)], 250)
+    assert none.capacity is None and "none of the measured loads" in none.sentence()
+
+
+def test_bisection_closes_the_gap_to_adjacent_concurrencies():
+    measured = curve([1, 2, 4, 8, 16], knee=5, slope_ms=100)  # true ceiling: 6 passes (150 ms), 7 fails (250+)
+    truth = {x: p for x, p in ((q.load, q) for q in curve(range(1, 17), knee=5, slope_ms=100))}
+    seen = {p.load: p for p in measured}
+    while (nxt := next_bisection_load(list(seen.values()), 240, "concurrency")) is not None:
+        assert nxt not in seen
+        seen[nxt] = truth[nxt]
+    assert capacity_from_points("s", "w", "concurrency", list(seen.values()), 240).capacity == 6
+    assert len(seen) <= 7  # five levels plus at most two bisection steps
+
+
+def test_bisection_on_session_rate_stops_at_the_resolution():
+    pts = [LoadPoint(0.5, 0.1), LoadPoint(1.0, 0.3)]
+    nxt = next_bisection_load(pts, 250, "session_rate", rate_resolution=0.1)
+    assert nxt == 0.75
+    assert next_bisection_load([LoadPoint(0.95, 0.1), LoadPoint(1.0, 0.3)], 250, "session_rate") is None
+    assert next_bisection_load([LoadPoint(1, 0.3)], 250, "concurrency") is None  # nothing passed: no bracket
+
+
+@given(st.lists(st.floats(0.001, 2.0), min_size=2, max_size=8), st.floats(10, 1000))
+def test_capacity_is_always_a_measured_passing_load_above_every_other_passing_one(ttfts, slo):
+    pts = [LoadPoint(float(i + 1), t) for i, t in enumerate(ttfts)]
+    cap = capacity_from_points("s", "w", "concurrency", pts, slo)
+    passing = [p.load for p in pts if p.ttft_p90_s * 1000 <= slo]
+    assert cap.capacity == (max(passing) if passing else None)
+    if cap.interpolated is not None:
+        assert min(p.load for p in pts) <= cap.interpolated <= max(p.load for p in pts)
+
+
+def test_interpolated_crossing_hits_a_linear_margin_exactly():
+    pts = [LoadPoint(2, 0.150), LoadPoint(4, 0.350)]
+    assert interpolated_crossing(pts, 250) == pytest.approx(3.0)
+
+
+def test_mean_in_flight_and_under_driven_levels_are_flagged():
+    # two sessions back to back (never overlapping): one in flight on average, though the level asked for 2
+    assert mean_in_flight(["a", "a", "b"], [0, 1, 2], [1, 2, 4]) == pytest.approx(1.0)
+    assert mean_in_flight(["a", "b"], [0, 0], [4, 4]) == pytest.approx(2.0)
+    pts = [LoadPoint(2, 0.05, mean_sessions_in_flight=1.0), LoadPoint(4, 0.05, mean_sessions_in_flight=3.9)]
+    assert capacity_from_points("s", "w", "concurrency", pts, 250).under_driven == [2]

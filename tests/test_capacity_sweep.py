@@ -1,0 +1,64 @@
+"""The live capacity search on real vLLM CPU: a tiny KV pool, so the ceiling (TTFT SLO or preemption) comes at a
+low concurrency; the reported capacity must be the highest measured level that meets the SLO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvscope.harness.experiment.runner import run_experiment
+from kvscope.harness.results.loaders import load_experiment_file, load_summary
+
+pytestmark = pytest.mark.vllm
+
+# 8 MiB of KV cache = 4,096 tokens (2 KiB/token): four agent sessions of up to 1,500 tokens do not fit at once.
+SPEC = """\
+name: sweep
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 8M}}
+servers:
+  small-kv: {{}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 8, seed: 2, max_context: 1500}}
+loads: [{{concurrency: 1}}]
+repeats: 1
+replay: {{time_scale: 0, warmup_requests: 1}}
+sweep: {{kind: concurrency, levels: [1, 2, 4, 6, 8], slo_ttft_p90_ms: {slo}, adaptive: true, max_bisections: 2}}
+"""
+
+
+def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level(require_vllm, tiny_model_dir,
+                                                                                  tmp_path: Path):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(SPEC.format(model=tiny_model_dir, slo=250))
+    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="r1")
+    recorded = load_experiment_file(run_dir)
+    assert recorded.capacity is not None and len(recorded.capacity) == 1
+    cap = recorded.capacity[0]
+    print(cap.sentence, [(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight) for p in cap.points])
+    assert cap.ceiling in ("slo", "preemption"), cap.sentence
+
+    # Recompute pass/fail from each sweep cell's own summary.json, independently of the search.
+    measured: dict[float, bool] = {}
+    for name, cell in recorded.cells.items():
+        if "__sweep-c" not in name:
+            continue
+        level = float(name.split("__sweep-c")[1].split("__")[0])
+        if cell.status != "ok":
+            measured[level] = False
+            continue
+        s = load_summary(run_dir / cell.dir)
+        preempted = (s.server_deltas or {}).get("num_preemptions") or 0
+        measured[level] = s.latency.ttft_s.p90 is not None and s.latency.ttft_s.p90 * 1000 <= 250 and not preempted
+        assert cell.headline.mean_sessions_in_flight is not None and cell.headline.mean_sessions_in_flight > 0
+    assert sorted(measured) == sorted(p.load for p in cap.points)
+    passing = [lv for lv, ok in measured.items() if ok]
+    assert cap.capacity == (max(passing) if passing else None)
+    assert any(not ok and lv > (cap.capacity or 0) for lv, ok in measured.items())  # the ceiling was measured
+    # adaptive: no level above the first failure of the ladder was run
+    first_fail = min(lv for lv, ok in measured.items() if not ok and lv in (1, 2, 4, 6, 8))
+    assert all(lv <= first_fail for lv in measured)
+    manifest = json.loads((run_dir / "experiment.json").read_text())
+    assert "repeat-major" in manifest["cell_order"]
