@@ -86,6 +86,8 @@ class ScheduledResult:
     first_token_s: float = math.nan
     done_s: float = math.nan
     preemptions: int = 0
+    #: Prefix-cache hits (tokens) found when the request was rescheduled after a preemption.
+    resume_hit_tokens: int = 0
     #: False when the request needs more blocks than the whole pool (vLLM rejects it).
     fits: bool = True
 
@@ -243,6 +245,8 @@ class SchedulerModel:
         if not s.first_scheduled:
             s.first_scheduled = True
             s.res.cached_tokens = k * B
+        else:
+            s.res.resume_hit_tokens += k * B
         return new_tokens
 
     def schedule(self, now: float) -> list[tuple[_Seq, int]]:
@@ -313,8 +317,11 @@ class _Clock:
 
 
 def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
-                  timing: SessionTiming = SessionTiming()) -> ScheduleRun:
-    """Simulate the requests through one vLLM instance step by step; results are in input order."""
+                  timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True) -> ScheduleRun:
+    """Simulate the requests through one vLLM instance step by step; results are in input order.
+
+    ``fast_forward=False`` takes every decode step one at a time (for tests: the results must not change).
+    """
     reqs = list(requests)
     if reqs and reqs[0].block_size != config.block_size:
         raise ValueError(f"requests were hashed with block size {reqs[0].block_size}, config has "
@@ -380,7 +387,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
             continue
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
                   and len(batch) == len(model.running))
-        k_steps, dt = _advance(batch, cost, B, now, clock.next_time(), steady)
+        k_steps, dt = _advance(batch, cost, B, now, clock.next_time(), steady and fast_forward)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
         run.max_running = max(run.max_running, len(model.running))
