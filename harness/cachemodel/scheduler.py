@@ -143,23 +143,23 @@ class _Seq:
 
 
 class _InfinitePool:
-    """Unbounded pool with :class:`BlockPool`'s interface as used here (no eviction, never full)."""
+    """Unbounded pool with the scheduler's pool interface (no eviction, never full)."""
 
     num_free = 1 << 62
     evictions = 0
 
     def __init__(self) -> None:
         self.cached: set[int] = set()
-        self._next = itertools.count(1)
 
-    def lookup(self, hashes: Sequence[int], max_blocks: int) -> int:
-        return leading_run(hashes[:max_blocks], self.cached) if max_blocks > 0 else 0
+    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, int]:
+        k = leading_run(hashes[:cap], self.cached) if cap > 0 else 0
+        return k, k
 
-    def evictable_hits(self, hashes: Sequence[int], k: int) -> int:
+    def evictable(self, hits: int) -> int:
         return 0
 
-    def take_hits(self, hashes: Sequence[int], k: int) -> list[int]:
-        return [0] * k
+    def take(self, hits: int) -> list[int]:
+        return [0] * hits
 
     def allocate(self, n: int) -> list[int]:
         return [0] * n if n > 0 else []
@@ -167,30 +167,60 @@ class _InfinitePool:
     def cache_blocks(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self.cached.update(hashes)
 
-    def free(self, blocks: Sequence[int]) -> None:
+    def free(self, blocks: Sequence[int], n_hashed: int) -> None:
+        pass
+
+    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
         pass
 
     def usage(self) -> float:
         return 0.0
 
 
-class _FinitePool(BlockPool):
-    """:class:`BlockPool` plus the one query admission needs: hit blocks that sit in the free queue."""
+class _DictPool(BlockPool):
+    """:class:`BlockPool` behind the scheduler's pool interface: the reference implementation, and the one
+    for ``free_order="append"`` (vLLM 0.11), where the ring's two-part queue does not hold."""
 
-    def evictable_hits(self, hashes: Sequence[int], k: int) -> int:
-        ref, cached = self.ref_cnt, self.cached
-        return sum(1 for h in hashes[:k] if ref[cached[h]] == 0)
+    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, list[int]]:
+        k = self.lookup(hashes, cap)
+        return k, list(map(self.cached.__getitem__, hashes[:k]))
+
+    def evictable(self, hits: list[int]) -> int:
+        return list(map(self.ref_cnt.__getitem__, hits)).count(0)
+
+    def take(self, hits: list[int]) -> list[int]:
+        ref, fq = self.ref_cnt, self.free_queue
+        for b in hits:
+            if ref[b] == 0:
+                del fq[b]
+            ref[b] += 1
+        return list(hits)
+
+    def free(self, blocks: Sequence[int], n_hashed: int = 0) -> None:  # type: ignore[override]
+        super().free(blocks)
+
+    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
+        pass
+
+
+def make_pool(config: "SchedulerConfig", reference: bool = False):
+    """The pool for ``config``: infinite, the fast ring pool, or (``reference`` / append order) the dict pool."""
+    if config.num_gpu_blocks is None:
+        return _InfinitePool()
+    if reference or config.free_order != "split":
+        return _DictPool(config.num_gpu_blocks, config.free_order)
+    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
+
+    return RingBlockPool(config.num_gpu_blocks)
 
 
 class SchedulerModel:
     """Runs requests through one modelled vLLM instance; see the module docstring for the semantics."""
 
-    def __init__(self, config: SchedulerConfig, cost: StepCostModel) -> None:
+    def __init__(self, config: SchedulerConfig, cost: StepCostModel, *, reference_pool: bool = False) -> None:
         self.cfg = config
         self.cost = cost
-        self.pool: _FinitePool | _InfinitePool = (
-            _InfinitePool() if config.num_gpu_blocks is None else _FinitePool(config.num_gpu_blocks,
-                                                                              config.free_order))
+        self.pool = make_pool(config, reference_pool)
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self.preemptions = 0
@@ -215,7 +245,7 @@ class SchedulerModel:
             s.n_hashed = full
 
     def _preempt(self, s: _Seq) -> None:
-        self.pool.free(s.blocks)
+        self.pool.free(s.blocks, s.n_hashed)
         s.blocks = []
         s.n_hashed = 0
         s.num_computed = 0
@@ -228,16 +258,16 @@ class SchedulerModel:
         B = self.cfg.block_size
         pool = self.pool
         n = s.num_tokens
-        k = pool.lookup(s.hashes, (n - 1) // B)
+        k, hits = pool.find_hits(s.hashes, (n - 1) // B, s.req.session_id)
         new_tokens = n - k * B
         if not self.cfg.enable_chunked_prefill and new_tokens > budget:
             return 0
         new_tokens = min(new_tokens, budget)
-        evictable = pool.evictable_hits(s.hashes, k) if k else 0
+        evictable = pool.evictable(hits) if k else 0
         total = -(-n // B) if self.cfg.reserve_full_sequence else -(-(k * B + new_tokens) // B)
         if total - k + evictable > pool.num_free:
             return 0
-        s.blocks = pool.take_hits(s.hashes, k)
+        s.blocks = pool.take(hits)
         s.n_hashed = k
         s.num_computed = k * B
         s.blocks.extend(pool.allocate(-(-(k * B + new_tokens) // B) - k))
@@ -287,7 +317,8 @@ class SchedulerModel:
         return scheduled
 
     def finish(self, s: _Seq) -> None:
-        self.pool.free(s.blocks)
+        self.pool.free(s.blocks, s.n_hashed)
+        self.pool.remember(s.req.session_id, s.hashes[:s.n_hashed], s.blocks[:s.n_hashed])
         s.blocks = []
         self.running.remove(s)
 
@@ -317,17 +348,19 @@ class _Clock:
 
 
 def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
-                  timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True) -> ScheduleRun:
+                  timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
+                  reference_pool: bool = False) -> ScheduleRun:
     """Simulate the requests through one vLLM instance step by step; results are in input order.
 
-    ``fast_forward=False`` takes every decode step one at a time (for tests: the results must not change).
+    ``fast_forward=False`` takes every decode step one at a time and ``reference_pool=True`` uses
+    :class:`BlockPool` instead of the ring pool (for tests: the results must not change).
     """
     reqs = list(requests)
     if reqs and reqs[0].block_size != config.block_size:
         raise ValueError(f"requests were hashed with block size {reqs[0].block_size}, config has "
                          f"{config.block_size}")
     B = config.block_size
-    model = SchedulerModel(config, cost)
+    model = SchedulerModel(config, cost, reference_pool=reference_pool)
     results = [ScheduledResult(r.request_id, r.session_id, r.prompt_tokens, max(r.output_tokens, 1))
                for r in reqs]
     clock = _Clock()
@@ -387,7 +420,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
             continue
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
                   and len(batch) == len(model.running))
-        k_steps, dt = _advance(batch, cost, B, now, clock.next_time(), steady and fast_forward)
+        k_steps, dt = _advance(model, batch, cost, now, clock.next_time(), steady and fast_forward)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
         run.max_running = max(run.max_running, len(model.running))
@@ -402,24 +435,46 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     return run
 
 
-def _advance(batch: list[tuple[_Seq, int]], cost: StepCostModel, B: int, now: float, next_arrival_s: float,
-             steady: bool) -> tuple[int, float]:
-    """(steps, seconds) to advance: 1 step, or a run of identical decode steps that ends before anything
-    the scheduler would see differently (a new block, a finish, an arrival)."""
+def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCostModel, now: float,
+             next_arrival_s: float, steady: bool) -> tuple[int, float]:
+    """(steps, seconds) to advance: 1 step, or a run of decode steps that ends at the first finish, at the
+    step that sees the next arrival, or before the step whose new blocks would not fit.
+
+    Inside the run nothing the scheduler decides can differ from step-by-step: every running request decodes
+    one token a step, waiting requests stay blocked (free blocks only shrink, and hits only shrink with
+    them), and the decode blocks are popped from the free queue in vLLM's order (step, then running order).
+    """
     m = len(batch)
     tokens = sum(n for _, n in batch)
     ctx = sum(s.num_computed + n for s, n in batch)
     dt = cost.step_s(tokens, m, ctx)
     if not steady or tokens != m or now + dt >= next_arrival_s:
         return 1, dt
-    k_max = 1 + min(min(len(s.blocks) * B - s.num_computed - 1, s.res.output_tokens - s.generated - 1)
-                    for s, _ in batch)
-    if any(s.generated == 0 for s, _ in batch):
+    k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
+    if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
         return 1, dt
     k, total = 1, dt
     while k < k_max and now + total < next_arrival_s:
         total += cost.step_s(m, m, ctx + k * m)
         k += 1
+    B = model.cfg.block_size
+    events: list[tuple[int, int]] = []  # (step, batch position) of each decode block allocation
+    for pos, (s, _) in enumerate(batch):
+        c0 = s.num_computed  # this step computes token c0; step j computes c0 + j
+        first = (c0 // B + 1) * B  # the next token index that opens a new block
+        events.extend((p - c0, pos) for p in range(first, c0 + k, B))
+    if events:
+        events.sort()
+        free = model.pool.num_free
+        if len(events) > free:
+            k_cut = events[free][0]
+            total = dt + sum(cost.step_s(m, m, ctx + j * m) for j in range(1, k_cut))
+            k = k_cut
+            events = events[:free]
+        for j, pos in events:
+            if j >= k:
+                break
+            batch[pos][0].blocks.extend(model.pool.allocate(1))
     return k, total
 
 

@@ -113,16 +113,18 @@ def _random_pairs(rng: random.Random, n: int, sessions: int) -> tuple[list, list
 def test_one_seat_equals_the_sequential_simulator(seed, n, sessions, blocks):
     pairs, sids = _random_pairs(random.Random(seed), n, sessions)
     reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
-    run = run_scheduler(reqs, SchedulerConfig(B, blocks, max_num_seqs=1, max_num_batched_tokens=64),
-                        STEPS, at_once(n))
-    assert run.cached_tokens == simulate(reqs, SimConfig(B, blocks)).cached_tokens
-    assert run.preemptions == 0
+    cfg = SchedulerConfig(B, blocks, max_num_seqs=1, max_num_batched_tokens=64)
+    expected = simulate(reqs, SimConfig(B, blocks)).cached_tokens
+    for reference in (False, True):
+        run = run_scheduler(reqs, cfg, STEPS, at_once(n), reference_pool=reference)
+        assert run.cached_tokens == expected
+        assert run.preemptions == 0
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 30), blocks=st.sampled_from([12, 20, 40, None]),
        conc=st.integers(1, 6))
-def test_fast_forward_changes_nothing(seed, n, blocks, conc):
+def test_fast_forward_and_the_ring_pool_change_nothing(seed, n, blocks, conc):
     pairs, sids = _random_pairs(random.Random(seed), n, 6)
     reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
     for r in reqs:
@@ -131,11 +133,13 @@ def test_fast_forward_changes_nothing(seed, n, blocks, conc):
     cost = StepCostModel(0.01, 1e-4, 1e-3, 1e-5)
     timing = SessionTiming(concurrency=conc)
     fast = run_scheduler(reqs, cfg, cost, timing)
-    slow = run_scheduler(reqs, cfg, cost, timing, fast_forward=False)
-    assert [r.cached_tokens for r in fast.results] == [r.cached_tokens for r in slow.results]
-    assert [r.preemptions for r in fast.results] == [r.preemptions for r in slow.results]
-    assert [r.done_s for r in fast.results] == pytest.approx([r.done_s for r in slow.results])
-    assert fast.steps == slow.steps and fast.evictions == slow.evictions
+    for slow in (run_scheduler(reqs, cfg, cost, timing, fast_forward=False),
+                 run_scheduler(reqs, cfg, cost, timing, fast_forward=False, reference_pool=True)):
+        assert [r.cached_tokens for r in fast.results] == [r.cached_tokens for r in slow.results]
+        assert [r.preemptions for r in fast.results] == [r.preemptions for r in slow.results]
+        assert [r.resume_hit_tokens for r in fast.results] == [r.resume_hit_tokens for r in slow.results]
+        assert [r.done_s for r in fast.results] == pytest.approx([r.done_s for r in slow.results])
+        assert fast.steps == slow.steps and fast.evictions == slow.evictions
 
 
 def test_cost_fit_recovers_known_coefficients():
