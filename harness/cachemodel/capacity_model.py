@@ -98,3 +98,19 @@ def predicted_curve(requests: Sequence[SimRequest], config: SchedulerConfig, cos
 
     return pd.DataFrame([asdict(r) for r in predict_levels(requests, config, cost, levels,
                                                            time_scale=time_scale)])
+
+
+def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float], output_tokens: Sequence[int],
+                    config: SchedulerConfig, cost: StepCostModel) -> ScheduleRun:
+    """Predict a real run's per-request ``cached_tokens`` from its send times (``sent_s``).
+
+    ``requests`` are the requests as sent (prompt hashes), ``output_tokens`` what the server generated.  The
+    output tokens' content is taken as unknown (a recorded-mode replay sends the trace's assistant tokens, not
+    the server's), so only prompt blocks can hit; each request arrives at its ``sent_s``, no session gating.
+    """
+    from dataclasses import replace
+
+    B = config.block_size
+    reqs = [replace(r, hashes=r.hashes[: r.prompt_tokens // B], output_tokens=max(int(o), 1), gap_s=None)
+            for r, o in zip(requests, output_tokens)]
+    return run_scheduler(reqs, config, cost, SessionTiming(arrivals_s=list(arrivals_s)))

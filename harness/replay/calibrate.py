@@ -120,3 +120,52 @@ def scheduler_config(cal: CalibrationFile, num_gpu_blocks: int | None = None) ->
     return SchedulerConfig(block_size=s.block_size, num_gpu_blocks=num_gpu_blocks or s.num_gpu_blocks,
                            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                            enable_chunked_prefill=s.enable_chunked_prefill)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation of the scheduler model against a live run (tests/test_scheduler_vs_vllm.py,
+# benchmarks/capacity_predict.py): one closed-loop replay per level, and what the model predicts for it.
+
+
+def preemptions_total(endpoint: str) -> float:
+    """vLLM's ``num_preemptions_total`` counter (summed over engines)."""
+    import re
+
+    import httpx
+
+    text = httpx.get(endpoint.rstrip("/") + "/metrics", timeout=10.0).text
+    return sum(float(m.group(1)) for m in re.finditer(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", text,
+                                                      re.M))
+
+
+def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_dir: str | Path,
+                  time_scale: float = 0.0):
+    """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
+    (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
+    import pandas as pd
+
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.replay.runner import replay
+
+    before = preemptions_total(endpoint)
+    opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
+                         reset_prefix_cache=True)
+    out = replay(trace_dir, run_dir, opts, endpoints=[endpoint])
+    df = pd.read_parquet(Path(out.run_dir) / "requests.parquet")
+    return df, preemptions_total(endpoint) - before, os.getloadavg()[0]
+
+
+def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile) -> tuple[int, int, list]:
+    """(exactly predicted, requests, predicted per record) of a run's ``cached_tokens`` from its ``sent_s``."""
+    from kvscope.harness.cachemodel.capacity_model import replay_informed
+    from kvscope.harness.cachemodel.trace_io import load_trace
+
+    cfg = scheduler_config(cal)
+    by_id = {r.request_id: r for r in load_trace(trace_dir, cfg.block_size).requests}
+    ok = records[records["error_class"].isna()] if "error_class" in records else records
+    ok = ok.sort_values("sent_s")
+    reqs = [by_id[int(i)] for i in ok["request_id"]]
+    run = replay_informed(reqs, ok["sent_s"].tolist(), ok["output_tokens"].tolist(), cfg, cost_model(cal))
+    predicted = run.cached_tokens
+    measured = ok["cached_tokens"].fillna(0).astype(int).tolist()
+    return sum(int(a == b) for a, b in zip(predicted, measured)), len(measured), predicted
