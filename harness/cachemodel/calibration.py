@@ -6,6 +6,9 @@ context attended (attention reads every cached token of every scheduled sequence
 what the scheduler model knows about a step, so a model in them is all it can use; and a handful of timed
 requests (prefills of several lengths, decodes at several batch sizes) determine four coefficients well.
 
+A fifth coefficient, ``request_overhead_s``, is the frontend's time per request (HTTP, tokenization): it is
+in every TTFT but in no inter-token gap, which is what separates it from the per-step ``base_s``.
+
 A request's measured time is a *sum* of steps, and sums of linear steps are linear in summed features, so a
 sample is ``(steps, tokens, sequence-steps, context tokens) -> seconds`` and one fit takes prefill (TTFT)
 and decode (inter-token) samples alike.  Coefficients are constrained non-negative (``scipy.optimize.nnls``):
@@ -29,6 +32,8 @@ class StepCostModel:
     per_token_s: float = 2e-5
     per_seq_s: float = 5e-4
     per_context_token_s: float = 0.0
+    #: Frontend time per request (HTTP, tokenization) before it reaches the scheduler; not a step cost.
+    request_overhead_s: float = 0.0
 
     def step_s(self, tokens: int, seqs: int, context_tokens: int) -> float:
         return (self.base_s + self.per_token_s * tokens + self.per_seq_s * seqs
@@ -48,9 +53,11 @@ class TimingSample:
     context_tokens: float
     seconds: float
     kind: str = "prefill"
+    #: Requests whose frontend overhead the duration includes (1 for a TTFT, 0 for first-to-last token).
+    requests: float = 0.0
 
     def features(self) -> list[float]:
-        return [self.steps, self.tokens, self.seq_steps, self.context_tokens]
+        return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests]
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,8 @@ def fit_cost_model(samples: Sequence[TimingSample]) -> CostFit:
     import numpy as np
     from scipy.optimize import nnls
 
-    if len(samples) < 4:
-        raise ValueError(f"need at least 4 timing samples to fit 4 coefficients, got {len(samples)}")
+    if len(samples) < 5:
+        raise ValueError(f"need at least 5 timing samples to fit 5 coefficients, got {len(samples)}")
     X = np.array([s.features() for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples], dtype=float)
     w = 1.0 / np.maximum(y, 1e-6)
@@ -94,7 +101,7 @@ def prefill_sample(prompt_tokens: int, ttft_s: float, max_num_batched_tokens: in
         chunk = min(max_num_batched_tokens, prompt_tokens - done)
         done += chunk
         ctx += done
-    return TimingSample(steps, new, steps, ctx, ttft_s, "prefill")
+    return TimingSample(steps, new, steps, ctx, ttft_s, "prefill", 1.0)
 
 
 def decode_sample(batch: int, context_tokens_each: float, steps: int, seconds: float) -> TimingSample:

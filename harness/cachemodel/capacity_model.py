@@ -58,9 +58,24 @@ def summarize_run(run: ScheduleRun, concurrency: int, simulate_s: float = 0.0) -
                            run.preemptions, run.kv_usage_mean, run.kv_usage_max, run.makespan_s, simulate_s)
 
 
+def prompt_blocks_only(requests: Sequence[SimRequest], block_size: int) -> list[SimRequest]:
+    """The requests with their output blocks' content unknown (never hit): what a recorded-mode replay, which
+    sends the trace's assistant tokens rather than the server's, lets vLLM reuse."""
+    from dataclasses import replace
+
+    return [replace(r, hashes=r.hashes[: r.prompt_tokens // block_size]) for r in requests]
+
+
 def predict_levels(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
-                   levels: Sequence[int] = DEFAULT_LEVELS, *, time_scale: float = 1.0) -> list[LevelPrediction]:
-    """One closed-loop scheduler run per concurrency level."""
+                   levels: Sequence[int] = DEFAULT_LEVELS, *, time_scale: float = 1.0,
+                   mode: str = "recorded") -> list[LevelPrediction]:
+    """One closed-loop scheduler run per concurrency level.  ``mode`` as in replay: ``recorded`` (prompts carry
+    the trace's assistant tokens, so output blocks never hit) or ``live`` (they carry the server's own output,
+    which the trace's output tokens stand for)."""
+    if mode not in ("recorded", "live"):
+        raise ValueError(f"mode {mode!r}: recorded or live")
+    if mode == "recorded":
+        requests = prompt_blocks_only(requests, config.block_size)
     out = []
     for c in levels:
         t0 = time.perf_counter()
@@ -91,13 +106,14 @@ def find_capacity(rows: Sequence[LevelPrediction], slo_ttft_ms: float) -> int | 
 
 
 def predicted_curve(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
-                    levels: Sequence[int] = DEFAULT_LEVELS, *, time_scale: float = 1.0) -> "pd.DataFrame":
+                    levels: Sequence[int] = DEFAULT_LEVELS, *, time_scale: float = 1.0,
+                    mode: str = "recorded") -> "pd.DataFrame":
     """The predicted curve as a DataFrame (one row per level, the columns of :class:`LevelPrediction`),
     for notebooks that plot it beside the measured sweep."""
     import pandas as pd
 
     return pd.DataFrame([asdict(r) for r in predict_levels(requests, config, cost, levels,
-                                                           time_scale=time_scale)])
+                                                           time_scale=time_scale, mode=mode)])
 
 
 def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float], output_tokens: Sequence[int],
@@ -110,7 +126,6 @@ def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float],
     """
     from dataclasses import replace
 
-    B = config.block_size
-    reqs = [replace(r, hashes=r.hashes[: r.prompt_tokens // B], output_tokens=max(int(o), 1), gap_s=None)
-            for r, o in zip(requests, output_tokens)]
+    reqs = [replace(r, output_tokens=max(int(o), 1), gap_s=None)
+            for r, o in zip(prompt_blocks_only(requests, config.block_size), output_tokens)]
     return run_scheduler(reqs, config, cost, SessionTiming(arrivals_s=list(arrivals_s)))

@@ -367,9 +367,10 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     successor: dict[int, int] = {}
     session_queue: deque[list[int]] = deque()
     session_last: set[int] = set()
+    lag = cost.request_overhead_s  # a request reaches the scheduler this long after it was sent
     if timing.arrivals_s is not None:
         for i, t in enumerate(timing.arrivals_s):
-            clock.push(float(t), i)
+            clock.push(float(t) + lag, i)
     else:
         groups = _sessions_in_order(reqs)
         for g in groups:
@@ -378,19 +379,19 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
         if timing.concurrency is not None:
             session_queue.extend(groups)
             for _ in range(min(timing.concurrency, len(groups))):
-                clock.push(0.0, session_queue.popleft()[0])
+                clock.push(lag, session_queue.popleft()[0])
         else:
             t0 = min((reqs[g[0]].arrival_s for g in groups), default=0.0)
             for g in groups:
-                clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale, g[0])
+                clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale + lag, g[0])
     usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
 
     def on_done(idx: int, t: float) -> None:
         nxt = successor.get(idx)
         if nxt is not None:
-            clock.push(t + (reqs[nxt].gap_s or 0.0) * timing.time_scale, nxt)
+            clock.push(t + (reqs[nxt].gap_s or 0.0) * timing.time_scale + lag, nxt)
         elif idx in session_last and session_queue:
-            clock.push(t, session_queue.popleft()[0])
+            clock.push(t + lag, session_queue.popleft()[0])
 
     run = ScheduleRun(results, config)
     now = 0.0
@@ -399,10 +400,10 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
         while clock.heap and clock.heap[0][0] <= now:
             t, _, idx = heapq.heappop(clock.heap)
             r, res = reqs[idx], results[idx]
-            res.arrival_s = t
+            res.arrival_s = t - cost.request_overhead_s
             if usable is not None and -(-(r.prompt_tokens + res.output_tokens - 1) // B) > usable:
                 res.fits = False
-                res.scheduled_s = res.first_token_s = res.done_s = t
+                res.scheduled_s = res.first_token_s = res.done_s = res.arrival_s
                 on_done(idx, t)
                 continue
             model.waiting.append(_Seq(idx, r, res, B))

@@ -41,6 +41,9 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                    help="comma list of concurrency levels (default 1,2,4,8,16,32)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiplies think times and tool latencies, as in replay (default 1; 0: none)")
+    p.add_argument("--mode", choices=["recorded", "live"], default="recorded",
+                   help="as in replay: recorded (prompts carry the trace's assistant tokens, so output blocks "
+                   "never hit; what `kvscope replay` measures by default) or live (they carry the model's own)")
     p.add_argument("--num-gpu-blocks", type=argtypes.num_gpu_blocks, default=None,
                    help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
     p.add_argument("--cliff-drop-pp", type=float, default=5.0,
@@ -84,7 +87,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     cfg = scheduler_config(cal, args.num_gpu_blocks)
     t0 = time.perf_counter()
     tr = load_trace(args.trace, cfg.block_size)
-    rows = predict_levels(tr.requests, cfg, cost_model(cal), args.levels, time_scale=args.time_scale)
+    rows = predict_levels(tr.requests, cfg, cost_model(cal), args.levels, time_scale=args.time_scale,
+                          mode=args.mode)
     cliff = find_cliff(rows, args.cliff_drop_pp)
     capacity = find_capacity(rows, args.slo_ttft_ms)
     print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preempt':>8} "

@@ -102,7 +102,7 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
                           load_average_1m=max(load, os.getloadavg()[0]),
                           samples=[CalibrationSample(kind=s.kind, steps=s.steps, tokens=s.tokens,  # type: ignore[arg-type]
                                                      seq_steps=s.seq_steps, context_tokens=s.context_tokens,
-                                                     seconds=s.seconds) for s in samples])
+                                                     seconds=s.seconds, requests=s.requests) for s in samples])
     write_versioned(out_path, cal)
     return cal
 

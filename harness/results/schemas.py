@@ -343,6 +343,7 @@ class CalibrationCost(_Block):
     per_token_s: float = Field(ge=0)
     per_seq_s: float = Field(ge=0)
     per_context_token_s: float = Field(ge=0)
+    request_overhead_s: float = Field(0.0, ge=0)
 
 
 class CalibrationSample(_Block):
@@ -352,6 +353,7 @@ class CalibrationSample(_Block):
     seq_steps: float
     context_tokens: float
     seconds: float
+    requests: float = 0.0
 
 
 class CalibrationFile(VersionedFile):

@@ -145,12 +145,12 @@ def test_fast_forward_and_the_ring_pool_change_nothing(seed, n, blocks, conc):
 def test_cost_fit_recovers_known_coefficients():
     from dataclasses import replace
 
-    truth = StepCostModel(0.02, 3e-5, 1e-3, 2e-7)
+    truth = StepCostModel(0.02, 3e-5, 1e-3, 2e-7, 0.03)
 
     def timed(s):
         f = s.features()
         return replace(s, seconds=truth.base_s * f[0] + truth.per_token_s * f[1] + truth.per_seq_s * f[2]
-                       + truth.per_context_token_s * f[3])
+                       + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
 
     samples = [timed(prefill_sample(p, 0.0, 2048)) for p in (50, 200, 500, 1000, 1800, 3000)]
     samples += [timed(decode_sample(b, 400 * b, 20, 0.0)) for b in (1, 2, 4, 8)]
@@ -158,6 +158,7 @@ def test_cost_fit_recovers_known_coefficients():
     assert fit.model.base_s == pytest.approx(truth.base_s, rel=1e-3)
     assert fit.model.per_token_s == pytest.approx(truth.per_token_s, rel=1e-3)
     assert fit.model.per_context_token_s == pytest.approx(truth.per_context_token_s, rel=1e-3)
+    assert fit.model.request_overhead_s == pytest.approx(truth.request_overhead_s, rel=1e-3)
     assert fit.r2 > 0.999
-    with pytest.raises(ValueError, match="at least 4"):
+    with pytest.raises(ValueError, match="at least 5"):
         fit_cost_model(samples[:2])
