@@ -162,3 +162,83 @@ def test_cost_fit_recovers_known_coefficients():
     assert fit.r2 > 0.999
     with pytest.raises(ValueError, match="at least 5"):
         fit_cost_model(samples[:2])
+
+
+def _calibration_file(path, num_gpu_blocks=None):
+    import time as _time
+
+    from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+    from kvscope.workloads.versioned_file import write_versioned
+
+    cal = CalibrationFile(created_at=_time.time(), server=CalibrationServer(block_size=16, num_gpu_blocks=num_gpu_blocks,
+                                                                           max_num_seqs=8, max_num_batched_tokens=256),
+                          cost=CalibrationCost(base_s=0.005, per_token_s=2e-5, per_seq_s=1e-4,
+                                               per_context_token_s=0.0, request_overhead_s=0.002),
+                          fit_r2=1.0, fit_median_rel_error=0.0)
+    write_versioned(path, cal)
+    return path
+
+
+def _sessions_trace(tmp_path, sessions=6, turns=5):
+    import json
+
+    rng = random.Random(3)
+    lines = []
+    for s in range(sessions):
+        prompt = toks(rng.randrange(40, 120), rng.random())
+        for t in range(turns):
+            lines.append({"prompt_token_ids": prompt, "output_tokens": 8, "session_id": f"s{s}"})
+            prompt = prompt + toks(8 + rng.randrange(1, 40), rng.random())
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_capacity_cli_prints_the_curve_and_finds_the_cliff(tmp_path, capsys):
+    import json
+
+    from kvscope.harness.cli.main import main
+
+    cal = _calibration_file(tmp_path / "calibration.json", num_gpu_blocks=40)
+    trace = _sessions_trace(tmp_path)
+    out = tmp_path / "capacity.json"
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,2,6", "--time-scale", "0",
+                 "--mode", "live", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "eviction cliff" in text and "capacity" in text
+    data = json.loads(out.read_text())
+    hits = [r["token_hit_rate"] for r in data["levels"]]
+    assert [r["concurrency"] for r in data["levels"]] == [1, 2, 6]
+    assert hits[0] > 0.5 and hits[2] < hits[0] - 0.05  # 6 sessions do not fit in 39 blocks: the cliff
+    assert data["cliff_concurrency"] in (2, 6)
+    # an infinite pool has no cliff
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,6", "--time-scale", "0",
+                 "--mode", "live", "--num-gpu-blocks", "100000", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cliff_concurrency"] is None
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--levels", "4,2"], "--levels"),
+    (["--levels", "a"], "--levels"),
+    (["--slo-ttft-ms", "-1"], "--slo-ttft-ms"),
+])
+def test_capacity_cli_rejects_bad_flags_in_one_line(tmp_path, capsys, argv, needle):
+    from kvscope.harness.cli.main import main
+
+    cal = _calibration_file(tmp_path / "calibration.json")
+    trace = _sessions_trace(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        code = main(["capacity", str(trace), "--calibration", str(cal), *argv])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_capacity_cli_names_a_calibration_file_of_another_kind(tmp_path, capsys):
+    from kvscope.harness.cli.main import main
+
+    bad = tmp_path / "calibration.json"
+    bad.write_text('{"format": "kvscope-summary", "version": 1}')
+    assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(bad)]) == 2
+    assert "calibration.json" in capsys.readouterr().err
