@@ -169,9 +169,13 @@ def speed(trace: str, capacity_tokens: float, levels: list[int], block_size: int
           f"{time.perf_counter() - t:.1f} s")
     cfg = SchedulerConfig(block_size, int(capacity_tokens) // block_size)
     cost = StepCostModel(0.01, 2e-5, 5e-4, 1e-8)  # a plausible GPU-ish step cost; speed barely depends on it
-    for row in predict_levels(tr.requests, cfg, cost, levels, time_scale=1.0):
-        print(f"concurrency {row.concurrency:>3}: {row.simulate_s:.1f} s  hit {row.token_hit_rate:.1%}  "
-              f"preemptions {row.preemptions}  (load average {os.getloadavg()[0]:.1f})", flush=True)
+    for c in levels:  # CPU seconds are what one core would take; wall seconds depend on the host's load
+        cpu0 = time.process_time()
+        row = predict_levels(tr.requests, cfg, cost, [c], time_scale=1.0)[0]
+        cpu = time.process_time() - cpu0
+        print(f"concurrency {row.concurrency:>3}: {cpu:.1f} s CPU, {row.simulate_s:.1f} s wall  "
+              f"hit {row.token_hit_rate:.1%}  preemptions {row.preemptions}  kv max {row.kv_usage_max:.0%}  "
+              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
 
 
 def main() -> None:

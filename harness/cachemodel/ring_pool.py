@@ -99,11 +99,11 @@ class RingBlockPool(SequentialBlockPool):
         if len(blocks):
             self._cache_many(list(blocks), hashes)
 
-    def free(self, blocks: Sequence[int], n_hashed: int) -> None:
+    def free(self, blocks: Sequence[int], n_hashed: int):
         """Release a request's blocks (request order; the first ``n_hashed`` carry hashes): reverse order,
         unhashed ones to the front as a group, hashed ones to the back."""
         if not blocks:
-            return
+            return None
         np = self._np
         arr = np.asarray(blocks, dtype=np.int64)
         ref = self.ref
@@ -115,6 +115,7 @@ class RingBlockPool(SequentialBlockPool):
             self.unhashed.extend(tail)  # stack end = queue front: released order r1, r2.. ends up r1 first
         if len(rel):
             self._append_hashed(rel)
+        return arr  # the blocks as an array, for :meth:`remember`
 
     def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
         """The hashed blocks a session's request leaves behind, for its next request's fast lookup."""

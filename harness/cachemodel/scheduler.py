@@ -317,8 +317,9 @@ class SchedulerModel:
         return scheduled
 
     def finish(self, s: _Seq) -> None:
-        self.pool.free(s.blocks, s.n_hashed)
-        self.pool.remember(s.req.session_id, s.hashes[:s.n_hashed], s.blocks[:s.n_hashed])
+        arr = self.pool.free(s.blocks, s.n_hashed)
+        n = s.n_hashed
+        self.pool.remember(s.req.session_id, s.hashes[:n], s.blocks[:n] if arr is None else arr[:n])
         s.blocks = []
         self.running.remove(s)
 
@@ -454,28 +455,39 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
     if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
         return 1, dt
-    k, total = 1, dt
-    while k < k_max and now + total < next_arrival_s:
-        total += cost.step_s(m, m, ctx + k * m)
-        k += 1
+    c0 = cost.step_s(m, m, ctx)  # step j (j >= 1) costs c0 + c1*j: its context grows by m tokens a step
+    c1 = cost.per_context_token_s * m
+
+    def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1
+        return dt + (k - 1) * c0 + c1 * (k - 1) * k / 2
+
+    k = k_max
+    if now + elapsed(k_max - 1) >= next_arrival_s:  # stop at the first step that ends at/after the arrival
+        lo, hi = 1, k_max - 1  # now + elapsed(lo) < arrival <= now + elapsed(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if now + elapsed(mid) < next_arrival_s:
+                lo = mid
+            else:
+                hi = mid
+        k = hi
+    total = elapsed(k)
     B = model.cfg.block_size
     events: list[tuple[int, int]] = []  # (step, batch position) of each decode block allocation
     for pos, (s, _) in enumerate(batch):
-        c0 = s.num_computed  # this step computes token c0; step j computes c0 + j
-        first = (c0 // B + 1) * B  # the next token index that opens a new block
-        events.extend((p - c0, pos) for p in range(first, c0 + k, B))
+        c_0 = s.num_computed  # this step computes token c_0; step j computes c_0 + j
+        first = (c_0 // B + 1) * B  # the next token index that opens a new block
+        events.extend((p - c_0, pos) for p in range(first, c_0 + k, B))
     if events:
         events.sort()
         free = model.pool.num_free
         if len(events) > free:
-            k_cut = events[free][0]
-            total = dt + sum(cost.step_s(m, m, ctx + j * m) for j in range(1, k_cut))
-            k = k_cut
-            events = events[:free]
-        for j, pos in events:
-            if j >= k:
-                break
-            batch[pos][0].blocks.extend(model.pool.allocate(1))
+            k = events[free][0]
+            total = elapsed(k)
+        events = [e for e in events if e[0] < k]
+        # the blocks come off the free queue's front in event order: one pop for all of them
+        for (_, pos), b in zip(events, model.pool.allocate(len(events))):
+            batch[pos][0].blocks.append(b)
     return k, total
 
 
