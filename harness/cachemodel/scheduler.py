@@ -348,6 +348,33 @@ class _Clock:
         return self.heap[0][0] if self.heap else math.inf
 
 
+def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, lag: float
+                    ) -> tuple[_Clock, dict[int, int], deque[list[int]], set[int]]:
+    """The arrivals known at the start, plus what releases the rest: (clock, session successor of each
+    request, sessions not yet started (closed loop), last request of each session)."""
+    clock = _Clock()
+    successor: dict[int, int] = {}
+    session_queue: deque[list[int]] = deque()
+    session_last: set[int] = set()
+    if timing.arrivals_s is not None:
+        for i, t in enumerate(timing.arrivals_s):
+            clock.push(float(t) + lag, i)
+        return clock, successor, session_queue, session_last
+    groups = _sessions_in_order(reqs)
+    for g in groups:
+        successor.update(zip(g, g[1:]))
+        session_last.add(g[-1])
+    if timing.concurrency is not None:
+        session_queue.extend(groups)
+        for _ in range(min(timing.concurrency, len(groups))):
+            clock.push(lag, session_queue.popleft()[0])
+    else:
+        t0 = min((reqs[g[0]].arrival_s for g in groups), default=0.0)
+        for g in groups:
+            clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale + lag, g[0])
+    return clock, successor, session_queue, session_last
+
+
 def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
                   timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
                   reference_pool: bool = False) -> ScheduleRun:
@@ -364,27 +391,8 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     model = SchedulerModel(config, cost, reference_pool=reference_pool)
     results = [ScheduledResult(r.request_id, r.session_id, r.prompt_tokens, max(r.output_tokens, 1))
                for r in reqs]
-    clock = _Clock()
-    successor: dict[int, int] = {}
-    session_queue: deque[list[int]] = deque()
-    session_last: set[int] = set()
     lag = cost.request_overhead_s  # a request reaches the scheduler this long after it was sent
-    if timing.arrivals_s is not None:
-        for i, t in enumerate(timing.arrivals_s):
-            clock.push(float(t) + lag, i)
-    else:
-        groups = _sessions_in_order(reqs)
-        for g in groups:
-            successor.update(zip(g, g[1:]))
-            session_last.add(g[-1])
-        if timing.concurrency is not None:
-            session_queue.extend(groups)
-            for _ in range(min(timing.concurrency, len(groups))):
-                clock.push(lag, session_queue.popleft()[0])
-        else:
-            t0 = min((reqs[g[0]].arrival_s for g in groups), default=0.0)
-            for g in groups:
-                clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale + lag, g[0])
+    clock, successor, session_queue, session_last = _first_arrivals(reqs, timing, lag)
     usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
 
     def on_done(idx: int, t: float) -> None:
