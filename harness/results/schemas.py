@@ -366,3 +366,56 @@ class ReportFile(VersionedFile):
     format: Literal["kvscope-report"] = "kvscope-report"
     version: int = 1
     notebooks: list[NotebookEntry]
+
+
+# -------------------------------------------------------------------------------------- calibration.json
+
+
+class CalibrationServer(_Block):
+    """The server settings the scheduler model needs, as measured (``kvscope capacity --server``)."""
+
+    endpoint: str | None = None
+    model: str | None = None
+    block_size: int = Field(gt=0)
+    num_gpu_blocks: int | None = Field(None, gt=1)  # null block included; None = unknown / infinite
+    max_num_seqs: int = Field(128, gt=0)
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    max_model_len: int | None = Field(None, gt=0)
+    enable_chunked_prefill: bool = True
+
+
+class CalibrationCost(_Block):
+    """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens``."""
+
+    base_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    per_seq_s: float = Field(ge=0)
+    per_context_token_s: float = Field(ge=0)
+    request_overhead_s: float = Field(0.0, ge=0)
+
+
+class CalibrationSample(_Block):
+    kind: Literal["prefill", "decode"]
+    steps: float
+    tokens: float
+    seq_steps: float
+    context_tokens: float
+    seconds: float
+    requests: float = 0.0
+
+
+class CalibrationFile(VersionedFile):
+    """A step-cost calibration of one server (`kvscope.harness.replay.calibrate`), read by `kvscope capacity`."""
+
+    FORMAT = "kvscope-calibration"
+    SUPPORTED_VERSIONS = (1,)
+
+    format: Literal["kvscope-calibration"] = "kvscope-calibration"
+    version: int = 1
+    created_at: float
+    server: CalibrationServer
+    cost: CalibrationCost
+    fit_r2: float
+    fit_median_rel_error: float
+    load_average_1m: float | None = None  # machine load while measuring (timings on a shared host are noisy)
+    samples: list[CalibrationSample] = Field(default_factory=list)

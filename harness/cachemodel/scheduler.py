@@ -1,0 +1,517 @@
+"""A step-level model of vLLM V1's scheduler, for cache behaviour under concurrency.
+
+The sequential simulator (:mod:`.simulator`) is exact when requests run one at a time.  Under load, *which*
+blocks survive depends on what the scheduler does step by step, so this module replays
+``vllm/v1/core/sched/scheduler.py: Scheduler.schedule`` at the level that decides the cache:
+
+* one ``running`` list and one ``waiting`` deque; each step has a token budget (``max_num_batched_tokens``)
+  and the running queue is capped at ``max_num_seqs``;
+* RUNNING requests are scheduled first, in order, each for ``min(num_tokens - num_computed, budget)``
+  tokens (chunked prefill); when ``allocate_slots`` fails, the *last* running request is preempted by
+  recompute (its blocks are freed in reverse order and keep their hashes, so it may hit them when it is
+  rescheduled; it goes to the front of ``waiting``), until the allocation fits or the request preempted
+  itself;
+* WAITING requests are admitted only in a step without preemption, FCFS, while budget and seats last: the
+  prefix-cache hit is computed *at schedule time* exactly like the sequential simulator (leading run of
+  chained hashes, capped at ``floor((n-1)/B)`` blocks, the free-queue eviction order of :class:`BlockPool`),
+  and with ``scheduler_reserve_full_isl`` (vLLM's default) the request's whole current sequence must fit in
+  the free blocks; the first failing request stops admission;
+* blocks are allocated for the tokens scheduled in the step and full blocks are hashed right away, so a
+  request admitted later in the same step can hit them; finished requests free their blocks in reverse order;
+* ``cached_tokens`` is fixed the first time a request is scheduled (``num_cached_tokens``), as vLLM reports it.
+
+Time advances by a per-step cost (:class:`~.calibration.StepCostModel`).  Long runs of identical decode steps
+(no arrival, no admission possible, no new block, no finish) are advanced in one go: that is what keeps a
+620 M-token trace within seconds, and it is exact because nothing the cache sees changes in between.
+
+Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
+when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
+(think + tool time, times ``time_scale``) after its predecessor finished; or *pinned* arrivals (a real run's
+``sent_s``), the replay-informed mode.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder
+from kvscope.harness.cachemodel.calibration import StepCostModel
+from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.workloads.prefix import leading_run
+
+_unique = itertools.count(-(1 << 62), 1)  # hashes that never hit (output tokens of unknown content)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The server settings that decide scheduling, in vLLM's terms (CPU server defaults)."""
+
+    block_size: int = 16
+    #: vLLM's ``num_gpu_blocks`` (null block included); None = infinite cache.
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    #: ``scheduler_reserve_full_isl``: admit a waiting request only if its whole sequence fits.
+    reserve_full_sequence: bool = True
+    free_order: FreeOrder = "split"
+
+
+@dataclass(frozen=True)
+class SessionTiming:
+    """How requests reach the server: closed loop (``concurrency``), open loop, or pinned arrival times."""
+
+    concurrency: int | None = None
+    time_scale: float = 1.0
+    #: Replay-informed: request i arrives at ``arrivals_s[i]`` (a real run's ``sent_s``); no session gating.
+    arrivals_s: Sequence[float] | None = None
+
+
+@dataclass(slots=True)
+class ScheduledResult:
+    """One request as the scheduler model saw it (times in seconds from the start of the run)."""
+
+    request_id: int
+    session_id: str | None
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    arrival_s: float = 0.0
+    scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    done_s: float = math.nan
+    preemptions: int = 0
+    #: Prefix-cache hits (tokens) found when the request was rescheduled after a preemption.
+    resume_hit_tokens: int = 0
+    #: False when the request needs more blocks than the whole pool (vLLM rejects it).
+    fits: bool = True
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.done_s - self.arrival_s
+
+
+@dataclass
+class ScheduleRun:
+    """Per-request results (input order) plus step statistics."""
+
+    results: list[ScheduledResult]
+    config: SchedulerConfig
+    steps: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    makespan_s: float = 0.0
+    #: Time-weighted mean and peak of vLLM's ``kv_cache_usage_perc`` (0-1).
+    kv_usage_mean: float = 0.0
+    kv_usage_max: float = 0.0
+    max_running: int = 0
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return [r.cached_tokens for r in self.results]
+
+
+class _Seq:
+    """A request inside the scheduler: vLLM's ``Request`` fields that matter here."""
+
+    __slots__ = ("idx", "req", "hashes", "num_tokens", "num_computed", "blocks", "n_hashed", "generated",
+                 "res", "first_scheduled")
+
+    def __init__(self, idx: int, req: SimRequest, res: ScheduledResult, B: int) -> None:
+        self.idx = idx
+        self.req = req
+        out = max(req.output_tokens, 1)
+        n_full = (req.prompt_tokens + out - 1) // B
+        h = req.hashes
+        self.hashes = h[:n_full] if len(h) >= n_full else h + [next(_unique) for _ in range(n_full - len(h))]
+        self.num_tokens = req.prompt_tokens
+        self.num_computed = 0
+        self.blocks: list[int] = []
+        self.n_hashed = 0
+        self.generated = 0
+        self.res = res
+        self.first_scheduled = False
+
+
+class _InfinitePool:
+    """Unbounded pool with the scheduler's pool interface (no eviction, never full)."""
+
+    num_free = 1 << 62
+    evictions = 0
+
+    def __init__(self) -> None:
+        self.cached: set[int] = set()
+
+    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, int]:
+        k = leading_run(hashes[:cap], self.cached) if cap > 0 else 0
+        return k, k
+
+    def evictable(self, hits: int) -> int:
+        return 0
+
+    def take(self, hits: int) -> list[int]:
+        return [0] * hits
+
+    def allocate(self, n: int) -> list[int]:
+        return [0] * n if n > 0 else []
+
+    def cache_blocks(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        self.cached.update(hashes)
+
+    def free(self, blocks: Sequence[int], n_hashed: int) -> None:
+        pass
+
+    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
+        pass
+
+    def usage(self) -> float:
+        return 0.0
+
+
+class _DictPool(BlockPool):
+    """:class:`BlockPool` behind the scheduler's pool interface: the reference implementation, and the one
+    for ``free_order="append"`` (vLLM 0.11), where the ring's two-part queue does not hold."""
+
+    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, list[int]]:
+        k = self.lookup(hashes, cap)
+        return k, list(map(self.cached.__getitem__, hashes[:k]))
+
+    def evictable(self, hits: list[int]) -> int:
+        return list(map(self.ref_cnt.__getitem__, hits)).count(0)
+
+    def take(self, hits: list[int]) -> list[int]:
+        ref, fq = self.ref_cnt, self.free_queue
+        for b in hits:
+            if ref[b] == 0:
+                del fq[b]
+            ref[b] += 1
+        return list(hits)
+
+    def free(self, blocks: Sequence[int], n_hashed: int = 0) -> None:  # type: ignore[override]
+        super().free(blocks)
+
+    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
+        pass
+
+
+def make_pool(config: "SchedulerConfig", reference: bool = False):
+    """The pool for ``config``: infinite, the fast ring pool, or (``reference`` / append order) the dict pool."""
+    if config.num_gpu_blocks is None:
+        return _InfinitePool()
+    if reference or config.free_order != "split":
+        return _DictPool(config.num_gpu_blocks, config.free_order)
+    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
+
+    return RingBlockPool(config.num_gpu_blocks)
+
+
+class SchedulerModel:
+    """Runs requests through one modelled vLLM instance; see the module docstring for the semantics."""
+
+    def __init__(self, config: SchedulerConfig, cost: StepCostModel, *, reference_pool: bool = False) -> None:
+        self.cfg = config
+        self.cost = cost
+        self.pool = make_pool(config, reference_pool)
+        self.running: list[_Seq] = []
+        self.waiting: deque[_Seq] = deque()
+        self.preemptions = 0
+
+    # -- one step -------------------------------------------------------------------------------------
+    def _grow(self, s: _Seq, n_tokens: int) -> bool:
+        """``allocate_slots`` for a running request: blocks for ``num_computed + n_tokens``, hash full ones."""
+        B = self.cfg.block_size
+        need = -(-(s.num_computed + n_tokens) // B) - len(s.blocks)
+        pool = self.pool
+        if need > 0:
+            if need > pool.num_free:
+                return False
+            s.blocks.extend(pool.allocate(need))
+        self._hash_full(s, min(s.num_computed + n_tokens, s.num_tokens))
+        return True
+
+    def _hash_full(self, s: _Seq, n_tokens: int) -> None:
+        full = min(n_tokens // self.cfg.block_size, len(s.hashes))
+        if full > s.n_hashed:
+            self.pool.cache_blocks(s.blocks[s.n_hashed:full], s.hashes[s.n_hashed:full])
+            s.n_hashed = full
+
+    def _preempt(self, s: _Seq) -> None:
+        self.pool.free(s.blocks, s.n_hashed)
+        s.blocks = []
+        s.n_hashed = 0
+        s.num_computed = 0
+        s.res.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(s)
+
+    def _admit(self, s: _Seq, budget: int) -> int:
+        """Try to schedule waiting ``s`` with ``budget`` tokens; returns the tokens scheduled (0: stop)."""
+        B = self.cfg.block_size
+        pool = self.pool
+        n = s.num_tokens
+        k, hits = pool.find_hits(s.hashes, (n - 1) // B, s.req.session_id)
+        new_tokens = n - k * B
+        if not self.cfg.enable_chunked_prefill and new_tokens > budget:
+            return 0
+        new_tokens = min(new_tokens, budget)
+        evictable = pool.evictable(hits) if k else 0
+        total = -(-n // B) if self.cfg.reserve_full_sequence else -(-(k * B + new_tokens) // B)
+        if total - k + evictable > pool.num_free:
+            return 0
+        s.blocks = pool.take(hits)
+        s.n_hashed = k
+        s.num_computed = k * B
+        s.blocks.extend(pool.allocate(-(-(k * B + new_tokens) // B) - k))
+        self._hash_full(s, min(s.num_computed + new_tokens, s.num_tokens))
+        if not s.first_scheduled:
+            s.first_scheduled = True
+            s.res.cached_tokens = k * B
+        else:
+            s.res.resume_hit_tokens += k * B
+        return new_tokens
+
+    def schedule(self, now: float) -> list[tuple[_Seq, int]]:
+        """One ``Scheduler.schedule()`` call: the (request, tokens) pairs of the step, in batch order."""
+        budget = self.cfg.max_num_batched_tokens
+        scheduled: list[tuple[_Seq, int]] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = min(s.num_tokens - s.num_computed, budget)
+            ok = self._grow(s, n)
+            while not ok:
+                victim = running.pop()  # FCFS: the last running request (never one already scheduled)
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+                ok = self._grow(s, n)
+            if not ok:
+                break
+            scheduled.append((s, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while self.waiting and budget > 0 and len(running) < self.cfg.max_num_seqs:
+                s = self.waiting[0]
+                n = self._admit(s, budget)
+                if n == 0:
+                    break
+                self.waiting.popleft()
+                running.append(s)
+                if math.isnan(s.res.scheduled_s):
+                    s.res.scheduled_s = now
+                scheduled.append((s, n))
+                budget -= n
+        return scheduled
+
+    def finish(self, s: _Seq) -> None:
+        arr = self.pool.free(s.blocks, s.n_hashed)
+        n = s.n_hashed
+        self.pool.remember(s.req.session_id, s.hashes[:n], s.blocks[:n] if arr is None else arr[:n])
+        s.blocks = []
+        self.running.remove(s)
+
+
+def _sessions_in_order(reqs: Sequence[SimRequest]) -> list[list[int]]:
+    """Request indices per session (trace order within a session), sessions ordered by first arrival."""
+    by: dict[object, list[int]] = {}
+    for i, r in enumerate(reqs):
+        by.setdefault(r.session_id if r.session_id is not None else ("__req", i), []).append(i)
+    groups = list(by.values())
+    groups.sort(key=lambda g: (reqs[g[0]].arrival_s, g[0]))
+    return groups
+
+
+@dataclass
+class _Clock:
+    """Arrivals not yet released to the scheduler: a heap of (time, order, request index)."""
+
+    heap: list[tuple[float, int, int]] = field(default_factory=list)
+    order: itertools.count = field(default_factory=itertools.count)
+
+    def push(self, t: float, idx: int) -> None:
+        heapq.heappush(self.heap, (t, next(self.order), idx))
+
+    def next_time(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+
+def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, lag: float
+                    ) -> tuple[_Clock, dict[int, int], deque[list[int]], set[int]]:
+    """The arrivals known at the start, plus what releases the rest: (clock, session successor of each
+    request, sessions not yet started (closed loop), last request of each session)."""
+    clock = _Clock()
+    successor: dict[int, int] = {}
+    session_queue: deque[list[int]] = deque()
+    session_last: set[int] = set()
+    if timing.arrivals_s is not None:
+        for i, t in enumerate(timing.arrivals_s):
+            clock.push(float(t) + lag, i)
+        return clock, successor, session_queue, session_last
+    groups = _sessions_in_order(reqs)
+    for g in groups:
+        successor.update(zip(g, g[1:]))
+        session_last.add(g[-1])
+    if timing.concurrency is not None:
+        session_queue.extend(groups)
+        for _ in range(min(timing.concurrency, len(groups))):
+            clock.push(lag, session_queue.popleft()[0])
+    else:
+        t0 = min((reqs[g[0]].arrival_s for g in groups), default=0.0)
+        for g in groups:
+            clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale + lag, g[0])
+    return clock, successor, session_queue, session_last
+
+
+def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
+                  timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
+                  reference_pool: bool = False) -> ScheduleRun:
+    """Simulate the requests through one vLLM instance step by step; results are in input order.
+
+    ``fast_forward=False`` takes every decode step one at a time and ``reference_pool=True`` uses
+    :class:`BlockPool` instead of the ring pool (for tests: the results must not change).
+    """
+    reqs = list(requests)
+    if reqs and reqs[0].block_size != config.block_size:
+        raise ValueError(f"requests were hashed with block size {reqs[0].block_size}, config has "
+                         f"{config.block_size}")
+    B = config.block_size
+    model = SchedulerModel(config, cost, reference_pool=reference_pool)
+    results = [ScheduledResult(r.request_id, r.session_id, r.prompt_tokens, max(r.output_tokens, 1))
+               for r in reqs]
+    lag = cost.request_overhead_s  # a request reaches the scheduler this long after it was sent
+    clock, successor, session_queue, session_last = _first_arrivals(reqs, timing, lag)
+    usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
+
+    def on_done(idx: int, t: float) -> None:
+        nxt = successor.get(idx)
+        if nxt is not None:
+            clock.push(t + (reqs[nxt].gap_s or 0.0) * timing.time_scale + lag, nxt)
+        elif idx in session_last and session_queue:
+            clock.push(t + lag, session_queue.popleft()[0])
+
+    run = ScheduleRun(results, config)
+    now = 0.0
+    usage_area = 0.0
+    while True:
+        while clock.heap and clock.heap[0][0] <= now:
+            t, _, idx = heapq.heappop(clock.heap)
+            r, res = reqs[idx], results[idx]
+            res.arrival_s = t - cost.request_overhead_s
+            if usable is not None and -(-(r.prompt_tokens + res.output_tokens - 1) // B) > usable:
+                res.fits = False
+                res.scheduled_s = res.first_token_s = res.done_s = res.arrival_s
+                on_done(idx, t)
+                continue
+            model.waiting.append(_Seq(idx, r, res, B))
+        if not model.running and not model.waiting:
+            if not clock.heap:
+                break
+            now = clock.next_time()
+            continue
+        n_preempt, n_wait = model.preemptions, len(model.waiting)
+        batch = model.schedule(now)
+        if not batch:  # nothing fits until something arrives (cannot happen with an empty pool)
+            if not clock.heap:
+                raise RuntimeError("scheduler model stalled with requests waiting")
+            now = clock.next_time()
+            continue
+        steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
+                  and len(batch) == len(model.running))
+        k_steps, dt = _advance(model, batch, cost, now, clock.next_time(), steady and fast_forward)
+        usage_area += model.pool.usage() * dt
+        run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
+        run.max_running = max(run.max_running, len(model.running))
+        run.steps += k_steps
+        now += dt
+        for s, n in batch:
+            _after_step(model, s, n, k_steps, now, on_done)
+    run.preemptions = model.preemptions
+    run.evictions = model.pool.evictions
+    run.makespan_s = now
+    run.kv_usage_mean = usage_area / now if now > 0 else 0.0
+    return run
+
+
+def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCostModel, now: float,
+             next_arrival_s: float, steady: bool) -> tuple[int, float]:
+    """(steps, seconds) to advance: 1 step, or a run of decode steps that ends at the first finish, at the
+    step that sees the next arrival, or before the step whose new blocks would not fit.
+
+    Inside the run nothing the scheduler decides can differ from step-by-step: every running request decodes
+    one token a step, waiting requests stay blocked (free blocks only shrink, and hits only shrink with
+    them), and the decode blocks are popped from the free queue in vLLM's order (step, then running order).
+    """
+    m = len(batch)
+    tokens = sum(n for _, n in batch)
+    ctx = sum(s.num_computed + n for s, n in batch)
+    dt = cost.step_s(tokens, m, ctx)
+    if not steady or tokens != m or now + dt >= next_arrival_s:
+        return 1, dt
+    k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
+    if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
+        return 1, dt
+    c0 = cost.step_s(m, m, ctx)  # step j (j >= 1) costs c0 + c1*j: its context grows by m tokens a step
+    c1 = cost.per_context_token_s * m
+
+    def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1
+        return dt + (k - 1) * c0 + c1 * (k - 1) * k / 2
+
+    k = k_max
+    if now + elapsed(k_max - 1) >= next_arrival_s:  # stop at the first step that ends at/after the arrival
+        lo, hi = 1, k_max - 1  # now + elapsed(lo) < arrival <= now + elapsed(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if now + elapsed(mid) < next_arrival_s:
+                lo = mid
+            else:
+                hi = mid
+        k = hi
+    total = elapsed(k)
+    B = model.cfg.block_size
+    events: list[tuple[int, int]] = []  # (step, batch position) of each decode block allocation
+    for pos, (s, _) in enumerate(batch):
+        c_0 = s.num_computed  # this step computes token c_0; step j computes c_0 + j
+        first = (c_0 // B + 1) * B  # the next token index that opens a new block
+        events.extend((p - c_0, pos) for p in range(first, c_0 + k, B))
+    if events:
+        events.sort()
+        free = model.pool.num_free
+        if len(events) > free:
+            k = events[free][0]
+            total = elapsed(k)
+        events = [e for e in events if e[0] < k]
+        # the blocks come off the free queue's front in event order: one pop for all of them
+        for (_, pos), b in zip(events, model.pool.allocate(len(events))):
+            batch[pos][0].blocks.append(b)
+    return k, total
+
+
+def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float, on_done) -> None:
+    """``update_from_output`` for one scheduled request after ``k_steps`` steps of ``n`` tokens each."""
+    s.num_computed += n * k_steps
+    if s.num_computed < s.num_tokens:
+        return  # a prefill chunk: no token sampled
+    s.generated += k_steps
+    s.num_tokens += k_steps
+    if k_steps > 1:
+        model._hash_full(s, s.num_computed)
+    res = s.res
+    if math.isnan(res.first_token_s):
+        res.first_token_s = now
+    if s.generated >= res.output_tokens:
+        res.done_s = now
+        model.finish(s)
+        on_done(s.idx, now)

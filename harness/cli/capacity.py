@@ -1,0 +1,116 @@
+"""``kvscope capacity``: the predicted load curve, eviction cliff and SLO capacity of a trace on a server,
+from the scheduler model (no GPU time beyond the calibration), registered by ``kvscope.harness.cli.main``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from kvscope.harness.cli import argtypes
+from kvscope.harness.cli.common import add_parser
+from kvscope.harness.common.errors import ConfigError
+
+
+def _levels(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--levels: {s!r} is not a comma list of integers (e.g. 1,2,4,8)")
+    if not out or any(x <= 0 for x in out) or out != sorted(set(out)):
+        raise argparse.ArgumentTypeError(f"--levels: {s!r}: give increasing positive integers, e.g. 1,2,4,8")
+    return out
+
+
+def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
+    p = add_parser(subparsers, "capacity", "predict the concurrency curve, eviction cliff and capacity of a trace",
+                   "Run TRACE through a step-level model of vLLM V1's scheduler (queues, max_num_seqs, chunked "
+                   "prefill, block allocation, preemption, prefix-cache eviction) at each closed-loop "
+                   "concurrency level, with step times from a calibration of the target server. --server "
+                   "CONFIG starts that server, measures it (a few dozen requests) and saves the calibration; "
+                   "--calibration FILE reuses one.")
+    p.add_argument("trace", metavar="TRACE", help="a kvscope trace directory (or any trace `simulate` reads)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--server", metavar="CONFIG", help="server config YAML: start it and calibrate first")
+    src.add_argument("--calibration", metavar="FILE", help="a calibration.json written by an earlier run")
+    p.add_argument("--save-calibration", metavar="FILE", default="calibration.json",
+                   help="with --server: where the calibration is written (default calibration.json)")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0,
+                   help="TTFT p90 objective for the capacity (default 2000 ms)")
+    p.add_argument("--levels", type=_levels, default=[1, 2, 4, 8, 16, 32],
+                   help="comma list of concurrency levels (default 1,2,4,8,16,32)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiplies think times and tool latencies, as in replay (default 1; 0: none)")
+    p.add_argument("--mode", choices=["recorded", "live"], default="recorded",
+                   help="as in replay: recorded (prompts carry the trace's assistant tokens, so output blocks "
+                   "never hit; what `kvscope replay` measures by default) or live (they carry the model's own)")
+    p.add_argument("--num-gpu-blocks", type=argtypes.num_gpu_blocks, default=None,
+                   help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
+    p.add_argument("--cliff-drop-pp", type=float, default=5.0,
+                   help="hit-rate drop (percentage points below the lowest level) that marks the cliff")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the curve and verdicts as JSON")
+    p.set_defaults(func=_cmd_capacity)
+
+
+def _calibrate(config_path: str, out: str):
+    from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.serving.backend import load_backend
+
+    backend = load_backend(config_path)
+    cfg = getattr(backend, "config", None)
+    backend.start()
+    try:
+        return calibrate_server(backend.endpoint, out, max_num_seqs=getattr(cfg, "max_num_seqs", None),
+                                max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
+    finally:
+        backend.stop()
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import time
+    from dataclasses import asdict
+
+    from kvscope.harness.cachemodel.capacity_model import find_capacity, find_cliff, predict_levels
+    from kvscope.harness.cachemodel.trace_io import load_trace
+    from kvscope.harness.replay.calibrate import cost_model, load_calibration, scheduler_config
+
+    if args.time_scale < 0:
+        raise ConfigError(f"--time-scale: {args.time_scale} is negative; give 0 or more")
+    if args.slo_ttft_ms <= 0:
+        raise ConfigError(f"--slo-ttft-ms: {args.slo_ttft_ms} must be positive")
+    if args.server:
+        cal = _calibrate(args.server, args.save_calibration)
+        print(f"calibrated {cal.server.endpoint}: {len(cal.samples)} samples, R² {cal.fit_r2:.3f}, "
+              f"load average {cal.load_average_1m:.1f}; saved {args.save_calibration}")
+    else:
+        cal = load_calibration(args.calibration)
+    cfg = scheduler_config(cal, args.num_gpu_blocks)
+    t0 = time.perf_counter()
+    tr = load_trace(args.trace, cfg.block_size)
+    rows = predict_levels(tr.requests, cfg, cost_model(cal), args.levels, time_scale=args.time_scale,
+                          mode=args.mode)
+    cliff = find_cliff(rows, args.cliff_drop_pp)
+    capacity = find_capacity(rows, args.slo_ttft_ms)
+    print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preempt':>8} "
+          f"{'kv mean':>8} {'kv max':>7} {'sim s':>6}")
+    for r in rows:
+        print(f"{r.concurrency:>5} {r.token_hit_rate:>7.1%} {r.ttft_p50_s * 1e3:>7.0f}ms {r.ttft_p90_s * 1e3:>7.0f}ms "
+              f"{r.e2e_p50_s:>8.2f}s {r.preemptions:>8} {r.kv_usage_mean:>8.0%} {r.kv_usage_max:>7.0%} "
+              f"{r.simulate_s:>6.2f}")
+    blocks = "infinite" if cfg.num_gpu_blocks is None else f"{cfg.num_gpu_blocks} blocks"
+    print(f"server model: block size {cfg.block_size}, {blocks}, max_num_seqs {cfg.max_num_seqs}, "
+          f"max_num_batched_tokens {cfg.max_num_batched_tokens}")
+    print(f"eviction cliff (hit rate > {args.cliff_drop_pp:g} pp below level {rows[0].concurrency}): "
+          + (f"at concurrency {cliff}" if cliff else "none within the levels"))
+    print(f"capacity (TTFT p90 <= {args.slo_ttft_ms:g} ms, no preemption): "
+          + (f"{capacity} concurrent sessions" if capacity else f"below {rows[0].concurrency}"))
+    print(f"predicted in {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        def clean(d: dict) -> dict:
+            return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+        with open(args.json, "w") as f:
+            json.dump({"trace": args.trace, "calibration": cal.model_dump(exclude={"samples"}),
+                       "slo_ttft_ms": args.slo_ttft_ms, "cliff_concurrency": cliff,
+                       "capacity_concurrency": capacity, "levels": [clean(asdict(r)) for r in rows]}, f, indent=1)
+    return 0

@@ -1,0 +1,244 @@
+"""The scheduler model (harness/cachemodel/scheduler.py) on hand-built scenarios whose outcome is known."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvscope.harness.cachemodel.calibration import StepCostModel, decode_sample, fit_cost_model, prefill_sample
+from kvscope.harness.cachemodel.scheduler import SchedulerConfig, SessionTiming, run_scheduler
+from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
+
+B = 16
+#: One second per step whatever its content: times count steps.
+STEPS = StepCostModel(base_s=1.0, per_token_s=0.0, per_seq_s=0.0, per_context_token_s=0.0)
+
+
+def toks(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+def at_once(n: int) -> SessionTiming:
+    return SessionTiming(arrivals_s=[0.0] * n)
+
+
+def test_single_request_equals_the_sequential_simulator_and_takes_prefill_plus_decode_steps():
+    reqs = requests_from_token_pairs([(toks(100, 1), toks(5, 2))], B)
+    run = run_scheduler(reqs, SchedulerConfig(B, 20), STEPS, at_once(1))
+    assert run.cached_tokens == simulate(reqs, SimConfig(B, 20)).cached_tokens == [0]
+    r = run.results[0]
+    assert (r.scheduled_s, r.first_token_s, r.done_s) == (0.0, 1.0, 5.0)  # 1 prefill step + 4 decode steps
+    # the same prompt again hits floor(99/16)=6 blocks, as the sequential simulator says
+    reqs = requests_from_token_pairs([(toks(100, 1), toks(5, 2)), (toks(100, 1), toks(3, 3))], B)
+    run = run_scheduler(reqs, SchedulerConfig(B, 20), STEPS, SessionTiming(concurrency=1))
+    assert run.cached_tokens == simulate(reqs, SimConfig(B, 20)).cached_tokens == [0, 96]
+
+
+def test_two_requests_sharing_a_prefix_in_one_step_hit_the_blocks_hashed_at_schedule_time():
+    shared = toks(64, 7)
+    reqs = requests_from_token_pairs([(shared + toks(10, 8), toks(3, 9)), (shared + toks(20, 10), toks(3, 11))],
+                                     B, session_ids=["a", "b"])
+    run = run_scheduler(reqs, SchedulerConfig(B, 50), STEPS, at_once(2))
+    a, b = run.results
+    assert a.scheduled_s == b.scheduled_s == 0.0  # one step
+    assert (a.cached_tokens, b.cached_tokens) == (0, 64)
+    assert run.steps == 3  # one joint prefill step + 2 joint decode steps
+
+
+def test_the_last_running_request_is_preempted_when_blocks_run_out_and_hits_its_blocks_on_resume():
+    # 11 usable blocks; each request: 48-token prompt (3 blocks) + 60 output tokens -> 7 blocks at the end.
+    reqs = requests_from_token_pairs([(toks(48, 20), toks(60, 21)), (toks(48, 22), toks(60, 23))], B,
+                                     session_ids=["a", "b"])
+    run = run_scheduler(reqs, SchedulerConfig(B, 12), STEPS, at_once(2), fast_forward=False)
+    a, b = run.results
+    assert run.preemptions >= 1
+    assert a.preemptions == 0 and b.preemptions >= 1  # FCFS: the later request is the victim
+    assert b.resume_hit_tokens > 0  # its freed blocks kept their hashes in the free queue
+    assert b.cached_tokens == 0  # cached_tokens is fixed at the first scheduling
+    assert a.done_s < b.done_s
+    assert all(r.done_s == r.done_s for r in run.results)  # both finished (not NaN)
+
+
+def test_chunked_prefill_respects_max_num_batched_tokens():
+    reqs = requests_from_token_pairs([(toks(100, 30), toks(2, 31))], B)
+    run = run_scheduler(reqs, SchedulerConfig(B, None, max_num_batched_tokens=32), STEPS, at_once(1))
+    r = run.results[0]
+    assert r.first_token_s == 4.0  # ceil(100/32) prefill chunks
+    assert r.done_s == 5.0
+    # a decode shares the budget: while A decodes, B's 64-token prefill gets 31 tokens a step
+    reqs = requests_from_token_pairs([(toks(10, 32), toks(10, 33)), (toks(64, 34), toks(1, 35))], B,
+                                     session_ids=["a", "b"])
+    timing = SessionTiming(arrivals_s=[0.0, 1.0])
+    run = run_scheduler(reqs, SchedulerConfig(B, None, max_num_batched_tokens=32), STEPS, timing)
+    assert run.results[1].first_token_s - run.results[1].arrival_s == 3.0  # 31 + 31 + 2 tokens
+
+
+def test_max_num_seqs_caps_the_running_queue():
+    reqs = requests_from_token_pairs([(toks(20, 40 + i), toks(4, 50 + i)) for i in range(5)], B)
+    run = run_scheduler(reqs, SchedulerConfig(B, None, max_num_seqs=2), STEPS, at_once(5))
+    assert run.max_running == 2
+    starts = [r.scheduled_s for r in run.results]
+    assert starts[:2] == [0.0, 0.0] and starts[2] == starts[3] == run.results[0].done_s
+
+
+def test_closed_loop_sessions_wait_think_time_after_the_predecessor():
+    pairs = [(toks(20, 60), toks(2, 61)), (toks(40, 60), toks(2, 62))]
+    reqs = requests_from_token_pairs(pairs, B, session_ids=["s", "s"])
+    reqs[1].gap_s = 5.0
+    run = run_scheduler(reqs, SchedulerConfig(B, None), STEPS, SessionTiming(concurrency=1, time_scale=2.0))
+    assert run.results[1].arrival_s == run.results[0].done_s + 10.0
+
+
+def _random_pairs(rng: random.Random, n: int, sessions: int) -> tuple[list, list[str]]:
+    history = {i: toks(rng.randrange(1, 3 * B), rng.random()) for i in range(sessions)}
+    pairs, sids = [], []
+    for _ in range(n):
+        s = rng.randrange(sessions)
+        out = toks(rng.randrange(1, 2 * B), rng.random())
+        pairs.append((list(history[s]), out))
+        sids.append(f"s{s}")
+        history[s] = history[s] + out + toks(rng.randrange(1, 2 * B), rng.random())
+        if len(history[s]) > 10 * B:
+            history[s] = toks(rng.randrange(1, 3 * B), rng.random())
+    return pairs, sids
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 25), sessions=st.integers(1, 4),
+       blocks=st.sampled_from([None, None, 30, 60]))
+def test_one_seat_equals_the_sequential_simulator(seed, n, sessions, blocks):
+    pairs, sids = _random_pairs(random.Random(seed), n, sessions)
+    reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
+    cfg = SchedulerConfig(B, blocks, max_num_seqs=1, max_num_batched_tokens=64)
+    expected = simulate(reqs, SimConfig(B, blocks)).cached_tokens
+    for reference in (False, True):
+        run = run_scheduler(reqs, cfg, STEPS, at_once(n), reference_pool=reference)
+        assert run.cached_tokens == expected
+        assert run.preemptions == 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 30), blocks=st.sampled_from([12, 20, 40, None]),
+       conc=st.integers(1, 6))
+def test_fast_forward_and_the_ring_pool_change_nothing(seed, n, blocks, conc):
+    pairs, sids = _random_pairs(random.Random(seed), n, 6)
+    reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
+    for r in reqs:
+        r.gap_s = 0.5
+    cfg = SchedulerConfig(B, blocks, max_num_seqs=4, max_num_batched_tokens=48)
+    cost = StepCostModel(0.01, 1e-4, 1e-3, 1e-5)
+    timing = SessionTiming(concurrency=conc)
+    fast = run_scheduler(reqs, cfg, cost, timing)
+    for slow in (run_scheduler(reqs, cfg, cost, timing, fast_forward=False),
+                 run_scheduler(reqs, cfg, cost, timing, fast_forward=False, reference_pool=True)):
+        assert [r.cached_tokens for r in fast.results] == [r.cached_tokens for r in slow.results]
+        assert [r.preemptions for r in fast.results] == [r.preemptions for r in slow.results]
+        assert [r.resume_hit_tokens for r in fast.results] == [r.resume_hit_tokens for r in slow.results]
+        assert [r.done_s for r in fast.results] == pytest.approx([r.done_s for r in slow.results])
+        assert fast.steps == slow.steps and fast.evictions == slow.evictions
+
+
+def test_cost_fit_recovers_known_coefficients():
+    from dataclasses import replace
+
+    truth = StepCostModel(0.02, 3e-5, 1e-3, 2e-7, 0.03)
+
+    def timed(s):
+        f = s.features()
+        return replace(s, seconds=truth.base_s * f[0] + truth.per_token_s * f[1] + truth.per_seq_s * f[2]
+                       + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
+
+    samples = [timed(prefill_sample(p, 0.0, 2048)) for p in (50, 200, 500, 1000, 1800, 3000)]
+    samples += [timed(decode_sample(b, 400 * b, 20, 0.0)) for b in (1, 2, 4, 8)]
+    fit = fit_cost_model(samples)
+    assert fit.model.base_s == pytest.approx(truth.base_s, rel=1e-3)
+    assert fit.model.per_token_s == pytest.approx(truth.per_token_s, rel=1e-3)
+    assert fit.model.per_context_token_s == pytest.approx(truth.per_context_token_s, rel=1e-3)
+    assert fit.model.request_overhead_s == pytest.approx(truth.request_overhead_s, rel=1e-3)
+    assert fit.r2 > 0.999
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_cost_model(samples[:2])
+
+
+def _calibration_file(path, num_gpu_blocks=None):
+    import time as _time
+
+    from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+    from kvscope.workloads.versioned_file import write_versioned
+
+    cal = CalibrationFile(created_at=_time.time(), server=CalibrationServer(block_size=16, num_gpu_blocks=num_gpu_blocks,
+                                                                           max_num_seqs=8, max_num_batched_tokens=256),
+                          cost=CalibrationCost(base_s=0.005, per_token_s=2e-5, per_seq_s=1e-4,
+                                               per_context_token_s=0.0, request_overhead_s=0.002),
+                          fit_r2=1.0, fit_median_rel_error=0.0)
+    write_versioned(path, cal)
+    return path
+
+
+def _sessions_trace(tmp_path, sessions=6, turns=5):
+    import json
+
+    rng = random.Random(3)
+    lines = []
+    for s in range(sessions):
+        prompt = toks(rng.randrange(40, 120), rng.random())
+        for t in range(turns):
+            lines.append({"prompt_token_ids": prompt, "output_tokens": 8, "session_id": f"s{s}"})
+            prompt = prompt + toks(8 + rng.randrange(1, 40), rng.random())
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_capacity_cli_prints_the_curve_and_finds_the_cliff(tmp_path, capsys):
+    import json
+
+    from kvscope.harness.cli.main import main
+
+    cal = _calibration_file(tmp_path / "calibration.json", num_gpu_blocks=40)
+    trace = _sessions_trace(tmp_path)
+    out = tmp_path / "capacity.json"
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,2,6", "--time-scale", "0",
+                 "--mode", "live", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "eviction cliff" in text and "capacity" in text
+    data = json.loads(out.read_text())
+    hits = [r["token_hit_rate"] for r in data["levels"]]
+    assert [r["concurrency"] for r in data["levels"]] == [1, 2, 6]
+    assert hits[0] > 0.5 and hits[2] < hits[0] - 0.05  # 6 sessions do not fit in 39 blocks: the cliff
+    assert data["cliff_concurrency"] in (2, 6)
+    # an infinite pool has no cliff
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,6", "--time-scale", "0",
+                 "--mode", "live", "--num-gpu-blocks", "100000", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cliff_concurrency"] is None
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--levels", "4,2"], "--levels"),
+    (["--levels", "a"], "--levels"),
+    (["--slo-ttft-ms", "-1"], "--slo-ttft-ms"),
+])
+def test_capacity_cli_rejects_bad_flags_in_one_line(tmp_path, capsys, argv, needle):
+    from kvscope.harness.cli.main import main
+
+    cal = _calibration_file(tmp_path / "calibration.json")
+    trace = _sessions_trace(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        code = main(["capacity", str(trace), "--calibration", str(cal), *argv])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_capacity_cli_names_a_calibration_file_of_another_kind(tmp_path, capsys):
+    from kvscope.harness.cli.main import main
+
+    bad = tmp_path / "calibration.json"
+    bad.write_text('{"format": "kvscope-summary", "version": 1}')
+    assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(bad)]) == 2
+    assert "calibration.json" in capsys.readouterr().err
