@@ -68,7 +68,7 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
         fig.savefig(png, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
         plt.close(fig)
         (fig_dir / f"{figure_name}.png").write_bytes(png.getvalue())
-        display(Image(data=png.getvalue(), format="png"))
+        display(Image(data=png.getvalue(), format="png", alt=figure_name.replace("_", " ")))
 
     if res is not None:
         print(f"experiment {res.name}: {len(res.cells)} cells, {len(res.requests)} request records")
