@@ -264,6 +264,7 @@ class CellEntry(_Block):
 
 class ServerEntry(_Block):
     # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
+    backend: str = "vllm"  # the serving backend's registered name
     config: dict[str, Any]
     restarts: int = 0
     log: str
