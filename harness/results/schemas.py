@@ -257,7 +257,7 @@ class CellEntry(_Block):
     started_at: float | None = None
     ended_at: float | None = None
     warmup_requests: int | None = None
-    prefix_cache_reset: dict[str, str] | None = None  # endpoint -> outcome of the reset before the cell
+    prefix_cache_reset: str | None = None  # outcome of the prefix-cache reset before the cell (ResetOutcome.detail)
     dir: str | None = None  # the cell's run directory, relative to the experiment directory
     headline: CellHeadline | None = None
     traceback: str | None = None
