@@ -106,3 +106,18 @@ def test_missing_chromium_is_a_one_line_error(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CHROMIUM", str(tmp_path / "no-chromium"))
     with pytest.raises(KvscopeError, match="Chromium not found .*no-chromium.*make install"):
         chromium_paths()
+
+
+def test_report_workers_one_per_cpu_at_most_one_per_notebook_and_the_override_is_checked(monkeypatch):
+    import os
+
+    from kvscope.harness.report.render import report_workers
+
+    monkeypatch.delenv("KVSCOPE_REPORT_WORKERS", raising=False)
+    assert report_workers(100) == (os.cpu_count() or 1) and report_workers(1) == 1
+    monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", "3")
+    assert report_workers(7) == 3 and report_workers(2) == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", bad)
+        with pytest.raises(KvscopeError, match=f"KVSCOPE_REPORT_WORKERS='{bad}': allowed is a whole number"):
+            report_workers(7)
