@@ -17,7 +17,7 @@ from kvscope.harness.common.errors import ConfigError
 from kvscope.harness.report.render import ALL_NOTEBOOKS, notebook_has_error_cells, render_report
 from kvscope.harness.results.loaders import load_results
 from kvscope.harness.experiment.runner import run_experiment
-from tests.test_report_browser import assert_report_renders, chromium  # noqa: F401 - chromium: a fixture
+from tests.test_report_browser import assert_report_renders, require_chromium
 
 pytestmark = pytest.mark.vllm
 
@@ -117,10 +117,11 @@ def test_every_notebook_executes_without_error_cells_and_makes_its_figures(repor
     assert "apc__agent__c1__r0" in index
 
 
-def test_every_report_page_renders_in_a_real_browser(chromium, report):
+def test_every_report_page_renders_in_a_real_browser(report):
     """The report of this real experiment in headless Chromium: on every page the markup renders (no escaped
     tags in the visible text), every table has header cells, every figure decodes, the console is clean; a
     full-width screenshot of each page is kept in report/screenshots/."""
+    require_chromium()
     checks = assert_report_renders(report.parent)
     assert [c.page for c in checks] == ["index.html", *sorted(f"{n}.html" for n in ALL_NOTEBOOKS)]
     by_page = {c.page: c for c in checks}

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.report.browser import check_report_pages, chromium_paths
 
@@ -19,13 +18,18 @@ from kvscope.harness.report.browser import check_report_pages, chromium_paths
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 
 
-@pytest.fixture
-def chromium() -> None:
+def require_chromium() -> None:
+    """Skip the calling test without Selenium or the system Chromium (`make install` brings both as root)."""
     pytest.importorskip("selenium", reason="selenium is in the dev extra: pip install -e '.[dev]'")
     try:
         chromium_paths()
     except KvscopeError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def chromium() -> None:
+    require_chromium()
 
 
 def assert_report_renders(report_dir: Path, expect_images: bool = True) -> list:
@@ -61,7 +65,6 @@ def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data
     """The report's own exporter on a notebook with a heading, a figure, a table and markdown built from data,
     the data being script payloads: the narrative renders, the data shows as text, nothing runs."""
     import nbformat
-
     from kvscope.harness.report.render import REPORT_CSP, run_notebook
 
     nb_dir = tmp_path / "nbs"

@@ -10,7 +10,7 @@ from kvscope.harness.report.render import run_notebook, write_index
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore
 from kvscope.harness.experiment.runner import safe_child
-from tests.test_report_browser import chromium  # noqa: F401 - fixture: skips without the system Chromium
+from tests.test_report_browser import assert_report_renders, require_chromium
 
 SCRIPT = "<script>alert(1)</script>"
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
@@ -100,11 +100,10 @@ def test_generated_script_is_shown_escaped_in_the_replay_report(replay_report):
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in (replay_report.parent / "speculative.html").read_text()
 
 
-def test_generated_script_never_runs_in_a_real_browser(chromium, replay_report):
+def test_generated_script_never_runs_in_a_real_browser(replay_report):
     """The same report in Chromium: the payload is visible as text on the page that samples outputs, it never
     runs (`window.__pwned` stays undefined, no CSP violation in the console), and every page renders."""
-    from tests.test_report_browser import assert_report_renders
-
+    require_chromium()
     checks = {c.page: c for c in assert_report_renders(replay_report.parent, expect_images=False)}
     assert set(checks) == {"index.html", "latency.html", "speculative.html"}
     assert "<script>window.__pwned=1</script>" in checks["speculative.html"].visible_text

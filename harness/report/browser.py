@@ -23,7 +23,7 @@ from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
 
-__all__ = ["PageCheck", "chromium_paths", "check_report_pages", "report_pages"]
+__all__ = ["PageCheck", "check_report_pages", "chromium_paths", "report_pages"]
 
 SCREEN_WIDTH_PX = 1280
 MAX_SCREENSHOT_HEIGHT_PX = 30_000
