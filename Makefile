@@ -16,7 +16,7 @@ PYTEST_ARGS   ?=
 VLLM_STAMP    := $(VENV)/.vllm-installed
 KVSCOPE_STAMP := $(VENV)/.kvscope-installed
 
-.PHONY: demo smoke test install venv vllm model lint clean-venv help
+.PHONY: demo smoke test install venv vllm model lint clean-venv help chromium
 
 help:
 	@sed -n '1,6p' Makefile
@@ -35,7 +35,21 @@ smoke: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-install: $(KVSCOPE_STAMP)
+install: $(KVSCOPE_STAMP) chromium
+
+# The report's browser test (tests/test_report_browser.py) drives the system Chromium: the Debian packages,
+# installed only when missing and only as root (Selenium cannot download a browser here).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "== installing Chromium (apt-get install chromium chromium-driver)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }; } && \
+	  chromium --version; \
+	else \
+	  echo "== Chromium is missing and this is not root with apt-get: the report's browser test will be skipped;"; \
+	  echo "   install it with: sudo apt-get install -y chromium chromium-driver"; \
+	fi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -10,8 +10,10 @@ from kvscope.harness.report.render import run_notebook, write_index
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore
 from kvscope.harness.experiment.runner import safe_child
+from tests.test_report_browser import assert_report_renders, require_chromium
 
 SCRIPT = "<script>alert(1)</script>"
+PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 
 
 def _results(tmp_path) -> ExperimentResults:
@@ -68,23 +70,41 @@ def test_safe_child_refuses_escapes(tmp_path):
             safe_child(tmp_path, *bad)
 
 
-def test_generated_script_is_shown_escaped_in_the_replay_report(tmp_path):
-    """End to end: a server generates `<script>alert(1)</script>`; the replay records it; the HTML report of
-    that run shows it as text only."""
+@pytest.fixture(scope="module")
+def replay_report(tmp_path_factory):
+    """A replay whose server generates script payloads (a script tag and an event handler that would set
+    `window.__pwned`), and the HTML report of that run."""
     from kvscope.harness.report.render import render_report
     from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
     from kvscope.harness.replay.options import ReplayOptions
-    from kvscope.harness.results.records import read_records
     from kvscope.harness.replay.runner import replay
 
+    tmp_path = tmp_path_factory.mktemp("xss_replay")
     trace_dir = synthetic_trace(3, steps=2, prompt_tokens=64, output_tokens=8).write(tmp_path / "trace")
-    with FaultServer(FaultConfig(text=SCRIPT, model="tiny")) as server:
+    with FaultServer(FaultConfig(text=PAYLOAD, model="tiny")) as server:
         replay(trace_dir, tmp_path / "run", ReplayOptions(concurrency=2, progress=False, time_scale=0),
                endpoints=[server.endpoint])
-    df = read_records(tmp_path / "run")
-    assert (df["output_text_head"].str.startswith(SCRIPT)).all()
-    index = render_report(tmp_path / "run", notebooks=["speculative", "latency"], progress=False)
+    return render_report(tmp_path / "run", notebooks=["speculative", "latency"], progress=False)
+
+
+def test_generated_script_is_shown_escaped_in_the_replay_report(replay_report):
+    """End to end: a server generates script payloads; the replay records them; the HTML report of that run
+    shows them as text only."""
+    from kvscope.harness.results.records import read_records
+
+    df = read_records(replay_report.parent.parent)
+    assert (df["output_text_head"].str.startswith(PAYLOAD)).all()
     for page in ("speculative.html", "latency.html", "index.html"):
-        html = (index.parent / page).read_text()
-        assert SCRIPT not in html, page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in (index.parent / "speculative.html").read_text()
+        html = (replay_report.parent / page).read_text()
+        assert "<script" not in html.lower() and "onerror=" not in html, page
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in (replay_report.parent / "speculative.html").read_text()
+
+
+def test_generated_script_never_runs_in_a_real_browser(replay_report):
+    """The same report in Chromium: the payload is visible as text on the page that samples outputs, it never
+    runs (`window.__pwned` stays undefined, no CSP violation in the console), and every page renders."""
+    require_chromium()
+    checks = {c.page: c for c in assert_report_renders(replay_report.parent, expect_images=False)}
+    assert set(checks) == {"index.html", "latency.html", "speculative.html"}
+    assert "<script>window.__pwned=1</script>" in checks["speculative.html"].visible_text
+    assert not any(c.script_ran for c in checks.values())

@@ -7,10 +7,19 @@ A notebook's first code cell is papermill's ``parameters`` cell; the cell after 
 
 This module sets the headless matplotlib backend before pyplot is imported, so it is meant for notebooks
 (and their tests), not for library code; it re-exports the names the notebooks plot and print with.
+
+How output reaches the page. With the Agg backend ``plt.show()`` emits nothing, so ``save`` writes the PNG
+beside the report and displays those same bytes as an ``image/png`` output, which nbconvert embeds in the page
+as a ``data:`` URI (one file on disk for the index, one self-contained page). The report pages are not
+sanitised by nbconvert (see :mod:`kvscope.harness.report.render`): data is escaped where it enters the page.
+pandas tables escape every cell and label by themselves; markdown built from data goes through
+:func:`display_markdown`, which ``html.escape``-s every value it fills in.
 """
 
 from __future__ import annotations
 
+import html
+import io
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -22,12 +31,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from IPython.display import display  # noqa: E402
+from IPython.display import Image, Markdown, display  # noqa: E402
 
 from kvscope.harness.analysis import tables as T  # noqa: E402
 from kvscope.harness.results.loaders import ExperimentResults, load_results  # noqa: E402
 
-__all__ = ["NotebookSetup", "Path", "T", "display", "load_results", "pd", "plt", "setup_notebook", "sns"]
+__all__ = ["NotebookSetup", "Path", "T", "display", "display_markdown", "load_results", "pd", "plt", "setup_notebook",
+           "sns"]
 
 FIGURE_DPI = 110
 
@@ -53,11 +63,25 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
     fig_dir.mkdir(parents=True, exist_ok=True)
 
     def save(fig: Any, figure_name: str) -> None:
-        """Keep every figure as a PNG beside the report."""
-        fig.savefig(fig_dir / f"{figure_name}.png", dpi=FIGURE_DPI, bbox_inches="tight")
-        plt.show()
+        """Keep every figure as a PNG beside the report and show the same PNG on the notebook's page."""
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
         plt.close(fig)
+        (fig_dir / f"{figure_name}.png").write_bytes(png.getvalue())
+        display(Image(data=png.getvalue(), format="png", alt=figure_name.replace("_", " ")))
 
     if res is not None:
         print(f"experiment {res.name}: {len(res.cells)} cells, {len(res.requests)} request records")
     return NotebookSetup(res, fig_dir, save)
+
+
+def escaped_markdown(template: str, /, **values: Any) -> str:
+    """``template.format(**values)`` with every string value HTML-escaped (names from specs and traces,
+    generated text): the narrative's own markup stays, the data's shows as text. Numbers format as usual."""
+    safe = {k: html.escape(v) if isinstance(v, str) else v for k, v in values.items()}
+    return template.format(**safe)
+
+
+def display_markdown(template: str, /, **values: Any) -> None:
+    """Show markdown built from data on the page: ``display_markdown("**{server}**: {hit:.0%}", server=s, hit=h)``."""
+    display(Markdown(escaped_markdown(template, **values)))

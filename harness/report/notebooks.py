@@ -35,6 +35,7 @@ class Notebook:
     parameters: tuple[str, ...] = ()  # parameters besides COMMON_PARAMETERS
     key_figures: tuple[str, ...] = ()  # figures shown on the report's index page
     from_spec: SpecParameters = field(default=_no_spec_parameters, compare=False)
+    relative_cost: float = 1.0  # execution time relative to a typical notebook: the report starts costly ones first
 
     def accepts(self, parameter: str) -> bool:
         return parameter in COMMON_PARAMETERS or parameter in self.parameters
@@ -61,7 +62,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook("latency", "Latency: TTFT, TPOT, ITL and end-to-end",
              figures=("latency_ecdf", "itl_ecdf", "ttft_vs_cache", "ttft_by_load"),
              parameters=("slo_ttft_ms", "slo_tpot_ms", "bandwidth_gb_s", "weight_bytes"),
-             key_figures=("latency_ecdf",), from_spec=_latency_from_spec),
+             key_figures=("latency_ecdf",), from_spec=_latency_from_spec, relative_cost=2.0),
     Notebook("cost", "Cost: provider prompt caching and self-hosting",
              figures=("provider_cost_per_session", "ttl_sensitivity"),
              parameters=("pricing", "gpu_hourly_usd"), key_figures=("provider_cost_per_session",),
@@ -70,7 +71,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              figures=("acceptance_and_tpot", "acceptance_by_position"), key_figures=("acceptance_and_tpot",)),
     Notebook("ab_compare", "A/B comparison on identical traffic",
              figures=("paired_differences",),
-             parameters=("run_a", "run_b", "label_a", "label_b", "resamples")),
+             parameters=("run_a", "run_b", "label_a", "label_b", "resamples"), relative_cost=5.0),
 )
 """Every report notebook, in the order the report runs and lists them."""
 

@@ -1,16 +1,30 @@
 """Reports: execute the analysis notebooks with papermill, render HTML with nbconvert, write index.html.
 
 Notebooks run from the project's `notebooks/` folder unless the user names another folder explicitly, so a
-results directory can never bring code of its own into a report. HTML outputs are sanitised by nbconvert
-and every string kvscope writes into `index.html` is escaped: text from traces or model output (a generated
-`<script>` included) shows as text and never runs. Which notebooks exist, their order, their parameters and
-the figures the index shows come from the one registry in `report/notebooks.py`.
+results directory can never bring code of its own into a report. Which notebooks exist, their order, their
+parameters and the figures the index shows come from the one registry in `report/notebooks.py`.
+
+Why the pages are rendered this way. nbconvert's ``sanitize_html`` (bleach) escaped the report's own
+narrative: headings, pandas' ``<style scoped>`` and table headers showed as raw markup, 31-163 escaped tags a
+page. Untrusted text (generated ``output_text_head``, names from specs and traces) is now escaped at its
+source instead: pandas' ``to_html`` escapes every cell and label by default, ``print`` goes out as a stream
+that nbconvert escapes, markdown built from data goes through
+:func:`kvscope.harness.analysis.notebook.display_markdown` (``html.escape`` on every value), and every
+string written into ``index.html`` goes through ``html.escape``. So the exporter runs with
+``sanitize_html=False`` on a template (``lab`` with ``exclude_input``, :data:`PAGE_TEMPLATE`) that emits no
+script at all — no require.js, MathJax, mermaid or widget loaders, and JavaScript outputs are dropped — and
+every page carries :data:`REPORT_CSP`, which forbids script execution outright (inline styles and ``data:``
+images allowed). A payload that slipped past the escaping would still be inert; the browser test
+(``tests/test_report_browser.py``) checks both on a real experiment. Independent notebooks execute in
+parallel (one papermill kernel per process of a small pool); the index keeps the registry's order.
 """
 
 from __future__ import annotations
 
 import html
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,14 +52,34 @@ class NotebookResult:
     figures: list[Path] = field(default_factory=list)
 
 
+REPORT_CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+              "style-src 'unsafe-inline'; img-src 'self' data:")
+"""Every report page's Content-Security-Policy: no script runs, no resource loads but its own images and styles."""
+
+PAGE_TEMPLATE_NAME = "kvscope-page.html.j2"
+PAGE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}
+<meta http-equiv="Content-Security-Policy" content="__CSP__">
+{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block data_javascript scoped -%}{%- endblock data_javascript -%}
+{%- block data_widget_view scoped -%}{%- endblock data_widget_view -%}
+""".replace("__CSP__", html.escape(REPORT_CSP))
+"""nbconvert's ``lab`` page without any script: the CSP meta first, no JS loaders, JavaScript outputs dropped."""
+
+
 def _html_exporter(show_input: bool):
+    from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab")
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({PAGE_TEMPLATE_NAME: PAGE_TEMPLATE})])
+    exporter.template_file = PAGE_TEMPLATE_NAME
     exporter.exclude_input = not show_input
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
-    exporter.sanitize_html = True
+    exporter.sanitize_html = False  # data is escaped at its source; see the module docstring
     return exporter
 
 
@@ -103,16 +137,9 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
     report_dir.mkdir(exist_ok=True)
     nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else None
     params_by_nb = _parameters(res.spec, extra_parameters or {})
-    results: list[NotebookResult] = []
-    for name in names:
-        params = {"experiment_dir": str(run_dir), "figures_dir": str(report_dir / "figures" / name),
-                  **params_by_nb.get(name, {})}
-        if progress:
-            print(f"report: executing {name} …", flush=True)
-        r = run_notebook(name, report_dir, params, nb_dir, show_input)
-        if progress:
-            print(f"report: {name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
-        results.append(r)
+    jobs = {name: {"experiment_dir": str(run_dir), "figures_dir": str(report_dir / "figures" / name),
+                   **params_by_nb.get(name, {})} for name in names}
+    results = _execute_notebooks(jobs, report_dir, nb_dir, show_input, progress)
     results = _keep_earlier_results(report_dir, results)
     index = write_index(res, report_dir, results)
     write_result_file(report_dir / REPORT_NAME, ReportFile, ReportFile(notebooks=[
@@ -120,6 +147,45 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
                       html=r.html.name if r.html else None,
                       figures=[str(f.relative_to(report_dir)) for f in r.figures]) for r in results]))
     return index
+
+
+def report_workers(notebooks: int) -> int:
+    """Processes that execute notebooks at once: one per CPU (``KVSCOPE_REPORT_WORKERS`` overrides), at most
+    one per notebook. Each notebook's kernel is its own process, so the pool's processes only wait on them."""
+    configured = os.environ.get("KVSCOPE_REPORT_WORKERS", "")
+    if configured and not (configured.isdigit() and int(configured) >= 1):
+        raise KvscopeError(f"KVSCOPE_REPORT_WORKERS={configured!r}: allowed is a whole number >= 1")
+    workers = int(configured) if configured else (os.cpu_count() or 1)
+    return max(1, min(workers, notebooks))
+
+
+def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir: Path | None,
+                       show_input: bool, progress: bool) -> list[NotebookResult]:
+    """Execute the notebooks (independent of each other) in a process pool, the costliest first so the
+    slowest one does not start last; results come back in the order of ``jobs``."""
+    workers = report_workers(len(jobs))
+    order = sorted(jobs, key=lambda n: -(BY_NAME[n].relative_cost if n in BY_NAME else 1.0))
+    if progress:
+        print(f"report: executing {', '.join(order)} ({workers} at a time) …", flush=True)
+    done: dict[str, NotebookResult] = {}
+
+    def report(r: NotebookResult) -> None:
+        done[r.name] = r
+        if progress:
+            print(f"report: {r.name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
+
+    if workers == 1:
+        for name in order:
+            report(run_notebook(name, report_dir, jobs[name], nb_dir, show_input))
+    else:
+        import multiprocessing
+
+        # spawn: the parent may hold threads (server watchers, tqdm) that fork would copy in a locked state
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_notebook, name, report_dir, jobs[name], nb_dir, show_input) for name in order]
+            for future in as_completed(futures):
+                report(future.result())
+    return [done[name] for name in jobs]
 
 
 def _keep_earlier_results(report_dir: Path, results: list[NotebookResult]) -> list[NotebookResult]:
@@ -206,7 +272,7 @@ def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
     desc = e(res.spec.description if res.spec else "")
     doc = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>kvscope — {e(res.name)}</title>
-<meta http-equiv="Content-Security-Policy" content="default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="{e(REPORT_CSP)}">
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child,th:first-child{{text-align:left}}
 figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{{background:#fff3cd;padding:0.5em}}</style>

@@ -1,0 +1,126 @@
+"""Report pages as a reader sees them: loaded in the system Chromium (Selenium), checked through the DOM.
+
+The check itself is tested here on a page broken in every way it looks for, and on a notebook rendered by
+the report's own exporter. The report of a real vLLM experiment is checked in
+tests/test_experiment_integration.py (it reuses that module's experiment, so no extra server time), and
+the report of a replay whose server generated script payloads in tests/test_report_security.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.report.browser import check_report_pages, chromium_paths
+
+# A generated text that would set window.__pwned if it ever ran, through a script tag or an event handler.
+PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+
+
+def require_chromium() -> None:
+    """Skip the calling test without Selenium or the system Chromium (`make install` brings both as root)."""
+    pytest.importorskip("selenium", reason="selenium is in the dev extra: pip install -e '.[dev]'")
+    try:
+        chromium_paths()
+    except KvscopeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def chromium() -> None:
+    require_chromium()
+
+
+def assert_report_renders(report_dir: Path, expect_images: bool = True) -> list:
+    """Every page of the report passes the browser check; each page with a figure decoded it. Returns the checks."""
+    checks = check_report_pages(report_dir)
+    problems = [p for c in checks for p in c.problems]
+    assert not problems, "\n".join(problems)
+    for c in checks:
+        assert c.screenshot.stat().st_size > 0, c.page
+    if expect_images:
+        assert all(c.images > 0 for c in checks), [(c.page, c.images) for c in checks]
+    return checks
+
+
+def test_the_check_finds_each_kind_of_breakage(chromium, tmp_path):
+    (tmp_path / "index.html").write_text(
+        "<!doctype html><html><head><meta charset=utf-8></head><body>"
+        "<p>&lt;h1 id=&quot;x&quot;&gt;Title&lt;/h1&gt; &lt;style scoped&gt;</p>"
+        '<img src="data:image/png;base64,AAAA" alt=broken>'
+        "<table><tr><td>1</td></tr></table><table><tr><th>h</th></tr></table>"
+        "<script>window.__pwned = 1; console.error('boom')</script></body></html>")
+    (page,) = check_report_pages(tmp_path)
+    assert page.escaped_markup[:2] == ['<h1 id="x">', "</h1>"] and "<style scoped>" in page.escaped_markup
+    assert page.broken_images == ["data:image/png;base64,AAAA"]
+    assert (page.tables, page.tables_without_headers) == (2, 1)
+    assert any("boom" in e for e in page.console_errors)
+    assert page.script_ran
+    assert len(page.problems) == 5
+    assert (tmp_path / "screenshots" / "index.png").stat().st_size > 0
+
+
+def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data(chromium, tmp_path):
+    """The report's own exporter on a notebook with a heading, a figure, a table and markdown built from data,
+    the data being script payloads: the narrative renders, the data shows as text, nothing runs."""
+    import nbformat
+    from kvscope.harness.report.render import REPORT_CSP, run_notebook
+
+    nb_dir = tmp_path / "nbs"
+    nb_dir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
+    params = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        params,
+        nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, display_markdown, pd, "
+                                  "plt, setup_notebook\nres, FIG, save = setup_notebook('page', experiment_dir, "
+                                  "figures_dir)"),
+        nbformat.v4.new_markdown_cell("# A heading\n\nSome **narrative** text."),
+        nbformat.v4.new_code_cell(f"payload = {PAYLOAD!r}\n"
+                                  "display(pd.DataFrame({'server': [payload], 'hit_rate': [0.5]}))\n"
+                                  "display_markdown('The server **{name}** hit {hit:.0%}.', name=payload, hit=0.5)\n"
+                                  "fig, ax = plt.subplots()\nax.plot([0, 1], [1, 0])\nsave(fig, 'line')\n"
+                                  "print(payload)"),
+    ]
+    nbformat.write(nb, nb_dir / "page.ipynb")
+    out = tmp_path / "report"
+    r = run_notebook("page", out, {"experiment_dir": "", "figures_dir": str(out / "figures" / "page")},
+                     notebooks_dir=nb_dir)
+    assert r.ok, r.error
+    html = r.html.read_text()
+    assert "<script" not in html.lower() and REPORT_CSP in html
+    assert (out / "figures" / "page" / "line.png").stat().st_size > 0
+    (out / "index.html").write_text('<!doctype html><meta charset=utf-8><a href="page.html">page</a>'
+                                    '<img src="figures/page/line.png">')
+    checks = assert_report_renders(out)
+    assert [c.page for c in checks] == ["index.html", "page.html"]
+    page = checks[1]
+    assert page.images == 1 and page.tables == 1
+    assert "A heading" in page.visible_text and "# A heading" not in page.visible_text
+    # the payload shows as text: in the table, in the markdown sentence and in the printed stream
+    assert page.visible_text.count("<script>window.__pwned=1</script>") == 3, page.visible_text
+
+
+def test_missing_chromium_is_a_one_line_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSCOPE_CHROMIUM", str(tmp_path / "no-chromium"))
+    with pytest.raises(KvscopeError, match="Chromium not found .*no-chromium.*make install"):
+        chromium_paths()
+
+
+def test_report_workers_one_per_cpu_at_most_one_per_notebook_and_the_override_is_checked(monkeypatch):
+    import os
+
+    from kvscope.harness.report.render import report_workers
+
+    monkeypatch.delenv("KVSCOPE_REPORT_WORKERS", raising=False)
+    assert report_workers(100) == (os.cpu_count() or 1) and report_workers(1) == 1
+    monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", "3")
+    assert report_workers(7) == 3 and report_workers(2) == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", bad)
+        with pytest.raises(KvscopeError, match=f"KVSCOPE_REPORT_WORKERS='{bad}': allowed is a whole number"):
+            report_workers(7)
