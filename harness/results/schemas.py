@@ -265,6 +265,7 @@ class CellEntry(_Block):
 class ServerEntry(_Block):
     # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
     config: dict[str, Any]
+    backend: str = "vllm"  # the serving backend's registered name (the runner records it)
     restarts: int = 0
     log: str
     facts: dict[str, Any] | None = None
