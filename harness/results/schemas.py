@@ -257,6 +257,7 @@ class CellEntry(_Block):
     started_at: float | None = None
     ended_at: float | None = None
     warmup_requests: int | None = None
+    prefix_cache_reset: str | None = None  # how the cache was emptied before the cell (the runner records it)
     dir: str | None = None  # the cell's run directory, relative to the experiment directory
     headline: CellHeadline | None = None
     traceback: str | None = None
