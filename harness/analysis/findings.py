@@ -271,7 +271,7 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
             tail = ("; the ceiling was not reached (the highest level measured still meets it)"
                     if best["load"] == top["load"] else
                     f"; at {top['load']} TTFT p90 is {_ms(top['ttft_p90_s'])} ms")
-            s = f"{server} holds {best['load']} at {slo} (p90 {_ms(best['ttft_p90_s'])} ms){tail}."
+            s = f"{server} holds load {best['load']} at {slo} (p90 {_ms(best['ttft_p90_s'])} ms){tail}."
         out.append(Finding(question="capacity", sentence=s, notebook="concurrency", figure="latency_throughput",
                            numbers={"capacity_load": cap, "slo_ttft_ms": slo_ms,
                                     "ttft_p90_at_highest_s": float(top["ttft_p90_s"])}))
