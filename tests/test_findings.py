@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-
 from kvscope.harness.analysis import findings as F
 from kvscope.harness.analysis import tables as T
 from kvscope.harness.results.findings_file import FINDINGS_NAME, load_findings_file

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.pricing.provider_cache import list_presets, load_preset, simulate_provider
 

@@ -16,21 +16,38 @@ headline questions. A notebook calls :func:`write_page_findings`, which shows it
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from kvscope.harness.analysis import tables as T
 from kvscope.harness.analysis.ab import Run, compare
-from kvscope.harness.results.findings_file import (FINDINGS_NAME, Finding, FindingsFile, VerdictCell,
-                                                   write_findings_file)
+from kvscope.harness.results.findings_file import (
+    FINDINGS_NAME,
+    Finding,
+    FindingsFile,
+    VerdictCell,
+    write_findings_file,
+)
 from kvscope.harness.results.loaders import ExperimentResults
 
-__all__ = ["Finding", "PAGE_QUESTIONS", "ab_table", "capacity_findings", "caveats", "executive_summary",
-           "findings_markdown", "habit_findings", "page_findings", "server_palette", "speculative_findings",
-           "verdict_pivot", "write_page_findings"]
+__all__ = [
+    "PAGE_QUESTIONS",
+    "Finding",
+    "ab_table",
+    "capacity_findings",
+    "caveats",
+    "executive_summary",
+    "findings_markdown",
+    "habit_findings",
+    "page_findings",
+    "server_palette",
+    "speculative_findings",
+    "verdict_pivot",
+    "write_page_findings",
+]
 
 #: The questions whose answers open index.html, and the page each finding lives on.
 HEADLINE_QUESTIONS = ("habit", "capacity", "speculative", "ab")
@@ -145,7 +162,7 @@ def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
     words = []
     for p in added:
         if p.get("kind") == "volatile_prefix":
-            words.append(f"a timestamp at token {max(int(round(p.get('position', 0) * scale)), 0)}")
+            words.append(f"a timestamp at token {max(round(p.get('position', 0) * scale), 0)}")
         elif p.get("kind") == "compaction":
             words.append(f"compaction at {int(p.get('threshold_tokens', 0) * scale):,} tokens")
         else:
@@ -459,9 +476,9 @@ def _caveat_block_size(res: ExperimentResults):
     big = [b for b in sizes if b > GPU_BLOCK_SIZE]
     if not big:
         return None
-    return (f"KV blocks are {big[0]} tokens here (vLLM on CPU) against {GPU_BLOCK_SIZE} on a GPU: a hit is floored "
+    return ((f"KV blocks are {big[0]} tokens here (vLLM on CPU) against {GPU_BLOCK_SIZE} on a GPU: a hit is floored "
             f"to whole blocks, so each prompt can lose up to {big[0] - 1} reusable tokens and hit rates on a GPU "
-            "are higher.", {"block_size": float(big[0])})
+            "are higher."), {"block_size": float(big[0])})
 
 
 def _caveat_min_cacheable(res: ExperimentResults):
@@ -477,8 +494,8 @@ def _caveat_min_cacheable(res: ExperimentResults):
     if not below:
         return None
     words = ", ".join(f"{_pct(s)} below {mins[n]:,} tokens ({n})" for n, s in below.items())
-    return (f"Prompts are shorter than providers' minimum cacheable length: {words}; those are never cached by "
-            "the provider, whatever their reuse.", {f"share_below_{n}": s for n, s in below.items()})
+    return ((f"Prompts are shorter than providers' minimum cacheable length: {words}; those are never cached by "
+            "the provider, whatever their reuse."), {f"share_below_{n}": s for n, s in below.items()})
 
 
 def _caveat_eviction(res: ExperimentResults):
@@ -490,8 +507,8 @@ def _caveat_eviction(res: ExperimentResults):
         if "num_preemptions" in m else 0
     if peak >= 0.9 or pre > 0:
         return None
-    return (f"No eviction pressure: KV-cache usage peaked at {_pct(peak)} with {int(pre)} preemptions, so the "
-            "hit rates are those of a cache that never had to evict.", {"peak_kv_usage": peak})
+    return ((f"No eviction pressure: KV-cache usage peaked at {_pct(peak)} with {int(pre)} preemptions, so the "
+            "hit rates are those of a cache that never had to evict."), {"peak_kv_usage": peak})
 
 
 def _caveat_tiny_model(res: ExperimentResults):
@@ -502,8 +519,8 @@ def _caveat_tiny_model(res: ExperimentResults):
     steps = card.get("train_steps")
     state = "random weights" if model.get("weights_random") else \
         f"kvscope's tiny model trained for {steps} steps" if steps is not None else "kvscope's tiny model"
-    return (f"The model has {state}: its answers repeat themselves, so n-gram drafts are accepted far more often "
-            "than a real model's would be — read acceptance and speed-ups as upper bounds.",
+    return ((f"The model has {state}: its answers repeat themselves, so n-gram drafts are accepted far more often "
+            "than a real model's would be — read acceptance and speed-ups as upper bounds."),
             {"train_steps": None if steps is None else float(steps)})
 
 
@@ -517,8 +534,8 @@ def _caveat_burst(res: ExperimentResults):
     burst = float(((multi["e2e_s"] - multi["ttft_s"]) <= 0.05 * multi["e2e_s"]).mean())
     if burst < 0.05:
         return None
-    return (f"{_pct(burst)} of answers arrived in one burst (TTFT ≈ end-to-end): for those, TPOT and ITL measure "
-            "the delivery, not the decoding.", {"burst_share": burst})
+    return ((f"{_pct(burst)} of answers arrived in one burst (TTFT ≈ end-to-end): for those, TPOT and ITL measure "
+            "the delivery, not the decoding."), {"burst_share": burst})
 
 
 def _caveat_sessions(res: ExperimentResults):
@@ -531,8 +548,8 @@ def _caveat_sessions(res: ExperimentResults):
     if not rows:
         return None
     example = rows[0]
-    return (f"{len(rows)} cell(s) had fewer sessions than their concurrency (e.g. {example[0]}: {example[1]} "
-            f"sessions at concurrency {example[2]}): those ran below their nominal load.",
+    return ((f"{len(rows)} cell(s) had fewer sessions than their concurrency (e.g. {example[0]}: {example[1]} "
+            f"sessions at concurrency {example[2]}): those ran below their nominal load."),
             {"cells_below_concurrency": float(len(rows))})
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, write_versioned
+from pydantic import BaseModel, ConfigDict, Field
 
 FINDINGS_NAME = "findings.json"
 
@@ -63,7 +62,7 @@ class FindingsFile(VersionedFile):
     version: int = 1
     notebook: str
     findings: list[Finding]
-    verdicts: list[VerdictCell] = []
+    verdicts: list[VerdictCell] = Field(default_factory=list)
     verdicts_csv: str | None = None  # the full verdict table, relative to report/
 
 
