@@ -43,10 +43,11 @@ cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
 EXPECTED_FIGURES = {
     "primer": {"kv_growth", "speculation_curves"},
     "hit_rates": {"hit_rate_by_workload", "hit_rate_by_step", "recomputed_by_transition"},
-    "concurrency": {"footprint", "kv_usage_over_time", "ttft_vs_load"},
+    # one load level: the Pareto plot, not a one-point latency-against-load curve
+    "concurrency": {"footprint", "kv_usage_over_time", "latency_throughput"},
     "latency": {"latency_ecdf", "ttft_vs_cache", "ttft_by_load"},
     "cost": {"provider_cost_per_session", "ttl_sensitivity"},
-    "ab_compare": {"paired_differences"},
+    "ab_compare": {"paired_differences", "forest_relative_changes"},
 }
 
 
@@ -115,6 +116,10 @@ def test_every_notebook_executes_without_error_cells_and_makes_its_figures(repor
     for name in ALL_NOTEBOOKS:
         assert f'href="{name}.html"' in index
     assert "apc__agent__c1__r0" in index
+    # the summary opens the index: the habit's finding links to its figure; one load level: no capacity claimed
+    assert "<h2>Summary</h2>" in index and "A timestamp at token" in index
+    assert 'href="figures/hit_rates/hit_rate_by_workload.png"' in index
+    assert "Capacity is not measured" in index
 
 
 def test_every_report_page_renders_in_a_real_browser(report):

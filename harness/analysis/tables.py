@@ -34,16 +34,41 @@ def hit_table(res: ExperimentResults) -> pd.DataFrame:
 
 
 def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
-    """Token-weighted hit rate per (server, workload): measured and predicted, summed over loads and repeats."""
+    """Token-weighted hit rate per (server, workload), summed over loads and repeats, three ways with distinct names:
+
+    * ``measured``: what the server reported (cached / prompt tokens);
+    * ``predicted_by_simulator``: what kvscope's vLLM-exact simulator predicts *this* server reports (0 when its
+      prefix caching is off);
+    * ``would_hit_with_caching``: what the same traffic would hit with prefix caching on (the simulator's
+      answer for a caching-off server; equal to the prediction where caching is on).
+
+    ``requests`` counts the trace's distinct requests once, however many load levels and repeats replayed it
+    (``replays`` says how many cells were pooled), so pooling loads does not double the count.
+    """
+    cols = ["server", "workload", "requests", "replays", "prompt_tokens", "measured", "predicted_by_simulator",
+            "would_hit_with_caching"]
     ok = res.ok_requests()
     if not len(ok):
-        return pd.DataFrame(columns=["server", "workload", "prompt_tokens", "measured", "predicted"])
+        return pd.DataFrame(columns=cols)
     g = ok.groupby(["server", "workload"], sort=False).agg(
         prompt_tokens=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"),
-        predicted=("predicted_cached_tokens", "sum"), requests=("request_id", "count")).reset_index()
+        predicted=("predicted_cached_tokens", "sum"), requests=("request_id", "nunique"),
+        replays=("cell", "nunique")).reset_index()
     g["measured"] = _ratio(g["cached"], g["prompt_tokens"])
-    g["predicted"] = _ratio(g["predicted"], g["prompt_tokens"])
-    return g[["server", "workload", "requests", "prompt_tokens", "measured", "predicted"]]
+    g["predicted_by_simulator"] = _ratio(g["predicted"], g["prompt_tokens"])
+    c = res.cells
+    if "would_hit" in c:  # a per-cell token-weighted ratio: weight it by the cell's prompt tokens
+        tokens = ok.groupby("cell")["prompt_tokens"].sum()
+        c = c.assign(_n=c["cell"].map(tokens).astype(float))
+        w = c.assign(_w=c["would_hit"].astype(float) * c["_n"]).dropna(subset=["_w"]).groupby(
+            ["server", "workload"], sort=False).agg(_w=("_w", "sum"), _n=("_n", "sum")).reset_index()
+        w["would_hit_with_caching"] = _ratio(w["_w"], w["_n"])
+        g = g.merge(w[["server", "workload", "would_hit_with_caching"]], on=["server", "workload"], how="left")
+    else:
+        g["would_hit_with_caching"] = math.nan
+    on = g["would_hit_with_caching"].isna()
+    g.loc[on, "would_hit_with_caching"] = g.loc[on, "predicted_by_simulator"]
+    return g[cols]
 
 
 def hit_by_step(res: ExperimentResults, max_step: int | None = None) -> pd.DataFrame:
@@ -155,10 +180,13 @@ def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
                       models: Iterable[str] = ("llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b"),
                       kv_dtypes: Iterable[str] = ("bfloat16", "fp8"), tp_for: dict[str, int] | None = None
                       ) -> pd.DataFrame:
-    """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs."""
+    """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs (default: the
+    accelerators of `cachemodel/gpus.yaml`, as GiB)."""
     from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
 
-    gpus = gpus or {"L4 24GB": 24, "A100 80GB": 80, "H100 80GB": 80, "H200 141GB": 141}
+    from kvscope.harness.cachemodel.gpus import load_gpus
+
+    gpus = gpus or {g.name: g.memory_gib for g in load_gpus()}
     tp_for = tp_for or {"llama-3.1-70b": 4}
     rows = []
     for model in models:
@@ -247,54 +275,105 @@ def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_byt
 # ------------------------------------------------------------------------------------------------ cost
 
 
-def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
-    """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
-    and without, per session and per million input tokens."""
-    from kvscope.harness.pricing.cost import no_cache_cost
-    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
+    """The workload's trace requests restricted to the sessions every finished cell of the workload replayed,
+    so caching and no caching, and every preset, are priced over the same sessions."""
     from kvscope.harness.cachemodel.trace_io import load_trace
 
+    tdir = res.trace_dir(workload)
+    if tdir is None or not tdir.exists():
+        return None
+    reqs = load_trace(str(tdir), block_size).requests
+    ok = res.ok_requests()
+    if len(ok) and "session_id" in ok:
+        mine = ok[ok["workload"] == workload]
+        per_cell = [set(map(str, g["session_id"])) for _, g in mine.groupby("cell")]
+        if per_cell:
+            common = set.intersection(*per_cell)
+            reqs = [r for r in reqs if str(r.session_id) in common]
+    return reqs
+
+
+def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16,
+                   workloads: Iterable[str] | None = None) -> pd.DataFrame:
+    """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
+    and without, over the same sessions (those every cell of the workload replayed): in total, per 1,000
+    sessions and per million input tokens."""
+    from kvscope.harness.pricing.cost import no_cache_cost
+    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+
     rows = []
-    for workload in sorted(set(res.cells["workload"].dropna())):
-        tdir = res.trace_dir(workload)
-        if tdir is None or not tdir.exists():
+    names = sorted(set(res.cells["workload"].dropna())) if workloads is None else list(workloads)
+    for workload in names:
+        reqs = _trace_for_cost(res, workload, block_size)
+        if not reqs:
             continue
-        tr = load_trace(str(tdir), block_size)
-        total_in = sum(r.prompt_tokens for r in tr.requests)
-        total_out = sum(r.output_tokens for r in tr.requests)
-        sessions = len({r.session_id for r in tr.requests})
+        total_in = sum(r.prompt_tokens for r in reqs)
+        total_out = sum(r.output_tokens for r in reqs)
+        sessions = len({r.session_id for r in reqs})
         for name in presets:
             cfg = load_preset(name)
-            _, s = simulate_provider(tr.requests, cfg)
+            _, s = simulate_provider(reqs, cfg)
             base = no_cache_cost(cfg.pricing, total_in, total_out)
             rows.append({"workload": workload, "preset": name, "sessions": sessions, "input_tokens": total_in,
                          "output_tokens": total_out, "cache_read_ratio": s["cache_read_ratio"],
                          "cost_usd": s["total_usd"], "no_cache_usd": base,
-                         "per_session_usd": s["total_usd"] / sessions if sessions else math.nan,
-                         "per_session_no_cache_usd": base / sessions if sessions else math.nan,
+                         "usd_per_1000_sessions": s["total_usd"] / sessions * 1000 if sessions else math.nan,
+                         "usd_per_1000_sessions_no_cache": base / sessions * 1000 if sessions else math.nan,
                          "usd_per_mtok_input": s["total_usd"] / total_in * 1e6 if total_in else math.nan,
                          "saving": 1 - s["total_usd"] / base if base else math.nan})
     return pd.DataFrame(rows)
 
 
+def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
+    """Why a provider's cache-read share differs from vLLM's measured hit rate on the same traffic: the share of
+    prompts below the provider's minimum cacheable length, its granularity and its breakpoint mode, each named."""
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    costs = provider_costs(res, presets, block_size)
+    hits = hit_by_workload(res)
+    caching = hits[hits["measured"] > 0].groupby("workload")["measured"].max() if len(hits) else pd.Series()
+    ok = res.ok_requests()
+    rows = []
+    for _, r in costs.iterrows():
+        cfg = load_preset(r["preset"])
+        prompts = ok[ok["workload"] == r["workload"]]["prompt_tokens"] if len(ok) else pd.Series(dtype=float)
+        below = float((prompts < cfg.min_prefix_tokens).mean()) if len(prompts) else math.nan
+        reasons = []
+        if below > 0:
+            reasons.append(f"{below:.0%} of prompts are below its minimum of {cfg.min_prefix_tokens:,} tokens")
+        if cfg.granularity_tokens > 1:
+            reasons.append(f"hits count in {cfg.granularity_tokens}-token steps")
+        if cfg.mode == "breakpoints":
+            reasons.append("it reads only up to a cache breakpoint (one at the end of each prompt here)")
+        if cfg.ttl_s is not None:
+            reasons.append(f"entries expire after {cfg.ttl_s:,.0f} s of the trace's think and tool time")
+        rows.append({"workload": r["workload"], "preset": r["preset"],
+                     "vllm_hit_rate": float(caching.get(r["workload"], math.nan)),
+                     "cache_read_ratio": r["cache_read_ratio"], "share_below_minimum": below,
+                     "min_prefix_tokens": cfg.min_prefix_tokens, "granularity_tokens": cfg.granularity_tokens,
+                     "mode": cfg.mode, "why": "; ".join(reasons) or "same rules as vLLM's prefix cache"})
+    return pd.DataFrame(rows)
+
+
 def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float] = (60, 300, 3600),
                     block_size: int = 16) -> pd.DataFrame:
-    """How the cache-read share and cost move with the provider's TTL, given the trace's think times."""
+    """How the cache-read share and cost move with the provider's TTL, given the trace's think times. Each TTL is
+    priced at that TTL's own write rate where the provider has one (Anthropic: 1.25x for 5 minutes, 2x for an
+    hour; `ProviderCacheConfig.for_ttl`)."""
     from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
-    from kvscope.harness.cachemodel.trace_io import load_trace
 
     rows = []
     base = load_preset(preset)
     for workload in sorted(set(res.cells["workload"].dropna())):
-        tdir = res.trace_dir(workload)
-        if tdir is None or not tdir.exists():
+        reqs = _trace_for_cost(res, workload, block_size)
+        if not reqs:
             continue
-        tr = load_trace(str(tdir), block_size)
         for ttl in ttls_s:
-            cfg = base.model_copy(update={"ttl_s": ttl})
-            _, s = simulate_provider(tr.requests, cfg)
-            rows.append({"workload": workload, "ttl_s": ttl, "cache_read_ratio": s["cache_read_ratio"],
-                         "cost_usd": s["total_usd"]})
+            cfg = base.for_ttl(ttl)
+            _, s = simulate_provider(reqs, cfg)
+            rows.append({"workload": workload, "ttl_s": ttl, "cache_write_multiplier": cfg.pricing.cache_write_multiplier,
+                         "cache_read_ratio": s["cache_read_ratio"], "cost_usd": s["total_usd"]})
     return pd.DataFrame(rows)
 
 
@@ -378,6 +457,46 @@ def workload_character(res: ExperimentResults) -> pd.DataFrame:
         share = lengths.groupby(kinds).sum() / lengths.sum()
         rows.append({"workload": workload, **{f"share_{k}": float(v) for k, v in share.items()}})
     return pd.DataFrame(rows)
+
+
+def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
+    """The primer's prediction against the run: with acceptance rate a and k drafted tokens the primer expects
+    (1 − a^(k+1)) / (1 − a) tokens per target pass; the server measured its mean acceptance length. A gap
+    says acceptance is not independent per position (the primer's assumption): see acceptance by position."""
+    from kvscope.harness.primer.speculative import expected_tokens_per_pass
+
+    c = res.cells
+    if not len(c) or "speculative" not in c:
+        return pd.DataFrame()
+    rows = []
+    for _, s in c[c["speculative"] == True].iterrows():  # noqa: E712 - pandas object column
+        k = ((res.manifest.get("servers") or {}).get(s["server"], {}).get("config") or {}) \
+            .get("speculative_config", {}) or {}
+        k = k.get("num_speculative_tokens")
+        a = s.get("spec_acceptance_rate")
+        measured = s.get("spec_mean_acceptance_length")
+        predicted = expected_tokens_per_pass(float(a), int(k)) if k and a is not None and pd.notna(a) else math.nan
+        rows.append({"cell": s["cell"], "server": s["server"], "workload": s["workload"], "load": s["load"],
+                     "num_speculative_tokens": k, "acceptance_rate": a,
+                     "primer_tokens_per_pass": predicted, "measured_acceptance_length": measured,
+                     "measured_minus_primer": (measured - predicted) if measured is not None and pd.notna(measured)
+                     else math.nan})
+    return pd.DataFrame(rows)
+
+
+def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
+    """The Pareto view across loads: per server and load level, output tokens/s (summed over the workloads'
+    cells, mean over repeats) against TTFT p90 over all its requests."""
+    ok = res.ok_requests()
+    c = res.cells
+    if not len(ok) or "output_tok_per_s" not in c:
+        return pd.DataFrame(columns=["server", "load", "load_value", "output_tok_per_s", "ttft_p90_ms"])
+    thr = c.groupby(["server", "load", "repeat"], sort=False)["output_tok_per_s"].sum() \
+        .groupby(["server", "load"], sort=False).mean()
+    p90 = ok.groupby(["server", "load"], sort=False)["ttft_s"].quantile(0.9) * 1000
+    out = pd.DataFrame({"output_tok_per_s": thr, "ttft_p90_ms": p90}).reset_index()
+    out["load_value"] = out["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
+    return out.sort_values(["server", "load_value"]).reset_index(drop=True)
 
 
 def records_for_cells(res: ExperimentResults, cells: Iterable[str]) -> pd.DataFrame:

@@ -31,18 +31,37 @@ PRESET_DIR = Path(__file__).with_name("presets")
 
 
 class ProviderCacheConfig(BaseModel):
+    """One provider's caching rules and prices, as read from its pages on `read_on` (`sources`)."""
+
     name: str
     provider: str = ""
     model: str = ""
     as_of: str = ""
+    read_on: str = ""  # ISO date the source pages were read
     source: str = ""
+    sources: list[str] = []  # every page read for this preset
     notes: str = ""
     mode: Literal["automatic", "breakpoints"] = "automatic"
     ttl_s: float | None = 300.0  # None = never expires
     refresh_on_hit: bool = True
     min_prefix_tokens: int = 1024
     granularity_tokens: int = 1
+    # Usage fields the provider's API reports (e.g. OpenAI gpt-5.6+: cached_tokens and cache_write_tokens).
+    usage_fields: list[str] = []
+    # Write price by TTL where the provider sells several (Anthropic: {300: 1.25, 3600: 2.0}); `for_ttl` uses it.
+    write_multiplier_by_ttl_s: dict[float, float] = {}
     pricing: Pricing
+
+    def for_ttl(self, ttl_s: float | None) -> "ProviderCacheConfig":
+        """This preset with another TTL, priced at that TTL's write rate: the rate of the smallest sold TTL that
+        covers it (so 1 h is never priced at the 5-minute rate); unchanged prices where none is listed."""
+        update: dict = {"ttl_s": ttl_s}
+        tiers = sorted(self.write_multiplier_by_ttl_s.items())
+        if tiers:
+            covering = [m for t, m in tiers if ttl_s is not None and t >= ttl_s]
+            mult = covering[0] if covering else tiers[-1][1]
+            update["pricing"] = self.pricing.model_copy(update={"cache_write_multiplier": mult})
+        return self.model_copy(update=update)
 
 
 def list_presets() -> list[str]:

@@ -57,8 +57,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              figures=("hit_rate_by_workload", "hit_rate_by_step", "recomputed_by_transition"),
              key_figures=("hit_rate_by_workload", "hit_rate_by_step")),
     Notebook("concurrency", "Concurrency and KV-cache memory",
-             figures=("ttft_vs_load", "footprint", "kv_usage_over_time", "running_over_time"),
-             parameters=("knee_factor",), key_figures=("ttft_vs_load",)),
+             figures=("latency_throughput", "ttft_vs_load", "footprint", "kv_usage_over_time", "running_over_time"),
+             parameters=("knee_factor",), key_figures=("latency_throughput",)),
     Notebook("latency", "Latency: TTFT, TPOT, ITL and end-to-end",
              figures=("latency_ecdf", "itl_ecdf", "ttft_vs_cache", "ttft_by_load"),
              parameters=("slo_ttft_ms", "slo_tpot_ms", "bandwidth_gb_s", "weight_bytes"),
@@ -70,7 +70,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook("speculative", "Speculative decoding: does it pay off for this traffic?",
              figures=("acceptance_and_tpot", "acceptance_by_position"), key_figures=("acceptance_and_tpot",)),
     Notebook("ab_compare", "A/B comparison on identical traffic",
-             figures=("paired_differences",),
+             figures=("forest_relative_changes", "paired_differences"), key_figures=("forest_relative_changes",),
              parameters=("run_a", "run_b", "label_a", "label_b", "resamples"), relative_cost=5.0),
 )
 """Every report notebook, in the order the report runs and lists them."""

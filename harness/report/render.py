@@ -31,6 +31,7 @@ from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, BY_NAME, NOTEBOOKS
+from kvscope.harness.report.summary import findings_html
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
 from kvscope.harness.results.schemas import ExperimentSpecCore, NotebookEntry, ReportFile
 
@@ -278,6 +279,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child,th
 figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{{background:#fff3cd;padding:0.5em}}</style>
 </head><body>
 <h1>kvscope report: {e(res.name)}</h1>
+{findings_html(report_dir, ALL_NOTEBOOKS)}
 <p>{desc}</p>
 <p>Run directory: <code>{e(str(res.root))}</code> — {len(cells)} cells, {len(res.requests)} request records.</p>
 {warn}

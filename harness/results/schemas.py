@@ -288,6 +288,7 @@ class ServerEntry(_Block):
     # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
     backend: str = "vllm"  # the serving backend's registered name
     config: dict[str, Any]
+    backend: str = "vllm"  # the serving backend's registered name (the runner records it)
     restarts: int = 0
     log: str
     facts: dict[str, Any] | None = None
