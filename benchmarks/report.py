@@ -3,7 +3,7 @@
 Builds a synthetic experiment directory with the real layout (traces from the workload generator, per-cell
 `requests.parquet`, `summary.json` from the real summariser, `server_metrics.parquet`, `experiment.json`),
 then times loading the results and the whole report (every notebook executed, HTML rendered).
-The target: under 30 s in total, the notebooks executed in parallel (`KVSCOPE_REPORT_WORKERS`, default one per CPU).
+The target: under 30 s in total, the notebooks executed in parallel (`KVSCOPE_REPORT_WORKERS=2`; serial by default).
 
     .venv/bin/python benchmarks/report.py [--records 100000] [--out benchmarks/results/report.json]
 """

@@ -151,12 +151,17 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
 
 
 def report_workers(notebooks: int) -> int:
-    """Processes that execute notebooks at once: one per CPU (``KVSCOPE_REPORT_WORKERS`` overrides), at most
-    one per notebook. Each notebook's kernel is its own process, so the pool's processes only wait on them."""
+    """Processes that execute notebooks at once: one unless ``KVSCOPE_REPORT_WORKERS`` asks for more, at most
+    one per notebook. Each notebook's kernel is its own process, so the pool's processes only wait on them.
+
+    Serial by default: kernels started at the same moment pick their ZMQ ports independently and, on a busy
+    machine, two can bind the same port (the kernel's heartbeat thread dies and the notebook fails). Seen in
+    the test suite at load 30; parallel execution stays available for machines where it helps.
+    """
     configured = os.environ.get("KVSCOPE_REPORT_WORKERS", "")
     if configured and not (configured.isdigit() and int(configured) >= 1):
         raise KvscopeError(f"KVSCOPE_REPORT_WORKERS={configured!r}: allowed is a whole number >= 1")
-    workers = int(configured) if configured else (os.cpu_count() or 1)
+    workers = int(configured) if configured else 1
     return max(1, min(workers, notebooks))
 
 

@@ -230,7 +230,9 @@ def load_results(path: str | Path) -> ExperimentResults:
             summaries[name] = summary
             rows.append(_summary_row(name, meta, summary))
         else:
-            rows.append({"cell": name, **{k: meta.get(k) for k in ("server", "workload", "load", "repeat")},
+            # no summary (a failed or interrupted cell): the same defaults the cell's request rows carry
+            defaults = {"server": name, "workload": "trace", "load": "run", "repeat": 0}
+            rows.append({"cell": name, **{k: meta.get(k, v) for k, v in defaults.items()},
                          "status": meta.get("status"), "reason": meta.get("reason")})
     if manifest.get("single_run") and summaries:
         s = next(iter(summaries.values()))
