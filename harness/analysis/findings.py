@@ -202,7 +202,9 @@ def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[F
     for reference, habit in habit_pairs(res):
         if reference not in hits.index or habit not in hits.index:
             continue
-        load = loads[0]
+        # the lowest load at which both workloads ran on this server (a sweep's levels may hold only one of them)
+        load = next((lv for lv in loads if _runs(res, server, reference, lv) and _runs(res, server, habit, lv)),
+                    loads[0])
         ra, rb = _runs(res, server, reference, load), _runs(res, server, habit, load)
         table = compare(ra, rb, resamples=resamples) if ra and rb else pd.DataFrame()
         ttft = _metric_row(table, "ttft_p50_s") or {}
