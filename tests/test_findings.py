@@ -109,6 +109,21 @@ def test_capacity_is_the_highest_measured_load_meeting_the_slo():
     assert "ceiling was not reached" in found["fast"].sentence
 
 
+def test_a_sweeps_recorded_capacity_is_the_answer_for_its_server():
+    """The sweep decides with preemptions counted (analysis.capacity); the summary must not re-decide on TTFT
+    alone and call a preempting level a pass."""
+    cells = [_cell("apc", "agent", f"c{c}", hit=0.8, ttft_s=0.05, concurrency=c) for c in (1, 2, 4)]
+    cells += [_cell("other", "agent", f"c{c}", hit=0.8, ttft_s=0.05, concurrency=c) for c in (1, 2, 4)]
+    res = _results(cells, slo_ttft_ms=250)
+    res.experiment.capacity = [SimpleNamespace(server="apc", capacity=2.0, slo_ttft_p90_ms=250.0,
+                                               sentence="apc holds 2 concurrent agent sessions at TTFT p90 ≤ 250 ms; "
+                                                        "at 4 it preempts")]
+    found = {f.sentence.split()[0]: f for f in F.capacity_findings(res)}
+    assert found["apc"].sentence == "apc holds 2 concurrent agent sessions at TTFT p90 ≤ 250 ms; at 4 it preempts."
+    assert found["apc"].numbers["capacity_load"] == 2
+    assert "ceiling was not reached" in found["other"].sentence  # a server without a sweep: from the grid
+
+
 def test_a_configuration_missing_the_slo_everywhere_says_so():
     cells = [_cell("slow", "agent", f"c{c}", hit=0.8, ttft_s=0.5, concurrency=c) for c in (1, 2)]
     [f] = F.capacity_findings(_results(cells, slo_ttft_ms=250))

@@ -264,8 +264,17 @@ def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:
 
 
 def capacity_findings(res: ExperimentResults) -> list[Finding]:
-    """Each configuration's capacity: the highest measured load level that meets the TTFT p90 SLO."""
+    """Each configuration's capacity: the highest measured load level that meets the TTFT p90 SLO. Where the
+    experiment ran a sweep, its recorded answers are the capacity (`experiment.json` `capacity`, decided by
+    :mod:`kvscope.harness.analysis.capacity`, preemptions included); the grid's levels fill in the rest."""
+    entries = getattr(res.experiment, "capacity", None) or []  # the sweeps' recorded answers, if any
+    swept = [_sweep_finding(e) for e in entries]
     levels = capacity_by_level(res)
+    if swept:
+        done = {e.server for e in entries}
+        levels = levels[~levels["server"].isin(done)] if len(levels) else levels
+        if not len(levels) or len(_load_order(res)) < 2:
+            return swept
     slo_ms = res.spec.slo.ttft_ms if res.spec is not None else None
     loads = _load_order(res)
     if not len(levels):
@@ -294,7 +303,14 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
         out.append(Finding(question="capacity", sentence=s, notebook="concurrency", figure="latency_throughput",
                            numbers={"capacity_load": cap, "slo_ttft_ms": slo_ms,
                                     "ttft_p90_at_highest_s": float(top["ttft_p90_s"])}))
-    return out
+    return swept + out
+
+
+def _sweep_finding(entry) -> Finding:
+    """A sweep's recorded answer (an `experiment.json` `capacity` entry) as a finding."""
+    return Finding(question="capacity", sentence=entry.sentence + ".",
+                   notebook="concurrency", figure="latency_throughput",
+                   numbers={"capacity_load": entry.capacity, "slo_ttft_ms": entry.slo_ttft_p90_ms})
 
 
 # ---- A/B ---------------------------------------------------------------------------------------------------
