@@ -39,7 +39,7 @@ workloads:
   agent: {{spec: agent-coding, scale: 0.02, sessions: 1, seed: 3, max_context: 700}}
 loads: [{{concurrency: 1}}]
 repeats: 1
-replay: {{warmup_requests: 1, scrape_interval_s: 0.2}}
+replay: {{warmup_requests: 1, scrape_interval_s: 0.2, time_scale: 0}}
 """
 
 
