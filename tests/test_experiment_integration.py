@@ -203,6 +203,7 @@ servers:
 workloads:
   agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
 repeats: 1
+replay: {{time_scale: 0}}
 """)
     run_dir = run_experiment(spec, out=tmp_path / "results", run_id="x")
     cells = json.loads((run_dir / "experiment.json").read_text())["cells"]
@@ -238,6 +239,8 @@ servers: {{only: {{}}}}
 workloads:
   agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
 loads: [{{concurrency: 1}}, {{concurrency: 2}}]
+repeats: 1
+replay: {{time_scale: 0}}
 """)
     killed = []
 

@@ -58,6 +58,7 @@ servers: {{apc: {{}}}}
 workloads: {{agent: {{spec: agent-coding, scale: 0.01, sessions: 1}}}}
 loads: [{{concurrency: 1}}]
 repeats: {repeats}
+replay: {{time_scale: 0}}
 """
 
 
