@@ -251,6 +251,19 @@ class SequentialBlockPool:
         live = seg[self.pos[seg] == np.arange(self.head, self.tail)]
         return self.unhashed[::-1] + live.tolist()
 
+    def _session_shortcut(self, session: object, hashes: Sequence[int], cap: int):
+        """(k0, the session's previous blocks): how many leading blocks the session's last prompt shares with
+        this one and still holds (same epoch, not a duplicate), so only the rest is looked up by hash."""
+        if session is None or (st := self._sessions.get(session)) is None:
+            return 0, None
+        prev_h, prev_blocks, prev_epochs = st
+        shared = min(common_prefix_len(prev_h, hashes), cap, len(prev_blocks))
+        if not shared:
+            return 0, prev_blocks
+        seg = prev_blocks[:shared]
+        ok = (self.epoch[seg] == prev_epochs[:shared]) & ~self.is_dup[seg]
+        return (shared if ok.all() else int(ok.argmin())), prev_blocks
+
     def run(self, hashes: Sequence[int], cap: int, total: int, full: int, session: object = None) -> int:
         """One request (caller checked ``total <= usable_blocks``): hit, allocate, cache, free; returns k.
 
@@ -260,16 +273,7 @@ class SequentialBlockPool:
         """
         np = self._np
         pos = self.pos
-        k0, prev_blocks = 0, None
-        if session is not None:
-            st = self._sessions.get(session)
-            if st is not None:
-                prev_h, prev_blocks, prev_epochs = st
-                shared = min(common_prefix_len(prev_h, hashes), cap, len(prev_blocks))
-                if shared:
-                    seg = prev_blocks[:shared]
-                    ok = (self.epoch[seg] == prev_epochs[:shared]) & ~self.is_dup[seg]
-                    k0 = shared if ok.all() else int(ok.argmin())
+        k0, prev_blocks = self._session_shortcut(session, hashes, cap)
         if cap > k0:
             got = list(map(self.cached.get, hashes[k0:cap]))
             try:

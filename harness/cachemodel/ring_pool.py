@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvscope.harness.cachemodel.block_pool import SequentialBlockPool
-from kvscope.workloads.prefix import common_prefix_len
 
 
 class RingBlockPool(SequentialBlockPool):
@@ -32,16 +31,7 @@ class RingBlockPool(SequentialBlockPool):
         np = self._np
         if cap <= 0:
             return 0, None
-        k0, prev_blocks = 0, None
-        if session is not None:
-            st = self._sessions.get(session)
-            if st is not None:
-                prev_h, prev_blocks, prev_epochs = st
-                shared = min(common_prefix_len(prev_h, hashes), cap, len(prev_blocks))
-                if shared:
-                    seg = prev_blocks[:shared]
-                    ok = (self.epoch[seg] == prev_epochs[:shared]) & ~self.is_dup[seg]
-                    k0 = shared if ok.all() else int(ok.argmin())
+        k0, prev_blocks = self._session_shortcut(session, hashes, cap)
         got: list[int] = []
         if cap > k0:
             got = list(map(self.cached.get, hashes[k0:cap]))
