@@ -117,15 +117,19 @@ def predicted_curve(requests: Sequence[SimRequest], config: SchedulerConfig, cos
 
 
 def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float], output_tokens: Sequence[int],
-                    config: SchedulerConfig, cost: StepCostModel) -> ScheduleRun:
+                    config: SchedulerConfig, cost: StepCostModel,
+                    done_s: Sequence[float] | None = None) -> ScheduleRun:
     """Predict a real run's per-request ``cached_tokens`` from its send times (``sent_s``).
 
     ``requests`` are the requests as sent (prompt hashes), ``output_tokens`` what the server generated.  The
     output tokens' content is taken as unknown (a recorded-mode replay sends the trace's assistant tokens, not
     the server's), so only prompt blocks can hit; each request arrives at its ``sent_s``, no session gating.
+    With ``done_s`` (the run's departure times, same clock) each request also leaves when it left the server
+    (see ``scheduler._Pinned``).
     """
     from dataclasses import replace
 
     reqs = [replace(r, output_tokens=max(int(o), 1), gap_s=None)
             for r, o in zip(prompt_blocks_only(requests, config.block_size), output_tokens)]
-    return run_scheduler(reqs, config, cost, SessionTiming(arrivals_s=list(arrivals_s)))
+    return run_scheduler(reqs, config, cost, SessionTiming(arrivals_s=list(arrivals_s),
+                                                           done_s=None if done_s is None else list(done_s)))

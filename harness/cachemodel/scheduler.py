@@ -27,7 +27,8 @@ Time advances by a per-step cost (:class:`~.calibration.StepCostModel`).  Long r
 Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
 when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
 (think + tool time, times ``time_scale``) after its predecessor finished; or *pinned* arrivals (a real run's
-``sent_s``), the replay-informed mode.
+``sent_s``), the replay-informed mode, optionally with pinned departures too (its ``done_s``: see
+:class:`_Pinned`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class SessionTiming:
     time_scale: float = 1.0
     #: Replay-informed: request i arrives at ``arrivals_s[i]`` (a real run's ``sent_s``); no session gating.
     arrivals_s: Sequence[float] | None = None
+    #: Replay-informed, with ``arrivals_s``: request i leaves the server (frees its blocks) at the end of the
+    #: first step at or after ``done_s[i]`` (the run's ``done_s``, same clock), whatever the cost model says.
+    done_s: Sequence[float] | None = None
 
 
 @dataclass(slots=True)
@@ -316,12 +320,13 @@ class SchedulerModel:
                 budget -= n
         return scheduled
 
-    def finish(self, s: _Seq) -> None:
+    def finish(self, s: _Seq, running: bool = True) -> None:
         arr = self.pool.free(s.blocks, s.n_hashed)
         n = s.n_hashed
         self.pool.remember(s.req.session_id, s.hashes[:n], s.blocks[:n] if arr is None else arr[:n])
         s.blocks = []
-        self.running.remove(s)
+        if running:
+            self.running.remove(s)
 
 
 def _sessions_in_order(reqs: Sequence[SimRequest]) -> list[list[int]]:
@@ -395,6 +400,8 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     clock, successor, session_queue, session_last = _first_arrivals(reqs, timing, lag)
     usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
 
+    pinned = _Pinned(timing.done_s, model) if timing.done_s is not None else None
+
     def on_done(idx: int, t: float) -> None:
         nxt = successor.get(idx)
         if nxt is not None:
@@ -406,6 +413,8 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     now = 0.0
     usage_area = 0.0
     while True:
+        if pinned is not None:
+            pinned.release(now, on_done)
         while clock.heap and clock.heap[0][0] <= now:
             t, _, idx = heapq.heappop(clock.heap)
             r, res = reqs[idx], results[idx]
@@ -416,28 +425,31 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
                 on_done(idx, t)
                 continue
             model.waiting.append(_Seq(idx, r, res, B))
+        next_event_s = clock.next_time() if pinned is None else min(clock.next_time(), pinned.next_time())
         if not model.running and not model.waiting:
-            if not clock.heap:
+            if next_event_s == math.inf:
                 break
-            now = clock.next_time()
+            now = next_event_s
             continue
         n_preempt, n_wait = model.preemptions, len(model.waiting)
         batch = model.schedule(now)
         if not batch:  # nothing fits until something arrives (cannot happen with an empty pool)
-            if not clock.heap:
+            if next_event_s == math.inf:
                 raise RuntimeError("scheduler model stalled with requests waiting")
-            now = clock.next_time()
+            now = next_event_s
             continue
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
                   and len(batch) == len(model.running))
-        k_steps, dt = _advance(model, batch, cost, now, clock.next_time(), steady and fast_forward)
+        k_steps, dt = _advance(model, batch, cost, now, next_event_s, steady and fast_forward)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
         run.max_running = max(run.max_running, len(model.running))
         run.steps += k_steps
         now += dt
         for s, n in batch:
-            _after_step(model, s, n, k_steps, now, on_done)
+            _after_step(model, s, n, k_steps, now, on_done, pinned)
+        if pinned is not None:
+            pinned.force_finish(now, on_done)
     run.preemptions = model.preemptions
     run.evictions = model.pool.evictions
     run.makespan_s = now
@@ -499,7 +511,8 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     return k, total
 
 
-def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float, on_done) -> None:
+def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float, on_done,
+                pinned: "_Pinned | None" = None) -> None:
     """``update_from_output`` for one scheduled request after ``k_steps`` steps of ``n`` tokens each."""
     s.num_computed += n * k_steps
     if s.num_computed < s.num_tokens:
@@ -512,6 +525,63 @@ def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float
     if math.isnan(res.first_token_s):
         res.first_token_s = now
     if s.generated >= res.output_tokens:
+        if pinned is not None and pinned.park(s, now):
+            return
         res.done_s = now
         model.finish(s)
         on_done(s.idx, now)
+
+
+class _Pinned:
+    """Pinned departures (replay-informed): a request frees its blocks at the first step end at or after its
+    observed ``done_s``.  One that has generated its tokens earlier stays resident, holding its blocks and
+    taking no step (*parked*); one still running then is finished there.
+
+    Why: at loads that preempt, which blocks survive depends on how many requests hold blocks at each lookup.
+    The cost model's step times drift from the run's (a loaded host, calibration at another load), and with
+    them every request's lifetime; pinning the observed departures keeps the blocks held as the server held
+    them, while allocation, hits, eviction order and preemption stay the scheduler model's.
+    """
+
+    def __init__(self, done_s: Sequence[float], model: SchedulerModel) -> None:
+        self.done_s = [float(t) for t in done_s]
+        self.model = model
+        self.parked: list[tuple[float, int, _Seq]] = []
+
+    def park(self, s: _Seq, now: float) -> bool:
+        t = self.done_s[s.idx]
+        if not t > now:
+            return False
+        self.model.running.remove(s)
+        heapq.heappush(self.parked, (t, s.idx, s))
+        return True
+
+    def next_time(self) -> float:
+        """The next pinned departure of a parked or running request."""
+        t = self.parked[0][0] if self.parked else math.inf
+        return min([t, *(self.done_s[s.idx] for s in self.model.running)])
+
+    def release(self, now: float, on_done) -> None:
+        while self.parked and self.parked[0][0] <= now:
+            _, idx, s = heapq.heappop(self.parked)
+            s.res.done_s = now
+            self.model.finish(s, running=False)
+            on_done(idx, now)
+
+    def force_finish(self, now: float, on_done) -> None:
+        """Finish the running requests whose departure has come.  The tokens the model has not generated yet
+        still take their blocks first (as many as are free): on the server they were generated, and every
+        block they took came off the free queue's front, evicting what was cached there."""
+        model = self.model
+        B = model.cfg.block_size
+        for s in [s for s in model.running if self.done_s[s.idx] <= now]:
+            if math.isnan(s.res.first_token_s):
+                s.res.first_token_s = now
+            final_tokens = s.req.prompt_tokens + s.res.output_tokens - 1
+            need = min(-(-final_tokens // B) - len(s.blocks), model.pool.num_free)
+            if need > 0:
+                s.blocks.extend(model.pool.allocate(need))
+            model._hash_full(s, min(final_tokens, len(s.blocks) * B))
+            s.res.done_s = now
+            model.finish(s)
+            on_done(s.idx, now)

@@ -142,6 +142,52 @@ def test_fast_forward_and_the_ring_pool_change_nothing(seed, n, blocks, conc):
         assert fast.steps == slow.steps and fast.evictions == slow.evictions
 
 
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 30), blocks=st.sampled_from([12, 20, 40]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_pinning_the_departures_the_model_itself_predicts_changes_nothing(seed, n, blocks):
+    rng = random.Random(seed)
+    pairs, sids = _random_pairs(rng, n, 6)
+    reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
+    cfg = SchedulerConfig(B, blocks, max_num_seqs=4, max_num_batched_tokens=48)
+    cost = StepCostModel(0.01, 1e-4, 1e-3, 1e-5)
+    arrivals = sorted(rng.uniform(0, 2) for _ in range(n))
+    free = run_scheduler(reqs, cfg, cost, SessionTiming(arrivals_s=arrivals))
+    pinned = run_scheduler(reqs, cfg, cost, SessionTiming(arrivals_s=arrivals,
+                                                          done_s=[r.done_s for r in free.results]))
+    assert pinned.cached_tokens == free.cached_tokens
+    assert [r.done_s for r in pinned.results] == pytest.approx([r.done_s for r in free.results])
+    assert pinned.preemptions == free.preemptions and pinned.evictions == free.evictions
+
+
+def test_a_pinned_late_departure_holds_its_blocks_until_then():
+    # 11 usable blocks. A (7 blocks: 96-token prompt + 10 output) is done after 10 steps by the model, but the
+    # run saw it leave at t=30; B (6 blocks, another prefix) arrives at t=15 and cannot be admitted before.
+    reqs = requests_from_token_pairs([(toks(96, 40), toks(10, 41)), (toks(90, 42), toks(2, 43))], B,
+                                     session_ids=["a", "b"])
+    cfg = SchedulerConfig(B, 12)
+    free = run_scheduler(reqs, cfg, STEPS, SessionTiming(arrivals_s=[0.0, 15.0]))
+    assert free.results[0].done_s == 10.0 and free.results[1].scheduled_s == 15.0
+    pinned = run_scheduler(reqs, cfg, STEPS, SessionTiming(arrivals_s=[0.0, 15.0], done_s=[30.0, 99.0]))
+    a, b = pinned.results
+    assert a.done_s == 30.0 and b.scheduled_s == 30.0
+
+
+def test_a_pinned_early_departure_still_takes_the_blocks_of_its_ungenerated_tokens():
+    # P (3 prompt blocks) finishes first and its blocks wait in the free queue; A's 100 output tokens need
+    # 7 more blocks than its prompt, which evicts P's.  Pinned to leave after 5 steps, A must still evict P
+    # (the server generated all 100 tokens), so Q (P's prompt again) gets the same hit either way.
+    p_prompt = toks(49, 50)
+    reqs = requests_from_token_pairs([(p_prompt, toks(1, 51)), (toks(32, 52), toks(100, 53)),
+                                      (p_prompt, toks(1, 54))], B, session_ids=["p", "a", "q"])
+    cfg = SchedulerConfig(B, 12)
+    arrivals = [0.0, 2.0, 200.0]
+    free = run_scheduler(reqs, cfg, STEPS, SessionTiming(arrivals_s=arrivals))
+    pinned = run_scheduler(reqs, cfg, STEPS, SessionTiming(arrivals_s=arrivals, done_s=[1.0, 8.0, 999.0]))
+    assert pinned.results[1].done_s == 8.0
+    assert pinned.cached_tokens == free.cached_tokens
+    assert pinned.evictions == free.evictions > 0
+
+
 def test_cost_fit_recovers_known_coefficients():
     from dataclasses import replace
 
