@@ -124,6 +124,19 @@ def test_a_sweeps_recorded_capacity_is_the_answer_for_its_server():
     assert "ceiling was not reached" in found["other"].sentence  # a server without a sweep: from the grid
 
 
+def test_a_grid_level_that_preempts_fails_as_in_a_sweep():
+    """One rule for grid levels and sweeps (analysis.capacity.point_meets_slo): a level whose TTFT meets the
+    SLO but whose server preempted is not within capacity."""
+    cells = [_cell("apc", "agent", f"c{c}", hit=0.8, ttft_s=0.05, concurrency=c) for c in (1, 2, 4)]
+    res = _results(cells, slo_ttft_ms=250)
+    res.metrics = pd.DataFrame([{"cell": f"apc__agent__c{c}__r0", "num_requests_running": c,
+                                 "num_requests_waiting": 0, "kv_cache_usage": 0.5, "num_preemptions": p}
+                                for c in (1, 2, 4) for p in ((0, 0) if c < 4 else (0, 7))])
+    [f] = F.capacity_findings(res)
+    assert f.numbers["capacity_load"] == 2
+    assert "holds load c2 at TTFT p90 ≤ 250 ms" in f.sentence and "at c4 it preempts (7 preemptions)" in f.sentence
+
+
 def test_a_configuration_missing_the_slo_everywhere_says_so():
     cells = [_cell("slow", "agent", f"c{c}", hit=0.8, ttft_s=0.5, concurrency=c) for c in (1, 2)]
     [f] = F.capacity_findings(_results(cells, slo_ttft_ms=250))

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis import tables as T
 from kvscope.harness.analysis.ab import Run, compare
+from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
 from kvscope.harness.results.findings_file import (
     FINDINGS_NAME,
     Finding,
@@ -245,7 +246,9 @@ def _habit_sentence(what: str, reference: str, habit: str, server: str, load: st
 
 # ---- capacity ----------------------------------------------------------------------------------------------
 def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:
-    """Per server and load level: TTFT p90 over all its requests, whether it meets the TTFT SLO, preemptions."""
+    """Per server and load level: TTFT p90 over all its requests, preemptions, and whether the level meets the
+    SLO by the sweeps' rule (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`: TTFT p90 within the
+    SLO and no preemption)."""
     ok = res.ok_requests()
     slo_ms = res.spec.slo.ttft_ms if res.spec is not None else None
     if not len(ok):
@@ -255,11 +258,12 @@ def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:
     for (server, load), g in ok.groupby(["server", "load"], sort=False):
         c = curve[(curve["server"] == server) & (curve["load"] == load)] if len(curve) else curve
         p90 = float(np.percentile(g["ttft_s"].astype(float), 90))
-        rows.append({"server": server, "load": str(load),
-                     "load_value": float(c["load_value"].iloc[0]) if len(c) else math.nan,
-                     "ttft_p90_s": p90, "requests": len(g),
-                     "preemptions": float(c["preemptions"].fillna(0).sum()) if len(c) and "preemptions" in c else 0.0,
-                     "meets_slo": bool(slo_ms is None or p90 * 1000 <= slo_ms)})
+        preemptions = float(c["preemptions"].fillna(0).sum()) if len(c) and "preemptions" in c else 0.0
+        point = LoadPoint(load=float(c["load_value"].iloc[0]) if len(c) else math.nan, ttft_p90_s=p90,
+                          preemptions=preemptions)
+        rows.append({"server": server, "load": str(load), "load_value": point.load, "ttft_p90_s": p90,
+                     "requests": len(g), "preemptions": preemptions,
+                     "meets_slo": point_meets_slo(point, math.inf if slo_ms is None else slo_ms)})
     return pd.DataFrame(rows).sort_values(["server", "load_value"]).reset_index(drop=True)
 
 
@@ -296,8 +300,11 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
         else:
             best = meeting.iloc[-1]
             cap = float(best["load_value"])
+            above = g[(g["load_value"] > best["load_value"]) & ~g["meets_slo"]]
             tail = ("; the ceiling was not reached (the highest level measured still meets it)"
                     if best["load"] == top["load"] else
+                    f"; at {above.iloc[0]['load']} it preempts ({above.iloc[0]['preemptions']:.0f} preemptions)"
+                    if len(above) and above.iloc[0]["preemptions"] else
                     f"; at {top['load']} TTFT p90 is {_ms(top['ttft_p90_s'])} ms")
             s = f"{server} holds load {best['load']} at {slo} (p90 {_ms(best['ttft_p90_s'])} ms){tail}."
         out.append(Finding(question="capacity", sentence=s, notebook="concurrency", figure="latency_throughput",
