@@ -22,6 +22,7 @@ parallel (one papermill kernel per process of a small pool); the index keeps the
 from __future__ import annotations
 
 import html
+import math
 import os
 import tempfile
 import time
@@ -53,6 +54,7 @@ class NotebookResult:
     seconds: float
     error: str | None = None
     figures: list[Path] = field(default_factory=list)
+    cpu_s: float | None = None  # user + system CPU of the kernel and of the execution/rendering around it
 
 
 REPORT_CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
@@ -98,7 +100,7 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
         raise KvscopeError(f"notebook {name!r} not found in {src_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
     out_nb = out_dir / f"{name}.ipynb"
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     error = None
     try:
         with _kernel_environment(), tempfile.TemporaryDirectory(prefix="kvscope-kernel-") as sockets:
@@ -115,7 +117,18 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
     fig_dir = Path(parameters.get("figures_dir") or out_dir / "figures" / name)
     figures = sorted(fig_dir.glob("*.png")) if fig_dir.exists() else []
     return NotebookResult(name, error is None, html_path, out_nb if out_nb.exists() else None,
-                          time.perf_counter() - t0, error, figures)
+                          time.perf_counter() - t0, error, figures, _cpu_s() - cpu0)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (a notebook's kernel counts once it has exited).
+    Notebooks run one after another in a process, so the difference around one is that notebook's CPU."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: wall time only
+        return math.nan
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def notebook_has_error_cells(path: Path) -> list[int]:
@@ -223,7 +236,8 @@ def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir
     def report(r: NotebookResult) -> None:
         done[r.name] = r
         if progress:
-            print(f"report: {r.name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
+            cpu = f", {r.cpu_s:.1f} s CPU" if r.cpu_s is not None and not math.isnan(r.cpu_s) else ""
+            print(f"report: {r.name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s{cpu})", flush=True)
 
     if workers == 1:
         for name in order:
