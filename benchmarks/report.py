@@ -3,7 +3,10 @@
 Builds a synthetic experiment directory with the real layout (traces from the workload generator, per-cell
 `requests.parquet`, `summary.json` from the real summariser, `server_metrics.parquet`, `experiment.json`),
 then times loading the results and the whole report (every notebook executed, HTML rendered).
-The target: under 30 s in total, the notebooks executed in parallel (`KVSCOPE_REPORT_WORKERS=2`; serial by default).
+The target: under 30 s in total with the defaults (the notebooks executed in parallel, one per CPU;
+`KVSCOPE_REPORT_WORKERS=1` runs them one after another, which is how to compare notebooks before/after).
+The machine may be shared, so beside wall times it records each notebook's CPU seconds (kernel + rendering,
+from the report's progress lines) and the load average before and after.
 
     .venv/bin/python benchmarks/report.py [--records 100000] [--out benchmarks/results/report.json]
 """
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+PROGRESS_LINE = re.compile(r"^report: (?P<name>\S+) ok \([\d.]+ s, (?P<cpu>[\d.]+) s CPU\)$", re.M)
+"""A notebook's progress line from `kvscope report`: 'report: latency ok (5.2 s, 4.9 s CPU)'."""
 sys.path.insert(0, str(REPO))
 
 
@@ -153,9 +160,12 @@ def main() -> int:
         t_load = time.perf_counter() - t0
         n = len(res.requests)
 
+        load_before = os.getloadavg()
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "report", str(run)], capture_output=True, text=True)
         t_report = time.perf_counter() - t0
+        load_after = os.getloadavg()
+        cpu_per_nb = {m["name"]: float(m["cpu"]) for m in PROGRESS_LINE.finditer(r.stdout)}
         from kvscope.harness.report.render import report_workers
         from kvscope.harness.results.loaders import load_report_file
 
@@ -165,9 +175,11 @@ def main() -> int:
             print(r.stdout[-3000:], r.stderr[-3000:])
         per_nb = {s["notebook"]: s["seconds"] for s in status}
         result = {
-            "machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count()},
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "load_average_1_5_15_before": [round(x, 2) for x in load_before],
+            "load_average_1_5_15_after": [round(x, 2) for x in load_after],
             "records": n, "build_s": round(t_build, 2), "load_results_s": round(t_load, 2),
-            "report_total_s": round(t_report, 2), "notebook_seconds": per_nb,
+            "report_total_s": round(t_report, 2), "notebook_seconds": per_nb, "notebook_cpu_seconds": cpu_per_nb,
             "notebooks_ok": all(s["ok"] for s in status) and bool(status),
             "workers": report_workers(len(per_nb) or 1),
             # notebook seconds summed over the pool / the report's wall time: > 1 when notebooks overlap
@@ -184,7 +196,9 @@ def main() -> int:
     print(f"{result['records']:>10,} {result['load_results_s']:>15} {result['report_total_s']:>9} "
           f"{sum(per_nb.values()):>18.1f} {result['workers']:>8} {str(result['notebooks_ok']):>7}")
     for k, v in per_nb.items():
-        print(f"  {k:<12} {v:6.1f} s")
+        print(f"  {k:<12} {v:6.1f} s wall {cpu_per_nb.get(k, float('nan')):6.1f} s CPU")
+    print(f"  CPU summed over notebooks: {sum(cpu_per_nb.values()):.1f} s; load average (1/5/15 min) before "
+          f"{result['load_average_1_5_15_before']}, after {result['load_average_1_5_15_after']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -134,9 +134,32 @@ def test_weighted_percentile_equals_the_percentile_of_the_repeated_values(values
     w = np.asarray(counts[: len(x)], float)
     if w.sum() == 0:
         w[0] = 1
-    got = _weighted_percentiles(x, np.vstack([w, np.ones_like(w)]), [q])
+    got = _weighted_percentiles(x, np.column_stack([w, np.ones_like(w)]), [q])
     assert got[0, 0] == np.percentile(np.repeat(x, w.astype(int)), q, method="inverted_cdf")
     assert got[0, 1] == np.percentile(x, q, method="inverted_cdf")
+
+
+def _one_level_percentiles(x: np.ndarray, weights: np.ndarray, qs: list[float]) -> np.ndarray:
+    """The reference: a full cumulative sum per draw and the first position reaching q of the total."""
+    out = np.empty((len(qs), weights.shape[1]))
+    for d in range(weights.shape[1]):
+        cum = np.cumsum(weights[:, d])
+        for j, q in enumerate(qs):
+            target = np.ceil(q / 100 * cum[-1] - 1e-9 * max(cum[-1], 1.0))
+            out[j, d] = x[min(int(np.searchsorted(cum, target, side="left")), len(x) - 1)]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 6), st.floats(0.05, 3.0), st.integers(0, 2**32 - 1))
+def test_block_percentile_search_equals_one_cumulative_sum_per_draw(n, draws, mean_weight, seed):
+    # sizes straddle the block boundaries (PERCENTILE_BLOCK = 64); sparse weights leave whole blocks empty
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.random(n))
+    w = rng.poisson(mean_weight, (n, draws)).astype(np.int32)
+    w[0, w.sum(axis=0) == 0] = 1
+    qs = [0, 1, 50, 90, 99, 100]
+    assert np.array_equal(_weighted_percentiles(x, w, qs), _one_level_percentiles(x, w, qs))
 
 
 # ---- the command line, on mock-server runs -------------------------------------------------------------------

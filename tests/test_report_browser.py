@@ -111,12 +111,14 @@ def test_missing_chromium_is_a_one_line_error(monkeypatch, tmp_path):
         chromium_paths()
 
 
-def test_report_workers_serial_by_default_at_most_one_per_notebook_and_the_override_is_checked(monkeypatch):
+def test_report_workers_one_per_cpu_by_default_at_most_one_per_notebook_and_the_override_is_checked(monkeypatch):
 
+    from kvscope.harness.report import render
     from kvscope.harness.report.render import report_workers
 
     monkeypatch.delenv("KVSCOPE_REPORT_WORKERS", raising=False)
-    assert report_workers(100) == 1 and report_workers(1) == 1  # serial unless asked (ZMQ port races)
+    monkeypatch.setattr(render, "_usable_cpus", lambda: 2)
+    assert report_workers(100) == 2 and report_workers(1) == 1  # parallel by default: kernels use Unix sockets
     monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", "3")
     assert report_workers(7) == 3 and report_workers(2) == 2
     for bad in ("0", "two", "-1"):

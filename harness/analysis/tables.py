@@ -2,18 +2,54 @@
 
 Notebooks hold the narrative and the plots; anything non-trivial lives in this module so that it is tested
 and reusable from a user's own analysis.
+
+Several tables of one page need the same costly intermediate (the cost page and its findings price the same
+trace with the same presets four times over: 10 trace reads and 46 provider simulations at 100k records). Those
+intermediates are kept per loaded results object (:func:`_derived`, by identity, dropped with the object): the
+results of a directory are read once and not changed afterwards, and each value is a pure function of them and
+of its key.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+import weakref
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
+
+_DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
+
+
+def _derived(res: ExperimentResults, key: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per results object and key (see the module docstring); callers must not mutate it."""
+    entry = _DERIVED.get(id(res))
+    if entry is None or entry[0]() is not res:
+        ident = id(res)
+
+        def drop(ref: weakref.ref) -> None:
+            if _DERIVED.get(ident, (None,))[0] is ref:
+                del _DERIVED[ident]
+
+        entry = (weakref.ref(res, drop), {})
+        _DERIVED[ident] = entry
+    values = entry[1]
+    if key not in values:
+        values[key] = compute()
+    return values[key]
+
+
+def _simulated(res: ExperimentResults, workload: str, reqs: list, cfg: Any, block_size: int) -> dict:
+    """The provider simulation's summary for one workload's cost trace under one preset configuration."""
+    from kvscope.harness.pricing.provider_cache import simulate_provider
+
+    return _derived(res, ("provider", workload, block_size, cfg.model_dump_json()),
+                    lambda: simulate_provider(reqs, cfg)[1])
+
 
 # ------------------------------------------------------------------------------------------- hit rates
 
@@ -278,6 +314,10 @@ def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_byt
 def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
     """The workload's trace requests restricted to the sessions every finished cell of the workload replayed,
     so caching and no caching, and every preset, are priced over the same sessions."""
+    return _derived(res, ("cost_trace", workload, block_size), lambda: _read_trace_for_cost(res, workload, block_size))
+
+
+def _read_trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
     from kvscope.harness.cachemodel.trace_io import load_trace
 
     tdir = res.trace_dir(workload)
@@ -300,7 +340,7 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
     and without, over the same sessions (those every cell of the workload replayed): in total, per 1,000
     sessions and per million input tokens."""
     from kvscope.harness.pricing.cost import no_cache_cost
-    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+    from kvscope.harness.pricing.provider_cache import load_preset
 
     rows = []
     names = sorted(set(res.cells["workload"].dropna())) if workloads is None else list(workloads)
@@ -313,7 +353,7 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
         sessions = len({r.session_id for r in reqs})
         for name in presets:
             cfg = load_preset(name)
-            _, s = simulate_provider(reqs, cfg)
+            s = _simulated(res, workload, reqs, cfg, block_size)
             base = no_cache_cost(cfg.pricing, total_in, total_out)
             rows.append({"workload": workload, "preset": name, "sessions": sessions, "input_tokens": total_in,
                          "output_tokens": total_out, "cache_read_ratio": s["cache_read_ratio"],
@@ -361,7 +401,7 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
     """How the cache-read share and cost move with the provider's TTL, given the trace's think times. Each TTL is
     priced at that TTL's own write rate where the provider has one (Anthropic: 1.25x for 5 minutes, 2x for an
     hour; `ProviderCacheConfig.for_ttl`)."""
-    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
+    from kvscope.harness.pricing.provider_cache import load_preset
 
     rows = []
     base = load_preset(preset)
@@ -371,7 +411,7 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
             continue
         for ttl in ttls_s:
             cfg = base.for_ttl(ttl)
-            _, s = simulate_provider(reqs, cfg)
+            s = _simulated(res, workload, reqs, cfg, block_size)
             rows.append({"workload": workload, "ttl_s": ttl, "cache_write_multiplier": cfg.pricing.cache_write_multiplier,
                          "cache_read_ratio": s["cache_read_ratio"], "cost_usd": s["total_usd"]})
     return pd.DataFrame(rows)

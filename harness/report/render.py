@@ -22,12 +22,15 @@ parallel (one papermill kernel per process of a small pool); the index keeps the
 from __future__ import annotations
 
 import html
+import math
 import os
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, BY_NAME, NOTEBOOKS
@@ -51,6 +54,7 @@ class NotebookResult:
     seconds: float
     error: str | None = None
     figures: list[Path] = field(default_factory=list)
+    cpu_s: float | None = None  # user + system CPU of the kernel and of the execution/rendering around it
 
 
 REPORT_CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
@@ -96,12 +100,13 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
         raise KvscopeError(f"notebook {name!r} not found in {src_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
     out_nb = out_dir / f"{name}.ipynb"
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     error = None
     try:
-        pm.execute_notebook(str(src), str(out_nb), parameters=parameters, kernel_name="python3",
-                            progress_bar=False, cwd=str(src_dir), execution_timeout=timeout_s,
-                            request_save_on_cell_execute=False)
+        with _kernel_environment(), tempfile.TemporaryDirectory(prefix="kvscope-kernel-") as sockets:
+            pm.execute_notebook(str(src), str(out_nb), parameters=parameters, kernel_name="python3",
+                                progress_bar=False, cwd=str(src_dir), execution_timeout=timeout_s,
+                                request_save_on_cell_execute=False, config=_kernel_config(Path(sockets)))
     except Exception as exc:  # noqa: BLE001 - papermill raises PapermillExecutionError and kernel errors
         error = f"{exc.__class__.__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     html_path = None
@@ -112,7 +117,18 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
     fig_dir = Path(parameters.get("figures_dir") or out_dir / "figures" / name)
     figures = sorted(fig_dir.glob("*.png")) if fig_dir.exists() else []
     return NotebookResult(name, error is None, html_path, out_nb if out_nb.exists() else None,
-                          time.perf_counter() - t0, error, figures)
+                          time.perf_counter() - t0, error, figures, _cpu_s() - cpu0)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (a notebook's kernel counts once it has exited).
+    Notebooks run one after another in a process, so the difference around one is that notebook's CPU."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: wall time only
+        return math.nan
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def notebook_has_error_cells(path: Path) -> list[int]:
@@ -150,19 +166,61 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
     return index
 
 
-def report_workers(notebooks: int) -> int:
-    """Processes that execute notebooks at once: one unless ``KVSCOPE_REPORT_WORKERS`` asks for more, at most
-    one per notebook. Each notebook's kernel is its own process, so the pool's processes only wait on them.
+KERNEL_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Set to 1 for every kernel (unless the user set them): see :func:`_kernel_environment`."""
 
-    Serial by default: kernels started at the same moment pick their ZMQ ports independently and, on a busy
-    machine, two can bind the same port (the kernel's heartbeat thread dies and the notebook fails). Seen in
-    the test suite at load 30; parallel execution stays available for machines where it helps.
-    """
+
+@contextmanager
+def _kernel_environment() -> Iterator[None]:
+    """The environment a notebook's kernel starts with (it inherits this process's): one BLAS/OpenMP thread.
+
+    The notebooks' matrices are small (the A/B bootstrap's draws x sessions products) and the report already runs
+    one kernel per core, so a BLAS thread pool only synchronises: on a busy 2-core machine OpenBLAS's two threads
+    took 70x the CPU of one for the same matrix-vector product. Restored afterwards (the serial report runs in
+    the caller's process); a value the user set is kept."""
+    added = [name for name in KERNEL_THREAD_VARIABLES if name not in os.environ]
+    os.environ.update({name: "1" for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _kernel_config(sockets: Path) -> Any:
+    """Kernel manager configuration: ZMQ over Unix sockets in ``sockets`` (a fresh directory per notebook) where
+    the platform has them, TCP on loopback elsewhere (Windows).
+
+    Why not TCP. jupyter_client picks a kernel's five TCP ports by binding port 0 and closing it; the kernel binds
+    them a moment later. Another process (a second kernel of this report, anyone on the machine) can take a port
+    in between, and the kernel dies (seen in the test suite at load 30). Unix sockets named inside a private
+    directory cannot be taken by anyone else, so kernels can start at the same moment."""
+    from traitlets.config import Config
+
+    config = Config()
+    if os.name == "posix":
+        config.KernelManager.transport = "ipc"
+        config.KernelManager.ip = str(sockets / "k")  # sockets k-1 … k-5; short: Unix socket paths hold ~107 bytes
+    return config
+
+
+def report_workers(notebooks: int) -> int:
+    """Processes that execute notebooks at once: one per CPU this process may use (``KVSCOPE_REPORT_WORKERS``
+    overrides), at most one per notebook. Each notebook's kernel is its own process, so the pool's processes
+    only wait on them; kernels talk over Unix sockets (:func:`_kernel_config`), so parallel start-ups cannot
+    collide on ports. Where there are no Unix sockets (Windows) the default stays serial."""
     configured = os.environ.get("KVSCOPE_REPORT_WORKERS", "")
     if configured and not (configured.isdigit() and int(configured) >= 1):
         raise KvscopeError(f"KVSCOPE_REPORT_WORKERS={configured!r}: allowed is a whole number >= 1")
-    workers = int(configured) if configured else 1
+    workers = int(configured) if configured else _usable_cpus() if os.name == "posix" else 1
     return max(1, min(workers, notebooks))
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
 
 
 def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir: Path | None,
@@ -178,7 +236,8 @@ def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir
     def report(r: NotebookResult) -> None:
         done[r.name] = r
         if progress:
-            print(f"report: {r.name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s)", flush=True)
+            cpu = f", {r.cpu_s:.1f} s CPU" if r.cpu_s is not None and not math.isnan(r.cpu_s) else ""
+            print(f"report: {r.name} {'ok' if r.ok else 'FAILED: ' + str(r.error)} ({r.seconds:.1f} s{cpu})", flush=True)
 
     if workers == 1:
         for name in order:
