@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data"
+from tests.conftest import SHARED_DATA as DATA  # ../shared/data, or $KVSCOPE_SHARED_DATA
 
 
 @pytest.fixture(scope="session")
@@ -26,5 +25,5 @@ def source(model_dir):
 def need_data(name: str) -> Path:
     p = DATA / name
     if not p.exists():
-        pytest.skip(f"real trace {p} not found (expected ../shared/data next to the repo)")
+        pytest.skip(f"real trace {p} not found (expected ../shared/data next to the repo, or KVSCOPE_SHARED_DATA)")
     return p
