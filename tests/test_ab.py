@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.harness.analysis.ab import Run, _weighted_percentiles, compare, compare_runs
+from kvscope.harness.analysis.ab import (Run, RunNoise, _weighted_percentiles, compare, compare_runs,
+                                        estimate_run_noise, noise_groups)
 
 
 def _records(rng, sessions=8, steps=3, ttft_s=0.02, run_sigma=0.04, session_sigma=0.06, request_sigma=0.12,
@@ -88,6 +89,40 @@ def test_one_run_a_side_leaves_latency_and_throughput_inconclusive_unless_run_no
     assert known.loc["ttft_p50_s", "verdict"] == "worse"
     assert known.loc["output_tokens_per_s", "verdict"] == "worse"
     assert known.loc["tpot_p50_s", "verdict"] == "inconclusive"  # no noise known for TPOT
+
+
+def test_run_noise_is_pooled_within_repeats_of_one_cell_with_its_degrees_of_freedom():
+    def run(name: str, ttft_s: float) -> Run:
+        return Run(name, _records(np.random.default_rng(0), run_sigma=0, session_sigma=0, request_sigma=0,
+                                  ttft_s=ttft_s), 100.0)
+
+    runs = [run("a__w__c1__r0", 0.010), run("a__w__c1__r1", 0.020), run("b__w__c1__r0", 0.030),
+            run("b__w__c1__r1", 0.030), run("b__w__c1__r2", 0.030)]
+    assert [len(g) for g in noise_groups(runs)] == [2, 3]
+    noise = estimate_run_noise(runs)["ttft"]
+    # squares: a's two logs differ by log 2 (sum of squares log(2)^2 / 2), b's none; df = (2-1) + (3-1)
+    assert noise.df == 3 and noise.sigma == pytest.approx(np.log(2) / np.sqrt(6), rel=1e-6)
+    assert [len(g) for g in noise_groups([run("x", 0.01), run("y", 0.02)])] == [2]  # plain runs: one group
+
+
+def test_a_noise_estimated_from_two_runs_does_not_make_an_aa_pair_significant():
+    """One run a side, the run-to-run noise estimated from one pair of repeats elsewhere (df = 1): across A/A
+    pairs whose run factor is drawn with sigma 0.15, the estimate is often far too small; taken as known it calls
+    many pairs better or worse, with its degrees of freedom almost none."""
+    called_df, called_known = 0, 0
+    for i in range(20):
+        rng = np.random.default_rng(1000 + i)
+        pair = [Run(f"n{i}-{k}", _records(rng, run_sigma=0.15), 100.0 * rng.lognormal(0, 0.15)) for k in range(2)]
+        est = estimate_run_noise(pair)["ttft"]
+        a = [Run(f"a{i}", _records(rng, run_sigma=0.15), 100.0)]
+        b = [Run(f"b{i}", _records(rng, run_sigma=0.15), 100.0)]
+        t_df = compare(a, b, resamples=400, seed=i, run_noise={"ttft": est})
+        t_known = compare(a, b, resamples=400, seed=i, run_noise={"ttft": RunNoise(est.sigma)})
+        called_df += _verdict(t_df, "ttft_p50_s") in ("better", "worse")
+        called_known += _verdict(t_known, "ttft_p50_s") in ("better", "worse")
+    print(f"A/A called better/worse: {called_df}/20 with the estimate's df, {called_known}/20 taken as known")
+    assert called_df <= 1
+    assert called_known >= 2 * max(called_df, 1)  # the premise: ignoring the estimate's uncertainty is not calibrated
 
 
 def test_hit_rate_with_prefix_caching_off_on_one_side_is_by_construction():

@@ -160,9 +160,10 @@ def test_compare_same_configuration_twice_is_not_significant(experiment, tmp_pat
     assert latency and all(one[m]["verdict"] == "inconclusive" for m in latency)
     assert one["hit_rate"]["verdict"] not in ("better", "worse")
     assert (tmp_path / "same" / "ab_compare.html").exists()
-    # With the run-to-run noise measured on the repeats of another configuration, the same configuration twice
-    # is still not called better or worse.
-    noise = [str(cells / "no-apc__agent-ts__c1__r0"), str(cells / "no-apc__agent-ts__c1__r1")]
+    # With the run-to-run noise measured on the repeats of the other cells (pooled within each cell's repeats,
+    # 3 degrees of freedom), the same configuration twice is still not called better or worse.
+    noise = [str(cells / f"{c}__r{r}") for c in ("apc__agent__c1", "no-apc__agent__c1", "no-apc__agent-ts__c1")
+             for r in (0, 1)]
     known = compare("--no-html", "--run-noise-from", *noise)
     assert known["ttft_p50_s"]["verdict"] not in ("better", "worse"), known["ttft_p50_s"]
     assert known["ttft_p50_s"]["ci_low"] <= known["ttft_p50_s"]["diff"] <= known["ttft_p50_s"]["ci_high"]

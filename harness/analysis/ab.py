@@ -257,16 +257,42 @@ def _cache_draws(side: _Side, w_units: np.ndarray, cost_uncached: float, cost_ca
         return {HIT_RATE_METRIC: (w @ c_u) / (w @ p_u), COST_METRIC: (w @ cost_u) / (w @ n_u)}
 
 
+@dataclass(frozen=True)
+class RunNoise:
+    """The run-to-run noise of one metric family: the standard deviation of the log per-run statistic, and the
+    degrees of freedom of its estimate (None: taken as known exactly).
+
+    Why the degrees of freedom: a spread estimated from two repeats has one, and a noise drawn with that
+    spread as if it were known makes intervals far too narrow (an A/A pair on a loaded host was called worse
+    that way). Each bootstrap draw takes its own sigma from the estimate's scaled inverse chi-square, so the
+    injected noise is Student-t like with those degrees of freedom.
+    """
+
+    sigma: float
+    df: int | None = None
+
+    def sigma_draws(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if not self.df:
+            return np.full(n, self.sigma)
+        return self.sigma * np.sqrt(self.df / rng.chisquare(self.df, size=n))
+
+
+def _as_noise(value: "RunNoise | float") -> RunNoise:
+    return value if isinstance(value, RunNoise) else RunNoise(float(value))
+
+
 def _draw_statistics(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray, costs: tuple[float, float],
-                     run_noise: Mapping[str, float], rng: np.random.Generator) -> dict[str, np.ndarray]:
+                     sigmas: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One chunk of draws of every statistic; ``sigmas`` are the chunk's run-noise spreads per metric family
+    (the same for both sides: one unknown noise), applied only to a side with a single run."""
     w = _unit_weights(side, run_choice, uniforms)
     stats = {**_latency_draws(side, w), **_cache_draws(side, w, *costs)}
     stats[THROUGHPUT_METRIC] = side.throughput[run_choice].mean(axis=1)
     if side.runs == 1:  # no repeats on this side: add the run-to-run noise known from elsewhere, if any
         for name in stats:
-            sigma = run_noise.get(_family(name))
-            if sigma:
-                stats[name] = stats[name] * np.exp(rng.normal(0.0, sigma, size=len(stats[name])))
+            sigma = sigmas.get(_family(name))
+            if sigma is not None:
+                stats[name] = stats[name] * np.exp(rng.normal(0.0, 1.0, size=len(stats[name])) * sigma)
     return stats
 
 
@@ -312,7 +338,7 @@ def _by_construction(metric: str, a: _Side, b: _Side) -> bool:
 
 
 def _rows(a: _Side, b: _Side, boots: dict[str, list[np.ndarray]], points: tuple[dict, dict],
-          run_noise: Mapping[str, float], paired: bool, alpha: float) -> pd.DataFrame:
+          run_noise: Mapping[str, RunNoise], paired: bool, alpha: float) -> pd.DataFrame:
     rows = []
     for name, chunks in boots.items():
         d = np.concatenate(chunks)
@@ -353,12 +379,13 @@ def _word(row: pd.Series, p_in_adjusted: float, alpha: float) -> str:
 
 # ---- entry points --------------------------------------------------------------------------------------------
 def compare(a_runs: Sequence[Run], b_runs: Sequence[Run], resamples: int = 2000, seed: int = 0,
-            run_noise: Mapping[str, float] | None = None, alpha: float = ALPHA,
+            run_noise: "Mapping[str, RunNoise | float] | None" = None, alpha: float = ALPHA,
             cost_per_uncached_token: float = 1.0, cost_per_cached_token: float = 0.1) -> pd.DataFrame:
     """The verdict table, B relative to A: one row per metric (`TABLE_COLUMNS`).
 
-    `run_noise` maps a metric family (`ttft`, `tpot`, `e2e`, `throughput`) to its relative run-to-run standard
-    deviation, used only for a side with a single run (see `estimate_run_noise`)."""
+    `run_noise` maps a metric family (`ttft`, `tpot`, `e2e`, `throughput`) to its run-to-run noise (a
+    :class:`RunNoise`, or a relative standard deviation taken as known), used only for a side with a single run
+    (see `estimate_run_noise`)."""
     if not a_runs or not b_runs:
         raise ValueError("compare needs at least one run on each side")
     paired = traffic_is_identical(a_runs, b_runs)
@@ -367,13 +394,15 @@ def compare(a_runs: Sequence[Run], b_runs: Sequence[Run], resamples: int = 2000,
     if not len(a.unit_of_request) or not len(b.unit_of_request):
         return pd.DataFrame(columns=TABLE_COLUMNS)
     rng = np.random.default_rng(seed)
-    noise = dict(run_noise or {})
+    noise = {fam: _as_noise(v) for fam, v in (run_noise or {}).items() if v and _as_noise(v).sigma > 0}
     costs = (cost_per_uncached_token, cost_per_cached_token)
     chunk = max(1, min(256, 4_000_000 // max(len(a.unit_of_request), len(b.unit_of_request))))
     boots: dict[str, list[np.ndarray]] = {}
     for draws in _draw_chunks(a, b, paired, resamples, chunk, rng):
-        sa = _draw_statistics(a, draws.run_choice_a, draws.uniforms_a, costs, noise, rng)
-        sb = _draw_statistics(b, draws.run_choice_b, draws.uniforms_b, costs, noise, rng)
+        n_draws = len(draws.run_choice_a)
+        sigmas = {fam: v.sigma_draws(n_draws, rng) for fam, v in noise.items()}
+        sa = _draw_statistics(a, draws.run_choice_a, draws.uniforms_a, costs, sigmas, rng)
+        sb = _draw_statistics(b, draws.run_choice_b, draws.uniforms_b, costs, sigmas, rng)
         for name in sa.keys() & sb.keys():
             boots.setdefault(name, []).append(sb[name] - sa[name])
     order = [f"{m}_p{q}_s" for m in LATENCY_METRICS for q in QUANTILES[m]] + [THROUGHPUT_METRIC, HIT_RATE_METRIC,
@@ -388,19 +417,37 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame, resamples: int = 2000, seed: 
     return compare(split_runs(a, "A"), split_runs(b, "B"), resamples=resamples, seed=seed, run_noise=run_noise)
 
 
-def estimate_run_noise(runs: Sequence[Run]) -> dict[str, float]:
-    """Relative run-to-run standard deviation per metric family from repeats of one configuration (the
-    standard deviation of log per-run p50 latency and throughput; needs two runs or more)."""
-    if len(runs) < 2:
-        return {}
-    sides = [_side([r], None) for r in runs]
-    points = [_point_estimates(s, (1.0, 0.1)) for s in sides]
+def noise_groups(runs: Sequence[Run]) -> list[list[Run]]:
+    """Runs grouped as repeats of one cell: experiment cells ``server__workload__load__rN`` by everything
+    before the repeat suffix; runs not all named so are taken as repeats of one configuration."""
+    import re
+
+    keys = [re.fullmatch(r"(.+)__r\d+", r.name) for r in runs]
+    if not all(keys):
+        return [list(runs)]
+    groups: dict[str, list[Run]] = {}
+    for r, m in zip(runs, keys):
+        groups.setdefault(m.group(1), []).append(r)  # type: ignore[union-attr]
+    return list(groups.values())
+
+
+def estimate_run_noise(runs: Sequence[Run]) -> dict[str, RunNoise]:
+    """Run-to-run noise per metric family from repeats (the standard deviation of log per-run p50 latency and
+    throughput), pooled within groups of repeats of one cell (:func:`noise_groups`), with its degrees of
+    freedom (runs minus groups); a family needs two runs in one group."""
+    groups = [g for g in noise_groups(runs) if len(g) >= 2]
+    points = [[_point_estimates(_side([r], None), (1.0, 0.1)) for r in g] for g in groups]
     out = {}
     for fam, metric in [*((m, f"{m}_p50_s") for m in LATENCY_METRICS), ("throughput", THROUGHPUT_METRIC)]:
-        vals = np.array([p.get(metric, math.nan) for p in points], float)
-        vals = vals[np.isfinite(vals) & (vals > 0)]
-        if len(vals) >= 2:
-            out[fam] = float(np.std(np.log(vals), ddof=1))
+        squares, df = 0.0, 0
+        for group in points:
+            vals = np.array([p.get(metric, math.nan) for p in group], float)
+            vals = np.log(vals[np.isfinite(vals) & (vals > 0)])
+            if len(vals) >= 2:
+                squares += float(np.sum((vals - vals.mean()) ** 2))
+                df += len(vals) - 1
+        if df:
+            out[fam] = RunNoise(math.sqrt(squares / df), df)
     return out
 
 

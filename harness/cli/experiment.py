@@ -60,7 +60,9 @@ def add_subcommands(sub) -> None:
     cmp_.add_argument("--json", metavar="FILE", help='write {"metrics": [{"metric", "a", "b", "diff", "ci_low", '
                                                     '"ci_high", "verdict", ...}, ...]} here')
     cmp_.add_argument("--run-noise-from", metavar="RUN", nargs="+",
-                      help="repeats of one configuration whose spread is the run-to-run noise (for one run a side)")
+                      help="repeats whose spread is the run-to-run noise, for one run a side (experiment cells are "
+                           "grouped by configuration, workload and load and pooled; the estimate's degrees of "
+                           "freedom widen the interval)")
     cmp_.add_argument("--out", metavar="DIR", help="where to write the report (default: results/compare/A_vs_B)")
     cmp_.add_argument("--label-a", default=None)
     cmp_.add_argument("--label-b", default=None)
