@@ -169,3 +169,15 @@ def test_imported_transcript_puts_observed_provider_reads_beside_the_model(share
     sentence = [f.sentence for f in X.explain_findings(explained) if "provider" in f.sentence]
     assert sentence == [f"cc: the observed provider cache reads differ from the anthropic-sonnet-5m cache model's by "
                         f"{gap:.1f} percentage points on average over 10 requests (as shares of each side's prompt)."]
+
+
+def test_unrelated_prompts_are_not_cache_breaks(tmp_path):
+    """Prompts of random, unrelated ids share nothing with any predecessor: nothing was there to reuse, so
+    nothing is recomputed and the page names no cause (before, a diverging first segment counted the whole
+    prompt as recomputed)."""
+    from kvscope.harness.testing.faultserver import synthetic_trace
+
+    trace_dir = synthetic_trace(3, steps=3).write(tmp_path / "traces" / "random")
+    ex = explain_trace(trace_dir, B)
+    assert ex.recomputed_tokens == 0 and ex.causes == []
+    assert all(a.cause is None for a in ex.requests)

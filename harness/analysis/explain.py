@@ -17,7 +17,9 @@ between messages in generated text-mode traces), and the message-level differenc
 *Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
 message where it was changed in place, and later messages the predecessor also had) that this request did not
 get from the cache, floored to whole blocks and capped like vLLM's hit (``(P-1)//B`` blocks); new tokens are
-never recomputed. Traces without message structure fall back to segment kinds and the trace's transitions.
+never recomputed. Traces without message structure fall back to segment kinds and the trace's transitions;
+there the tokens after the diverging segment count only where the predecessor had the same ones (an unrelated
+prompt, diverging at token 0 from a predecessor it shares nothing with, recomputes nothing).
 
 What-if: each break of a cause becomes a token *patch* (this request's diverging span replaced by the
 predecessor's; for compaction and truncation the predecessor's full history put back), applied to the request
@@ -225,10 +227,15 @@ def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
     kind = r.seg_spans[i][0] if r.seg_spans else ""
     cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or "prefix_changed"
     patch = None
+    had = k
     if r.seg_spans and i < len(p.seg_spans):
         (_, s, e), (_, ps, pe) = r.seg_spans[i], p.seg_spans[i]
         patch = (s, r.prompt[s:e].copy(), p.prompt[ps:pe].copy())
-    had = min(len(p.prompt), len(r.prompt)) if cause in _IN_PLACE else k
+        if cause in _IN_PLACE:
+            if cause != "prefix_changed":  # a value changed in place: the rest of its segment was there before
+                had += max(0, min(e, s + pe - ps) - k)
+            # later tokens count only where the predecessor had them too (an unrelated prompt shares none)
+            had += _lcp(r.prompt[e:], p.had_tokens[pe:])
     return _Break(cause, f"segment {i} ({kind}) at token {k}", had, patch)
 
 
