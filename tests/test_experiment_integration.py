@@ -48,6 +48,7 @@ EXPECTED_FIGURES = {
     "latency": {"latency_ecdf", "ttft_vs_cache", "ttft_by_load"},
     "cost": {"provider_cost_per_session", "ttl_sensitivity"},
     "ab_compare": {"paired_differences", "forest_relative_changes"},
+    "explain": {"recomputed_by_cause", "what_if_hit_rate"},
 }
 
 
@@ -120,6 +121,9 @@ def test_every_notebook_executes_without_error_cells_and_makes_its_figures(repor
     assert "<h2>Summary</h2>" in index and "A timestamp at token" in index
     assert 'href="figures/hit_rates/hit_rate_by_workload.png"' in index
     assert "Capacity is not measured" in index
+    # the costliest cause links to its attribution on the explain page, with the timestamp named
+    assert "agent-ts: a volatile field (date, time or id)" in index
+    assert 'href="figures/explain/recomputed_by_cause.png"' in index
 
 
 def test_every_report_page_renders_in_a_real_browser(report):

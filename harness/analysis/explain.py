@@ -17,7 +17,9 @@ between messages in generated text-mode traces), and the message-level differenc
 *Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
 message where it was changed in place, and later messages the predecessor also had) that this request did not
 get from the cache, floored to whole blocks and capped like vLLM's hit (``(P-1)//B`` blocks); new tokens are
-never recomputed. Traces without message structure fall back to segment kinds and the trace's transitions.
+never recomputed. Traces without message structure fall back to segment kinds and the trace's transitions;
+there the tokens after the diverging segment count only where the predecessor had the same ones (an unrelated
+prompt, diverging at token 0 from a predecessor it shares nothing with, recomputes nothing).
 
 What-if: each break of a cause becomes a token *patch* (this request's diverging span replaced by the
 predecessor's; for compaction and truncation the predecessor's full history put back), applied to the request
@@ -225,10 +227,15 @@ def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
     kind = r.seg_spans[i][0] if r.seg_spans else ""
     cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or "prefix_changed"
     patch = None
+    had = k
     if r.seg_spans and i < len(p.seg_spans):
         (_, s, e), (_, ps, pe) = r.seg_spans[i], p.seg_spans[i]
         patch = (s, r.prompt[s:e].copy(), p.prompt[ps:pe].copy())
-    had = min(len(p.prompt), len(r.prompt)) if cause in _IN_PLACE else k
+        if cause in _IN_PLACE:
+            if cause != "prefix_changed":  # a value changed in place: the rest of its segment was there before
+                had += max(0, min(e, s + pe - ps) - k)
+            # later tokens count only where the predecessor had them too (an unrelated prompt shares none)
+            had += _lcp(r.prompt[e:], p.had_tokens[pe:])
     return _Break(cause, f"segment {i} ({kind}) at token {k}", had, patch)
 
 
@@ -325,14 +332,17 @@ def _simulate(prompts: Sequence[np.ndarray], outputs: Sequence[np.ndarray | None
 
 def _apply_patches(views: Sequence[RequestView], patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]
                    ) -> list[np.ndarray]:
+    """Each request with every patch of its own or an earlier request applied where its span still matches,
+    newest first (so a chain of timestamps patches back to the first one). Patches come in request order; the
+    spans compare as bytes (``np.array_equal`` per pair dominated the page's time on long traces)."""
+    owners = [owner for owner, _ in patches]
+    keyed = [(s, len(old), old.astype(np.int32).tobytes(), new) for _, (s, old, new) in patches]
     out = []
     for v in views:
         ids = v.prompt
-        for owner, (s, old, new) in reversed(patches):
-            if owner > v.request_id:
-                continue
-            if len(ids) >= s + len(old) and np.array_equal(ids[s:s + len(old)], old):
-                ids = np.concatenate([ids[:s], new, ids[s + len(old):]]).astype(np.int32)
+        for s, n, old_bytes, new in reversed(keyed[:bisect.bisect_right(owners, v.request_id)]):
+            if len(ids) >= s + n and ids[s:s + n].astype(np.int32, copy=False).tobytes() == old_bytes:
+                ids = np.concatenate([ids[:s], new, ids[s + n:]]).astype(np.int32)
         out.append(ids)
     return out
 
@@ -465,46 +475,97 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
     replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
     from pathlib import Path
 
-    import pandas as pd
-
     from kvscope.harness.common.errors import KvscopeError
-    from kvscope.harness.results.exchanges import read_exchanges
-    from kvscope.workloads.trace import Trace
+    from kvscope.harness.results.records import read_records
 
     p = Path(path)
-    observed: list[int | None] | None = None
-    provider: list[int | None] | None = None
-    provider_prompt: list[int | None] | None = None
     if (p / "manifest.json").is_file() and not (p / "trace.json").is_file():
-        from kvscope.harness.results.records import read_records
-
         manifest = json.loads((p / "manifest.json").read_text())
         trace_dir = Path((manifest.get("trace") or {}).get("path") or "")
         if not (trace_dir / "trace.json").is_file():
             raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
-        trace = Trace.read(trace_dir)
-        df = read_records(p)
-        got = {int(r.request_id): int(r.cached_tokens) for r in df.itertuples()
-               if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}
-        observed = [got.get(i) for i in range(trace.num_requests)]
-        extras = read_exchanges(trace_dir)
+        return explain_trace(trace_dir, block_size, provider_preset, observed_records=read_records(p))
+    if not (p / "trace.json").is_file():
+        raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
+    return explain_trace(p, block_size, provider_preset)
+
+
+def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset: str | None = None,
+                  observed_records: Any = None) -> Explanation:
+    """Explain one trace directory. ``observed_records`` (a replay run's records frame) gives the server's
+    cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
+    infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
+    ``observed_*`` columns) is put beside the provider cache model's prediction either way."""
+    import pandas as pd
+
+    from kvscope.harness.results.exchanges import read_exchanges
+    from kvscope.workloads.trace import Trace
+
+    trace = Trace.read(trace_dir)
+    extras = read_exchanges(trace_dir)
+    provider: list[int | None] | None = None
+    provider_prompt: list[int | None] | None = None
+    if extras is not None:
+        col = extras["provider_cached_tokens"]
+        if col.notna().any():
+            provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
     else:
-        if not (p / "trace.json").is_file():
-            raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
-        trace = Trace.read(p)
-        extras = read_exchanges(p)
-        if extras is not None:
-            col = extras["provider_cached_tokens"]
-            if col.notna().any():
-                provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
-                observed = provider
-        else:
-            provider, provider_prompt = imported_provider_usage(trace.requests)
+        provider, provider_prompt = imported_provider_usage(trace.requests)
+    if observed_records is not None:
+        observed = observed_from_records(observed_records, trace.num_requests)
+    else:
+        observed = provider if extras is not None else None
+    if observed_records is not None and extras is not None:
+        provider = None  # a recorded trace's reads were the upstream server's, not a provider's: the run replaces them
     B = int(block_size or trace.meta.get("block_size_hint") or 16)
     views = views_from_trace(trace, extras)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
     return explain(views, B, observed, provider, provider_preset, provider_prompt)
+
+
+def observed_from_records(records: Any, num_requests: int) -> list[int | None]:
+    """The server's cached tokens per trace request from a replay run's records (successful attempts; None
+    where the run has none for a request, or the server did not report them)."""
+    import pandas as pd
+
+    got = {int(r.request_id): int(r.cached_tokens) for r in records.itertuples()
+           if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}
+    return [got.get(i) for i in range(num_requests)]
+
+
+@dataclass(slots=True)
+class ProviderAgreement:
+    """Observed provider cache reads against the provider cache model, over the requests that have both."""
+
+    preset: str
+    requests: int  # requests with an observed read
+    exact: int  # requests where observed == predicted tokens
+    mean_abs_share_gap_pp: float | None  # mean |observed share - model share| in percentage points
+    shares_compared: int  # requests where both shares exist (imported transcripts: the provider's own prompt size)
+
+
+def provider_comparison(ex: Explanation) -> tuple[list[dict[str, Any]], ProviderAgreement | None]:
+    """Per request: observed provider cache reads beside the provider cache model's, in tokens and as shares of
+    each side's prompt (an imported transcript's provider tokenised its prompt with its own tokenizer, system
+    prompt and tools included, so tokens do not compare there; shares do). None without provider usage."""
+    if ex.provider_preset is None:
+        return [], None
+    rows, exact, gaps, seen_n = [], 0, [], 0
+    for a in ex.requests:
+        seen, model = a.provider_cached_tokens, a.provider_predicted_cached_tokens
+        seen_prompt = a.provider_prompt_tokens if a.provider_prompt_tokens else None
+        seen_share = seen / seen_prompt if seen is not None and seen_prompt else None
+        model_share = model / a.prompt_tokens if model is not None and a.prompt_tokens else None
+        rows.append({"request_id": a.request_id, "observed_cache_read_tokens": seen,
+                     "observed_share": seen_share, "predicted_cache_read_tokens": model,
+                     "predicted_share": model_share})
+        seen_n += seen is not None
+        exact += seen is not None and seen == model
+        if seen_share is not None and model_share is not None:
+            gaps.append(abs(seen_share - model_share))
+    gap = 100 * sum(gaps) / len(gaps) if gaps else None
+    return rows, ProviderAgreement(ex.provider_preset, seen_n, exact, gap, len(gaps))
 
 
 def imported_provider_usage(requests) -> tuple[list[int | None] | None, list[int | None] | None]:

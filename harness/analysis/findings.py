@@ -25,6 +25,7 @@ import pandas as pd
 from kvscope.harness.analysis import tables as T
 from kvscope.harness.analysis.ab import Run, compare
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
+from kvscope.harness.analysis.explain_experiment import WorkloadExplanation, explain_findings, explain_workloads
 from kvscope.harness.results.findings_file import (
     FINDINGS_NAME,
     Finding,
@@ -55,7 +56,8 @@ HEADLINE_QUESTIONS = ("habit", "capacity", "speculative", "ab")
 PAGE_OF_CAVEAT = {"block_size": "hit_rates", "min_cacheable": "cost", "eviction": "concurrency",
                   "tiny_model": "speculative", "burst": "latency", "sessions_below_concurrency": "concurrency"}
 PAGE_QUESTIONS = {"hit_rates": ("habit", "hit_rate"), "concurrency": ("capacity",), "latency": ("latency",),
-                  "cost": ("cost",), "speculative": ("speculative",), "ab_compare": ("ab",)}
+                  "cost": ("cost",), "speculative": ("speculative",), "ab_compare": ("ab",),
+                  "explain": ("habit", "cache_break")}
 #: Metrics the pivoted verdict table shows (the full table goes to CSV).
 PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s", "hit_rate")
 GPU_BLOCK_SIZE = 16
@@ -591,8 +593,10 @@ def executive_summary(res: ExperimentResults, resamples: int = RESAMPLES) -> lis
 
 
 def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMPLES,
-                  ab: pd.DataFrame | None = None) -> list[Finding]:
-    """The findings one analysis page opens with (and its caveats)."""
+                  ab: pd.DataFrame | None = None, explained: list[WorkloadExplanation] | None = None
+                  ) -> list[Finding]:
+    """The findings one analysis page opens with (and its caveats). ``ab`` (the A/B table) and ``explained``
+    (the per-workload attributions) are what the page already computed, where it did."""
     if notebook == "hit_rates":
         found = [*habit_findings(res, resamples), *hit_rate_findings(res)]
     elif notebook == "concurrency":
@@ -605,6 +609,8 @@ def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMP
         found = speculative_findings(res, ab if ab is not None else ab_table(res, resamples))
     elif notebook == "ab_compare":
         found = ab_findings(ab if ab is not None else ab_table(res, resamples))
+    elif notebook == "explain":
+        found = explain_findings(explained if explained is not None else explain_workloads(res))
     else:
         raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(PAGE_QUESTIONS)}")
     return found + [c for c in caveats(res) if c.notebook == notebook]
@@ -619,12 +625,13 @@ def findings_markdown(findings: Iterable[Finding]) -> str:
 
 
 def write_page_findings(res: ExperimentResults | None, notebook: str, figures_dir: Path,
-                        ab: pd.DataFrame | None = None, resamples: int = RESAMPLES) -> list[Finding]:
+                        ab: pd.DataFrame | None = None, resamples: int = RESAMPLES,
+                        explained: list[WorkloadExplanation] | None = None) -> list[Finding]:
     """Compute a page's findings, write `findings.json` beside its figures (for index.html) and return them.
     The A/B page also writes the full verdict table as CSV and the pivot into the file."""
     if res is None:
         return []
-    found = page_findings(res, notebook, resamples, ab)
+    found = page_findings(res, notebook, resamples, ab, explained)
     verdicts: list[VerdictCell] = []
     csv = None
     if notebook == "ab_compare" and ab is not None and len(ab):

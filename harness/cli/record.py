@@ -136,25 +136,22 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def provider_comparison_lines(ex) -> list[str]:
-    """Observed provider cache reads beside the provider cache model's, per request: in tokens where both count
-    the same prompt, as shares of each side's prompt where they do not (an imported transcript's provider
-    tokenised a prompt with its own tokenizer, system prompt and tools included)."""
+    """Observed provider cache reads beside the provider cache model's, per request, and their agreement
+    (:func:`kvscope.harness.analysis.explain.provider_comparison`)."""
+    from kvscope.harness.analysis.explain import provider_comparison
+
+    rows, agreement = provider_comparison(ex)
     lines = [f"observed provider cache reads vs the {ex.provider_preset} cache model:",
              f"{'req':>5} {'observed':>9} {'share':>6} {'model':>7} {'share':>6}"]
-    exact, gaps = 0, []
-    for a in ex.requests:
-        seen, model = a.provider_cached_tokens, a.provider_predicted_cached_tokens
-        seen_share = seen / a.provider_prompt_tokens if seen is not None and a.provider_prompt_tokens else None
-        model_share = model / a.prompt_tokens if model is not None and a.prompt_tokens else None
-        lines.append(f"{a.request_id:>5} {seen!s:>9} {_pct(seen_share):>6} {model!s:>7} {_pct(model_share):>6}")
-        exact += seen is not None and seen == model
-        if seen_share is not None and model_share is not None:
-            gaps.append(abs(seen_share - model_share))
-    if gaps:
-        lines.append(f"agreement: mean |observed share - model share| {100 * sum(gaps) / len(gaps):.1f} pp over "
-                     f"{len(gaps)} requests (shares, since the provider's prompt is tokenised differently)")
-    else:
-        lines.append(f"agreement: {exact}/{len(ex.requests)} requests exactly")
+    for r in rows:
+        lines.append(f"{r['request_id']:>5} {r['observed_cache_read_tokens']!s:>9} {_pct(r['observed_share']):>6} "
+                     f"{r['predicted_cache_read_tokens']!s:>7} {_pct(r['predicted_share']):>6}")
+    if agreement is not None and agreement.mean_abs_share_gap_pp is not None:
+        lines.append(f"agreement: mean |observed share - model share| {agreement.mean_abs_share_gap_pp:.1f} pp over "
+                     f"{agreement.shares_compared} requests (shares, since the provider's prompt is tokenised "
+                     "differently)")
+    elif agreement is not None:
+        lines.append(f"agreement: {agreement.exact}/{len(rows)} requests exactly")
     return lines
 
 

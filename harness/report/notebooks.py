@@ -69,6 +69,10 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              from_spec=_cost_from_spec),
     Notebook("speculative", "Speculative decoding: does it pay off for this traffic?",
              figures=("acceptance_and_tpot", "acceptance_by_position"), key_figures=("acceptance_and_tpot",)),
+    # One attribution per workload trace, not per cell: cheap (a few simulator passes over each trace).
+    Notebook("explain", "Explain: why each prompt missed the prefix cache",
+             figures=("recomputed_by_cause", "what_if_hit_rate"), key_figures=("recomputed_by_cause",),
+             relative_cost=0.5),
     Notebook("ab_compare", "A/B comparison on identical traffic",
              figures=("forest_relative_changes", "paired_differences"), key_figures=("forest_relative_changes",),
              parameters=("run_a", "run_b", "label_a", "label_b", "resamples"), relative_cost=5.0),

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FINDINGS_NAME = "findings.json"
 
-Question = Literal["habit", "capacity", "speculative", "ab", "hit_rate", "latency", "cost", "caveat"]
+Question = Literal["habit", "capacity", "speculative", "ab", "hit_rate", "latency", "cost", "cache_break", "caveat"]
 
 
 class Finding(BaseModel):

@@ -1,0 +1,274 @@
+"""Cache-break attribution across an experiment: the report's `explain` page as data.
+
+Why per workload, not per cell. Every cell of a workload replays the same trace (generated once, in
+``<experiment>/traces/<workload>``), so the attribution — best cached predecessor, diverging message, cause,
+what-if re-simulation — is a property of the trace; only the observed cached tokens differ between cells. One
+:func:`~kvscope.harness.analysis.explain.explain_trace` per workload keeps the page cheap however many loads and
+repeats ran: it takes the observed cached tokens of one run, the least concurrent run of a configuration with
+prefix caching on and no speculative decoding (there the server's cache behaves like the simulator's, so the
+shortfall is eviction, not scheduling), at that server's block size. Without such a run the infinite-cache
+simulation stands in, and the page says so.
+
+The page shows tidy frames (:func:`cause_frame`, :func:`workload_frame`, :func:`provider_frame`) and opens with
+:func:`explain_findings`; the costliest cause is a ``habit`` finding, so the index's executive summary links it
+to its attribution beside the hit-rate page's habit finding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+from kvscope.harness.analysis.explain import Explanation, ProviderAgreement, explain_trace, provider_comparison
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+
+NOTEBOOK = "explain"
+SIMULATED = "simulation (infinite cache)"
+
+CAUSE_WORDS = {
+    "volatile_field": "a volatile field (date, time or id)",
+    "system_prompt_changed": "a changed system prompt",
+    "tools_changed": "changed or reordered tool definitions",
+    "message_edited": "an earlier message edited in place",
+    "history_truncated": "truncated history",
+    "compaction": "compaction (history replaced by a summary)",
+    "evicted": "eviction (the prefix was cached, then evicted)",
+    "prefix_changed": "a changed prefix",
+}
+#: One colour per cause, the same on every figure of the page.
+CAUSE_COLOURS = {"volatile_field": "#d62728", "system_prompt_changed": "#9467bd", "tools_changed": "#8c564b",
+                 "message_edited": "#e377c2", "history_truncated": "#7f7f7f", "compaction": "#bcbd22",
+                 "evicted": "#17becf", "prefix_changed": "#ff7f0e"}
+
+
+@dataclass
+class WorkloadExplanation:
+    """One workload's attribution and where its observed cached tokens came from."""
+
+    workload: str
+    explanation: Explanation
+    observed_from: str  # the cell whose run gave the cached tokens, or SIMULATED
+    server: str | None  # that cell's server configuration
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x * 100:.0f} %"
+
+
+def _column(frame: pd.DataFrame, name: str, default: object) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(default, index=frame.index)
+
+
+def observation_cell(res: ExperimentResults, workload: str) -> tuple[str, str, int | None] | None:
+    """(cell, server, block size) of the workload's least concurrent ok run with prefix caching on and no
+    speculative decoding, that has request records; None where there is none."""
+    c = res.cells
+    if not len(c) or "workload" not in c or not len(res.requests):
+        return None
+    caching = _column(c, "prefix_caching", None).map(lambda v: v is True)
+    speculative = _column(c, "speculative", False).fillna(False).astype(bool)
+    ok = _column(c, "status", "ok") == "ok"
+    sel = c[(c["workload"].astype(str) == workload) & ok & caching & ~speculative]
+    sel = sel[sel["cell"].isin(set(res.requests["cell"]))]
+    if not len(sel):
+        return None
+    concurrency = sel["concurrency"] if "concurrency" in sel else pd.Series(math.nan, index=sel.index)
+    order = sel.assign(_c=pd.to_numeric(concurrency, errors="coerce"))
+    row = order.sort_values(["_c", "repeat", "cell"], na_position="last").iloc[0]
+    block = row.get("block_size")
+    return str(row["cell"]), str(row["server"]), None if pd.isna(block) else int(block)
+
+
+def _fallback_block_size(res: ExperimentResults) -> int | None:
+    sizes = pd.to_numeric(res.cells.get("block_size", pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(sizes.iloc[0]) if len(sizes) else None
+
+
+def explain_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
+    """One attribution per workload whose trace is in the experiment (see the module doc)."""
+    workloads = list(dict.fromkeys(map(str, res.cells["workload"]))) if "workload" in res.cells else []
+    out = []
+    for w in workloads:
+        tdir = res.trace_dir(w)
+        if tdir is None or not (Path(tdir) / "trace.json").is_file():
+            continue
+        cell = observation_cell(res, w)
+        if cell is not None:
+            name, server, block = cell
+            records = res.requests[res.requests["cell"] == name]
+            ex = explain_trace(tdir, block, observed_records=records)
+            out.append(WorkloadExplanation(w, ex, name, server))
+        else:
+            out.append(WorkloadExplanation(w, explain_trace(tdir, _fallback_block_size(res)), SIMULATED, None))
+    return out
+
+
+# ---- tidy frames ---------------------------------------------------------------------------------------------
+def cause_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
+    """One row per (workload, cause): recomputed tokens, share of the workload's recomputed tokens, the requests
+    it broke, the hit rate as observed and with that cause removed (re-simulated)."""
+    rows = []
+    for wx in explained:
+        broke = Counter(a.cause for a in wx.explanation.requests if a.cause)
+        for c in wx.explanation.causes:
+            rows.append({"workload": wx.workload, "cause": c.cause, "recomputed_tokens": c.recomputed_tokens,
+                         "share": c.share, "requests": broke.get(c.cause, 0), "hit_rate": wx.explanation.hit_rate,
+                         "what_if_hit_rate": c.what_if_hit_rate})
+    cols = ["workload", "cause", "recomputed_tokens", "share", "requests", "hit_rate", "what_if_hit_rate"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
+    """Per workload that recomputed anything: its hit rate as observed, then with each cause removed (long form:
+    workload, scenario, cause, hit_rate; the observed row's cause is None)."""
+    rows = []
+    for wx in explained:
+        if not wx.explanation.recomputed_tokens:
+            continue
+        rows.append({"workload": wx.workload, "scenario": "as observed", "cause": None,
+                     "hit_rate": wx.explanation.hit_rate})
+        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}", "cause": c.cause,
+                  "hit_rate": c.what_if_hit_rate} for c in wx.explanation.causes]
+    return pd.DataFrame(rows, columns=["workload", "scenario", "cause", "hit_rate"])
+
+
+def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
+    """The what-if figure's colours: dark grey as observed, each cause's own colour without it."""
+    return {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999")
+                                         for c in frame["cause"].dropna()}}
+
+
+def workload_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
+    """One row per workload: where the observation came from, its totals and its costliest cause."""
+    rows = []
+    for wx in explained:
+        ex = wx.explanation
+        top = ex.causes[0].cause if ex.causes else None
+        rows.append({"workload": wx.workload, "observed_from": wx.observed_from, "block_size": ex.block_size,
+                     "requests": len(ex.requests), "prompt_tokens": ex.prompt_tokens, "cached_tokens": ex.cached_tokens,
+                     "hit_rate": ex.hit_rate, "recomputed_tokens": ex.recomputed_tokens, "top_cause": top})
+    return pd.DataFrame(rows, columns=["workload", "observed_from", "block_size", "requests", "prompt_tokens",
+                                       "cached_tokens", "hit_rate", "recomputed_tokens", "top_cause"])
+
+
+def costliest_requests(explained: list[WorkloadExplanation], per_workload: int = 5) -> pd.DataFrame:
+    """The requests that recomputed the most, per workload, with their cause and where the prompt diverged."""
+    rows = []
+    for wx in explained:
+        broken = sorted((a for a in wx.explanation.requests if a.recomputed_tokens),
+                        key=lambda a: (-a.recomputed_tokens, a.request_id))[:per_workload]
+        rows += [{"workload": wx.workload, "request_id": a.request_id, "session_id": a.session_id, "step": a.step,
+                  "prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens,
+                  "recomputed_tokens": a.recomputed_tokens, "cause": a.cause, "where": a.where} for a in broken]
+    return pd.DataFrame(rows, columns=["workload", "request_id", "session_id", "step", "prompt_tokens",
+                                       "cached_tokens", "recomputed_tokens", "cause", "where"])
+
+
+def provider_frame(explained: list[WorkloadExplanation]) -> tuple[pd.DataFrame, dict[str, ProviderAgreement]]:
+    """Observed provider cache reads beside the provider cache model's, request by request, for the workloads
+    whose trace carries provider usage; and each such workload's agreement (see :func:`agreement_frame`)."""
+    frames, agreements = [], {}
+    for wx in explained:
+        rows, agreement = provider_comparison(wx.explanation)
+        if agreement is None:
+            continue
+        agreements[wx.workload] = agreement
+        frames.append(pd.DataFrame(rows).assign(workload=wx.workload, preset=agreement.preset))
+    if not frames:
+        return pd.DataFrame(), agreements
+    df = pd.concat(frames, ignore_index=True)
+    return df[["workload", "preset", *[c for c in df.columns if c not in ("workload", "preset")]]], agreements
+
+
+def agreement_frame(agreements: dict[str, ProviderAgreement]) -> pd.DataFrame:
+    """One row per workload with provider usage: the preset, requests observed, exact matches, mean share gap."""
+    return pd.DataFrame([{"workload": w, **asdict(a)} for w, a in agreements.items()],
+                        columns=["workload", *ProviderAgreement.__dataclass_fields__])
+
+
+# ---- sentences -------------------------------------------------------------------------------------------------
+def _typical_where(wx: WorkloadExplanation, cause: str) -> str:
+    wheres = Counter(a.where for a in wx.explanation.requests if a.cause == cause and a.where)
+    return wheres.most_common(1)[0][0] if wheres else ""
+
+
+def cause_sentence(wx: WorkloadExplanation) -> str | None:
+    """"<workload>: <cause> (<where>) causes N % of the K recomputed tokens; removing it would take the hit rate
+    from X to Y." for the workload's costliest cause; None when nothing was recomputed."""
+    ex = wx.explanation
+    if not ex.causes or not ex.recomputed_tokens:
+        return None
+    top = ex.causes[0]
+    where = _typical_where(wx, top.cause) if top.cause != "evicted" else ""  # eviction's where is per request
+    words = CAUSE_WORDS.get(top.cause, top.cause.replace("_", " "))
+    return (f"{wx.workload}: {words}{f', {where},' if where else ''} causes {_pct(top.share)} of the "
+            f"{ex.recomputed_tokens:,} recomputed tokens; removing it would take the hit rate from "
+            f"{_pct(ex.hit_rate)} to {_pct(top.what_if_hit_rate)}.")
+
+
+def recomputed_title(explained: list[WorkloadExplanation]) -> str:
+    """The recomputed-tokens figure's title: the costliest cause of the costliest workload, as a finding."""
+    worst = max(explained, key=lambda wx: wx.explanation.recomputed_tokens, default=None)
+    if worst is None or not worst.explanation.causes:
+        return "Nothing was recomputed"
+    top = worst.explanation.causes[0]
+    return f"{worst.workload}: {top.cause.replace('_', ' ')} causes {_pct(top.share)} of the recomputed tokens"
+
+
+def what_if_title(explained: list[WorkloadExplanation]) -> str:
+    """The what-if figure's title: the largest gain from removing one cause."""
+    best = max(((wx, c) for wx in explained for c in wx.explanation.causes),
+               key=lambda t: t[1].what_if_hit_rate - t[0].explanation.hit_rate, default=None)
+    if best is None:
+        return "No cause to remove"
+    wx, c = best
+    return (f"Removing {c.cause.replace('_', ' ')} from {wx.workload} would take its hit rate from "
+            f"{_pct(wx.explanation.hit_rate)} to {_pct(c.what_if_hit_rate)}")
+
+
+def explain_findings(explained: list[WorkloadExplanation], max_causes: int = 2) -> list[Finding]:
+    """The page's two to four findings: the costliest causes (the first one a headline ``habit`` finding), the
+    workloads with nothing recomputed, and provider cache reads against the provider model."""
+    if not explained:
+        return [Finding(question="cache_break", notebook=NOTEBOOK,
+                        sentence="No workload trace is in this experiment: there is nothing to attribute.")]
+    ranked = sorted(explained, key=lambda wx: -wx.explanation.recomputed_tokens)
+    out: list[Finding] = []
+    for wx in ranked[:max_causes]:
+        sentence = cause_sentence(wx)
+        if sentence is None:
+            continue
+        top, ex = wx.explanation.causes[0], wx.explanation
+        out.append(Finding(question="habit" if not out else "cache_break", sentence=sentence, notebook=NOTEBOOK,
+                           figure="recomputed_by_cause",
+                           numbers={"recomputed_tokens": float(ex.recomputed_tokens), "share": top.share,
+                                    "hit_rate": ex.hit_rate, "what_if_hit_rate": top.what_if_hit_rate}))
+    clean = [wx for wx in explained if not wx.explanation.recomputed_tokens]
+    if clean:
+        names = ", ".join(f"{wx.workload} (hit rate {_pct(wx.explanation.hit_rate)})" for wx in clean)
+        out.append(Finding(question="cache_break", notebook=NOTEBOOK,
+                           sentence=f"Nothing recomputed in {names}: every token an earlier request already had "
+                                    "came from the cache.",
+                           numbers={f"hit_rate_{wx.workload}": wx.explanation.hit_rate for wx in clean}))
+    out += _provider_findings(explained)
+    return out[:4]
+
+
+def _provider_findings(explained: list[WorkloadExplanation]) -> list[Finding]:
+    _, agreements = provider_frame(explained)
+    out = []
+    for workload, ag in list(agreements.items())[:1]:
+        if ag.mean_abs_share_gap_pp is not None:
+            how = (f"differ from the {ag.preset} cache model's by {ag.mean_abs_share_gap_pp:.1f} percentage points "
+                   f"on average over {ag.shares_compared} requests (as shares of each side's prompt)")
+        else:
+            how = f"match the {ag.preset} cache model's exactly on {ag.exact} of {ag.requests} requests"
+        out.append(Finding(question="cache_break", notebook=NOTEBOOK, figure=None,
+                           sentence=f"{workload}: the observed provider cache reads {how}.",
+                           numbers={"mean_abs_share_gap_pp": ag.mean_abs_share_gap_pp, "exact": float(ag.exact),
+                                    "requests": float(ag.requests)}))
+    return out
