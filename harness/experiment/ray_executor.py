@@ -185,7 +185,7 @@ class ConfigurationWorker:
         ship = payload.files == "ship" or (payload.files == "auto" and not shared_seen)
         run_dir = Path(tempfile.mkdtemp(prefix=f"kvscope-{payload.server}-")) if ship else Path(payload.run_dir)
         yield {"kind": "node", "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
-               "files": "ship" if ship else "shared"}
+               "files": "ship" if ship else "shared", "run_dir": str(run_dir)}
         try:
             if ship:
                 unpack_dir(ray.get(traces[0]), run_dir / "traces")
@@ -238,6 +238,7 @@ class _Tracked:
     node: str | None = None
     pid: int | None = None
     files: str | None = None  # shared | ship, as the actor chose
+    scratch: str | None = None  # the run directory on the actor's node (its scratch one when shipping)
 
 
 def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
@@ -330,7 +331,7 @@ def _advance(ray: Any, run: RunContext, tracked: dict[Any, _Tracked], t: _Tracke
 def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
     kind = event["kind"]
     if kind == "node":
-        t.node, t.pid, t.files = event["node"], event["pid"], event["files"]
+        t.node, t.pid, t.files, t.scratch = event["node"], event["pid"], event["files"], event["run_dir"]
         print(f"[{t.server}] on node {t.node} (actor pid {t.pid}, files {t.files})", flush=True)
         return  # recorded with the configuration's server record, once it has one
     elif kind == "manifest":
@@ -340,7 +341,9 @@ def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
         if event["capacity"] is not None:
             _merge_capacity(run, t.server, event["capacity"])
     elif kind == "cell":
-        unpack_dir(event["blob"], safe_child(run.run_dir, "cells", event["name"]))
+        cell_dir = safe_child(run.run_dir, "cells", event["name"])
+        unpack_dir(event["blob"], cell_dir)
+        _relocate_trace_path(cell_dir, t.scratch, run.run_dir)
         return  # the manifest event that follows says the cell ended
     elif kind == "log":
         log = safe_child(run.run_dir, "servers", f"{t.server}.log")
@@ -348,6 +351,21 @@ def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
         log.write_bytes(event["blob"])
         return
     run.save()
+
+
+def _relocate_trace_path(cell_dir: Path, scratch: str | None, run_dir: Path) -> None:
+    """A shipped cell's manifest.json names the trace it replayed in the actor's scratch directory: point it
+    at the same trace in this run directory, as a local run records it."""
+    from kvscope.harness.results.loaders import load_run_manifest, write_result_file
+    from kvscope.harness.results.schemas import ManifestFile
+
+    path = cell_dir / "manifest.json"
+    if scratch is None or not path.is_file():
+        return
+    manifest = load_run_manifest(path)
+    if manifest.trace.path.startswith(scratch.rstrip("/") + "/"):
+        manifest.trace.path = str(run_dir) + manifest.trace.path[len(scratch.rstrip("/")):]
+        write_result_file(path, ManifestFile, manifest)
 
 
 def _merge_capacity(run: RunContext, server: str, entries: list[dict[str, Any]]) -> None:
