@@ -35,13 +35,20 @@ import tarfile
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.experiment.runner import (Cell, RunContext, finish_run, prepare_run, run_configurations,
-                                               safe_child)
+from kvscope.harness.experiment.runner import (
+    Cell,
+    RunContext,
+    finish_run,
+    prepare_run,
+    run_configurations,
+    safe_child,
+)
 from kvscope.harness.experiment.spec import ExperimentSpec, server_backend, server_resources
 
 RAY_EXTRA_HINT = "--executor ray needs the ray extra: pip install 'kvscope[ray]'"
@@ -148,7 +155,7 @@ class _WorkerRun(RunContext):
 
     server: str = ""
     ship: bool = False
-    events: "queue.Queue[Event | None]" = field(default_factory=queue.Queue)
+    events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
 
     def save(self) -> None:
         cells = {n: copy.deepcopy(c) for n, c in self.manifest["cells"].items() if c.get("server") == self.server}
@@ -262,6 +269,11 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
     (run.run_dir / token).write_text("kvscope driver token: an actor that sees this file shares the run directory\n")
     try:
         _drive(ray, run, prepared.todo, with_sweeps=not only_cells, files=files, token=token, on_event=on_event)
+    except KeyboardInterrupt:  # the actors are killed (their servers with them); --resume redoes these cells
+        for entry in run.manifest["cells"].values():
+            if entry["status"] == "running":
+                entry.update(status="interrupted", reason="interrupted")
+        raise
     finally:
         (run.run_dir / token).unlink(missing_ok=True)
         run.save()
