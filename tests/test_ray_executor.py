@@ -118,6 +118,14 @@ def test_without_ray_the_executor_flag_gives_a_one_line_error(tmp_path, tiny_mod
     assert not (tmp_path / "raytest").exists()  # nothing was written
 
 
+def test_ray_flags_without_the_ray_executor_are_refused(tmp_path, tiny_model_dir):
+    from kvscope.harness.cli.main import main
+
+    spec = _spec(tmp_path / "s.yaml", tiny_model_dir, "  a: {}")
+    assert main(["experiment", "run", str(spec), "--ray-files", "ship", "--out", str(tmp_path)]) == 2
+    assert not (tmp_path / "raytest").exists()
+
+
 # ------------------------------------------------------------------------------------------ on a Ray cluster
 
 
@@ -128,7 +136,7 @@ def test_a_lost_actor_fails_its_cells_and_the_rest_goes_on(ray_cluster, tiny_mod
 
     with FaultServer(FaultConfig(ttft_s=0.002)) as fast, FaultServer(FaultConfig(ttft_s=0.2, itl_s=0.01)) as slow:
         spec = _spec(tmp_path / "k.yaml", tiny_model_dir, _mock("steady", fast) + "\n" + _mock("doomed", slow),
-                     repeats=2)
+                     repeats=2, files="auto")  # one machine: auto finds the run directory shared
         killed: list[int] = []
 
         def kill_doomed_mid_cell(server: str, event: dict) -> None:
@@ -150,6 +158,8 @@ def test_a_lost_actor_fails_its_cells_and_the_rest_goes_on(ray_cluster, tiny_mod
         assert sorted(manifest.failed_cells or []) == sorted(doomed)
         assert manifest.completed_at is not None
         assert manifest.executor is not None and manifest.executor.kind == "ray"
+        assert manifest.servers["steady"].files == "shared"
+        assert not list(run_dir.glob(".kvscope-executor-*"))  # the driver's token file is gone
         steady_started = {n: c.started_at for n, c in steady.items()}
 
         slow.config.ttft_s, slow.config.itl_s = 0.002, 0.0
