@@ -27,7 +27,7 @@ from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
 WORKLOAD = "{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}"
 
 
-def _spec(path: Path, model: Path, servers: str, repeats: int = 1, files: str = "ship") -> Path:
+def _spec(path: Path, model: Path, servers: str, repeats: int = 1, files: str = "ship", extra: str = "") -> Path:
     path.write_text(f"""\
 name: raytest
 model: {{source: path, path: {model}, served_model_name: tiny}}
@@ -39,7 +39,7 @@ workloads:
 repeats: {repeats}
 replay: {{time_scale: 0}}
 executor: {{files: {files}}}
-""")
+{extra}""")
     return path
 
 
@@ -168,6 +168,23 @@ def test_a_lost_actor_fails_its_cells_and_the_rest_goes_on(ray_cluster, tiny_mod
         assert resumed.failed_cells == []
         assert {n: resumed.cells[n].started_at for n in steady} == steady_started  # not redone locally
         assert set(_cell_files(run_dir)) == set(manifest.cells)
+
+
+def test_sweeps_run_in_their_configurations_actor_and_capacities_merge_in_plan_order(ray_cluster, tiny_model_dir,
+                                                                                     tmp_path):
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    with FaultServer(FaultConfig(ttft_s=0.002)) as a, FaultServer(FaultConfig(ttft_s=0.002)) as b:
+        spec = _spec(tmp_path / "w.yaml", tiny_model_dir, _mock("zeta", a) + "\n" + _mock("alpha", b),
+                     extra="sweep: {kind: concurrency, levels: [1, 2], slo_ttft_p90_ms: 5000, adaptive: false}\n")
+        ray_m = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="ray"))
+        local_m = load_experiment_file(run_experiment(spec, out=tmp_path / "results", run_id="local"))
+    assert set(ray_m.cells) == set(local_m.cells)
+    assert {n for n in ray_m.cells if "sweep-c" in n} == {f"{s}__agent__sweep-c{c}__r0" for s in ("zeta", "alpha")
+                                                         for c in (1, 2)}
+    assert ray_m.failed_cells == [] == local_m.failed_cells
+    assert [(c.server, c.capacity) for c in ray_m.capacity or []] == \
+        [(c.server, c.capacity) for c in local_m.capacity or []] == [("zeta", 2), ("alpha", 2)]
 
 
 @pytest.mark.vllm

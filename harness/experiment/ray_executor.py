@@ -159,10 +159,10 @@ class _WorkerRun(RunContext):
 
     def save(self) -> None:
         cells = {n: copy.deepcopy(c) for n, c in self.manifest["cells"].items() if c.get("server") == self.server}
-        capacity = [c for c in self.manifest.get("capacity") or [] if c.get("server") == self.server]
+        recorded = self.manifest.get("capacity")  # None until a sweep ran (a run without sweeps keeps null)
+        capacity = None if recorded is None else [copy.deepcopy(c) for c in recorded if c.get("server") == self.server]
         self.events.put({"kind": "manifest", "cells": cells,
-                         "server": copy.deepcopy(self.manifest["servers"].get(self.server)),
-                         "capacity": copy.deepcopy(capacity) if "capacity" in self.manifest else None})
+                         "server": copy.deepcopy(self.manifest["servers"].get(self.server)), "capacity": capacity})
 
     def cell_finished(self, cell_name: str) -> None:
         if not self.ship:

@@ -19,6 +19,11 @@ mode; a restart if that fails), so every cell starts from the same state and pre
 with its reason and the experiment goes on; a server that died is restarted for the next cell. After the grid,
 each sweep (kvscope.harness.experiment.sweep) runs level by level until its ceiling, and its capacity is
 recorded. `--resume` skips cells whose status is `ok`; `--cells` runs only the named grid cells (no sweep).
+
+Executors: `prepare_run` (manifest, model, traces, the cells to do) and `finish_run` are shared, and
+`run_configurations` is the one cell loop. The local executor (`run_experiment`) calls it once for every
+configuration; the Ray executor (`ray_executor.py`) once per configuration inside that configuration's actor,
+with a `RunContext` whose `save`/`cell_finished` stream progress and files to the driver.
 """
 
 from __future__ import annotations
