@@ -147,6 +147,12 @@ class WorkerPayload:
     with_sweeps: bool
     files: str  # auto | shared | ship
     token: str  # the file the driver wrote into run_dir: seen by the actor means a shared filesystem
+    thread_env: dict[str, str | None] = field(default_factory=dict)  # the driver's THREAD_ENV values
+
+
+THREAD_ENV = ("OMP_NUM_THREADS",)
+"""Ray sets OMP_NUM_THREADS to an actor's CPU reservation (1); the server the actor starts would inherit it and
+measure differently from a local run, so the actor restores the driver's value (unset stays unset)."""
 
 
 @dataclass
@@ -190,6 +196,11 @@ class ConfigurationWorker:
             raise KvscopeError(f"executor.files shared: {payload.run_dir} is not visible on node "
                                f"{ray.util.get_node_ip_address()} (mount it at the same path, or use ship)")
         ship = payload.files == "ship" or (payload.files == "auto" and not shared_seen)
+        for key, value in payload.thread_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         run_dir = Path(tempfile.mkdtemp(prefix=f"kvscope-{payload.server}-")) if ship else Path(payload.run_dir)
         yield {"kind": "node", "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
                "files": "ship" if ship else "shared", "run_dir": str(run_dir)}
@@ -307,7 +318,7 @@ def _drive(ray: Any, run: RunContext, todo: list[Cell], with_sweeps: bool, files
             print(f"[{name}] no node offers {opts} now; waiting for the cluster to provide it", flush=True)
         actor = worker_cls.options(**opts, max_restarts=0, max_task_retries=0).remote()
         payload = WorkerPayload(run.spec, run.manifest, str(run.run_dir), run.model_path, name, cells, with_sweeps,
-                                files, token)
+                                files, token, {key: os.environ.get(key) for key in THREAD_ENV})
         stream = actor.run.options(num_returns="streaming").remote(payload, traces_ref)
         tracked[stream] = _Tracked(name, actor, stream, [c.name for c in cells])
         print(f"[{name}] actor requested {_fmt_opts(opts)}: {len(cells)} cell(s)", flush=True)
