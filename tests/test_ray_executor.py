@@ -221,3 +221,23 @@ def test_two_configurations_in_parallel_give_the_results_of_a_local_run(ray_clus
     assert ray_frames.requests.shape == local_frames.requests.shape
     assert list(ray_frames.requests.columns) == list(local_frames.requests.columns)
     assert sorted(ray_frames.cells["cell"]) == sorted(local_frames.cells["cell"])
+
+
+def test_a_server_started_by_an_actor_does_not_inherit_rays_thread_limit(ray_cluster, tiny_model_dir, tmp_path,
+                                                                         monkeypatch):
+    """Ray sets OMP_NUM_THREADS=1 in a 1-CPU actor; the server must see the driver's (here: unset) value, or
+    it measures differently from a local run. A stand-in `python` records the server's environment and exits."""
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env_file = tmp_path / "server.env"
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\nenv > {env_file}\nexit 3\n")
+    fake.chmod(0o755)
+    spec = _spec(tmp_path / "e.yaml", tiny_model_dir,
+                 f"  fake: {{python: {fake}, startup_timeout_s: 30, resources: {{gpu_slot: 1}}}}")
+    manifest = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="e"))
+    assert manifest.failed_cells == ["fake__agent__c1__r0"]  # the stand-in never serves
+    server_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert "PATH" in server_env  # the stand-in ran and wrote its environment
+    assert "OMP_NUM_THREADS" not in server_env
