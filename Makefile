@@ -12,9 +12,13 @@ VLLM_CUDA_SPEC ?= vllm
 PY            := $(VENV)/bin/python
 PIP           := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS   ?=
+# The project's extras `make install` puts in the venv: dev (tests, lint) and ray (`--executor ray`).
+KVSCOPE_EXTRAS ?= dev,ray
 
 VLLM_STAMP    := $(VENV)/.vllm-installed
-KVSCOPE_STAMP := $(VENV)/.kvscope-installed
+# The stamp names the extras, so a changed KVSCOPE_EXTRAS reinstalls as a changed pyproject.toml does.
+comma         := ,
+KVSCOPE_STAMP := $(VENV)/.kvscope-installed-$(subst $(comma),-,$(KVSCOPE_EXTRAS))
 
 .PHONY: demo smoke test install venv vllm model lint clean-venv help chromium
 
@@ -73,9 +77,9 @@ $(VLLM_STAMP): | $(PY)
 	esac
 	@touch $@
 
-# The project itself: reinstalled only when pyproject.toml changes.
+# The project itself with its extras: reinstalled when pyproject.toml (or KVSCOPE_EXTRAS) changes.
 $(KVSCOPE_STAMP): pyproject.toml $(VLLM_STAMP)
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[$(KVSCOPE_EXTRAS)]'
 	@touch $@
 
 model: install

@@ -23,6 +23,15 @@ def add_subcommands(sub) -> None:
     run.add_argument("--resume", action="store_true", help="finish the latest (or --run-id) run: skip cells that are ok")
     run.add_argument("--cells", metavar="NAME", nargs="+", help="run only these cells")
     run.add_argument("--no-report", action="store_true", help="skip the notebook report")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local: one host, servers one after another (default); ray: one Ray actor per server "
+                          "configuration, in parallel across a cluster (docs/cluster.md; needs kvscope[ray])")
+    run.add_argument("--ray-address", metavar="ADDR",
+                     help="--executor ray: the cluster to join, e.g. 10.0.0.1:6379 or ray://head:10001 "
+                          "(default: RAY_ADDRESS, else a new single-node cluster)")
+    run.add_argument("--ray-files", choices=("auto", "shared", "ship"),
+                     help="--executor ray: write cells to the shared run directory or ship them back to this "
+                          "host (default: the spec's executor.files, auto)")
     run.set_defaults(func=_cmd_run)
     cells = esub.add_parser("cells", help="list the cells of a spec in the order they run", formatter_class=_Formatter)
     cells.add_argument("spec", metavar="SPEC")
@@ -89,7 +98,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kvscope.harness.experiment.runner import run_experiment
     from kvscope.harness.results.loaders import load_experiment_file
 
-    run_dir = run_experiment(args.spec, out=args.out, run_id=args.run_id, resume=args.resume, only_cells=args.cells)
+    from kvscope.harness.common.errors import KvscopeError
+
+    if args.executor == "ray":
+        from kvscope.harness.experiment.ray_executor import import_ray, run_experiment_ray
+
+        import_ray()  # the one-line hint before anything is written
+        run_dir = run_experiment_ray(args.spec, out=args.out, run_id=args.run_id, resume=args.resume,
+                                     only_cells=args.cells, address=args.ray_address, files=args.ray_files)
+    elif args.ray_address or args.ray_files:
+        raise KvscopeError("--ray-address and --ray-files go with --executor ray")
+    else:
+        run_dir = run_experiment(args.spec, out=args.out, run_id=args.run_id, resume=args.resume,
+                                 only_cells=args.cells)
 
     recorded = load_experiment_file(run_dir)
     failed = recorded.failed_cells or []

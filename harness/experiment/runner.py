@@ -19,6 +19,11 @@ mode; a restart if that fails), so every cell starts from the same state and pre
 with its reason and the experiment goes on; a server that died is restarted for the next cell. After the grid,
 each sweep (kvscope.harness.experiment.sweep) runs level by level until its ceiling, and its capacity is
 recorded. `--resume` skips cells whose status is `ok`; `--cells` runs only the named grid cells (no sweep).
+
+Executors: `prepare_run` (manifest, model, traces, the cells to do) and `finish_run` are shared, and
+`run_configurations` is the one cell loop. The local executor (`run_experiment`) calls it once for every
+configuration; the Ray executor (`ray_executor.py`) once per configuration inside that configuration's actor,
+with a `RunContext` whose `save`/`cell_finished` stream progress and files to the driver.
 """
 
 from __future__ import annotations
@@ -204,8 +209,13 @@ def _model_name(backend: "Backend", spec: ExperimentSpec) -> str:
 
 
 @dataclass
-class _Run:
-    """What every cell of one experiment run shares."""
+class RunContext:
+    """What every cell of one experiment run shares, and where its progress goes.
+
+    The local executor saves experiment.json itself; a remote executor's worker overrides `save` (send the
+    manifest's changes to the driver, which alone writes experiment.json) and `cell_finished` (ship the cell's
+    files back), so the cell loop below is the same code under both executors.
+    """
 
     spec: ExperimentSpec
     run_dir: Path
@@ -216,15 +226,24 @@ class _Run:
     def save(self) -> None:
         _write_json(self.manifest_path, self.manifest)
 
+    def cell_finished(self, cell_name: str) -> None:
+        """Called after a cell ended (ok or failed), before the manifest saying so is saved."""
 
-def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
-                   resume: bool = False, only_cells: list[str] | None = None, progress: bool = True,
-                   after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
-    """Run (or resume) an experiment; returns the run directory.
 
-    ``after_cell(cell, server)`` is called after each cell with the launched server (the backend where kvscope
-    launched none); tests use it to inject faults between cells.
-    """
+@dataclass
+class PreparedRun:
+    """A run after the prologue both executors share: manifest opened (or resumed), model and traces ready."""
+
+    run: RunContext
+    cells: list[Cell]  # the planned grid cells (after --cells)
+    todo: list[Cell]  # those not ok yet
+    only_cells: list[str] | None
+
+
+def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
+                resume: bool = False, only_cells: list[str] | None = None) -> PreparedRun:
+    """Validate the spec, open (or resume) the run directory and its manifest, prepare the model, generate the
+    traces, and list the cells still to run: everything before the first server starts."""
     spec_path = Path(spec_path)
     spec, _ = load_experiment_spec(spec_path)
     if only_cells:
@@ -236,7 +255,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
                          "weights_random": bool(card and card.get("weights") == "random")}
     manifest["kvscope_version"] = kvscope_version()
-    run = _Run(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
+    run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
     cells = plan_cells(spec)
     if only_cells:
         cells = [c for c in cells if c.name in only_cells]
@@ -248,21 +267,53 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
     manifest["cell_order"] = describe_plan(spec)
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
+    return PreparedRun(run, cells, todo, only_cells)
+
+
+def finish_run(run: RunContext) -> None:
+    """Stamp completion and the failed cells (every cell not ok, whichever executor ran it)."""
+    run.manifest["completed_at"] = time.time()
+    run.manifest["failed_cells"] = [n for n, c in run.manifest["cells"].items() if c["status"] != "ok"]
+    run.save()
+
+
+def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
+                   resume: bool = False, only_cells: list[str] | None = None, progress: bool = True,
+                   after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
+    """Run (or resume) an experiment on this host; returns the run directory.
+
+    ``after_cell(cell, server)`` is called after each cell with the launched server (the backend where kvscope
+    launched none); tests use it to inject faults between cells. `kvscope.harness.experiment.ray_executor`
+    runs the same cells across a Ray cluster.
+    """
+    prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
+    run = prepared.run
+    run.manifest["executor"] = {"kind": "local"}
+    run_configurations(run, prepared.todo, list(run.spec.servers), with_sweeps=not only_cells,
+                       after_cell=after_cell)
+    finish_run(run)
+    return run.run_dir
+
+
+def run_configurations(run: RunContext, cells: list[Cell], server_names: list[str], with_sweeps: bool,
+                       after_cell: Callable[[Cell, Any], None] | None = None) -> None:
+    """The cell loop: `cells` in the order given (plan order), then the sweeps of `server_names`.
+
+    The one implementation of "run these configurations' cells": the local executor calls it once with every
+    configuration (so the arms interleave A B A B on one host), the Ray executor once per configuration in
+    that configuration's actor, with the same cells in the same order.
+    """
     servers = _Servers(run)
     try:
-        for cell in todo:
-            if spec.servers_up == "one":
+        for cell in cells:
+            if run.spec.servers_up == "one":
                 servers.stop_all_but(cell.server)
             _run_one(run, servers, cell, after_cell)
-        if not only_cells:
-            _run_sweeps(run, servers, after_cell)
+        if with_sweeps:
+            _run_sweeps(run, servers, after_cell, server_names)
     finally:
         servers.stop_all()
         run.save()
-    manifest["completed_at"] = time.time()
-    manifest["failed_cells"] = [n for n, c in manifest["cells"].items() if c["status"] != "ok"]
-    run.save()
-    return run_dir
 
 
 def _check_cells_exist(spec: ExperimentSpec, only_cells: list[str]) -> None:
@@ -290,7 +341,7 @@ def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
             "spec_path": str(spec_path), "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
 
 
-def _generate_traces(run: _Run, spec_path: Path, tokenizer_dir: str) -> None:
+def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> None:
     """One trace per workload, generated once (kept across --resume)."""
     from kvscope.workloads.generate import generate_from_file
 
@@ -317,7 +368,7 @@ class _Servers:
     """The experiment's backends by configuration name: started on first use, restarted when one died or a new
     repeat asks for a fresh process (``between_repeats: restart``), stopped at the end."""
 
-    def __init__(self, run: _Run) -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run = run
         self.backends: dict[str, "Backend"] = {}
         self.last_repeat: dict[str, int] = {}
@@ -354,7 +405,7 @@ class _Servers:
             self.backends.pop(name).stop()
 
 
-def _run_one(run: _Run, servers: _Servers, cell: Cell, after_cell: Callable[[Cell, Any], None] | None,
+def _run_one(run: RunContext, servers: _Servers, cell: Cell, after_cell: Callable[[Cell, Any], None] | None,
              level: Any = None) -> None:
     """One cell against its configuration's server; a failure is recorded and the experiment goes on."""
     entry = run.manifest["cells"][cell.name]
@@ -375,19 +426,22 @@ def _run_one(run: _Run, servers: _Servers, cell: Cell, after_cell: Callable[[Cel
             servers.backends.pop(cell.server, None)
     finally:
         entry["ended_at"] = time.time()
+        run.cell_finished(cell.name)
         run.save()
     if after_cell is not None and backend is not None:  # the launched process (VllmServer) where there is one
         after_cell(cell, getattr(backend, "server", None) or backend)
 
 
-def _run_sweeps(run: _Run, servers: _Servers, after_cell: Callable[[Cell, Any], None] | None) -> None:
-    """Every sweep, round-robin one level at a time, until each is done; then the capacities."""
+def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, Any], None] | None,
+                server_names: list[str]) -> None:
+    """The sweeps of `server_names`, round-robin one level at a time, until each is done; then their
+    capacities."""
     from dataclasses import asdict
 
     from kvscope.harness.experiment.spec import sweep_level
     from kvscope.harness.experiment.sweep import plan_sweeps, point_from_cell
 
-    sweeps = plan_sweeps(run.spec)
+    sweeps = [sw for sw in plan_sweeps(run.spec) if sw.server in server_names]
     if not sweeps:
         return
     cells = run.manifest["cells"]
@@ -422,7 +476,7 @@ def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: di
     srec["ready_after_s"] = backend.ready_after_s
 
 
-def _run_cell(run: _Run, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path,
+def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path,
               level: Any = None) -> None:
     """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
     import shutil

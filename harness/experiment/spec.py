@@ -11,14 +11,14 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_serializer, model_validator
 
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
-__all__ = ["CostSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "SweepSpec",
-           "WorkloadRef", "check_name", "load_experiment_spec", "sweep_level"]
+__all__ = ["CostSpec", "ExecutorSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "SweepSpec",
+           "WorkloadRef", "check_name", "load_experiment_spec", "server_resources", "sweep_level"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -104,6 +104,45 @@ class SweepSpec(BaseModel):
         return self
 
 
+class ExecutorSpec(BaseModel):
+    """How a distributed executor (``kvscope experiment run --executor ray``) places and ships work; the local
+    executor ignores it. Per-configuration resources are ``servers.<name>.resources``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: Literal["auto", "shared", "ship"] = Field(
+        "auto", description="shared: workers write cells straight into the experiment directory (a filesystem "
+                            "every node mounts at the same path); ship: workers write to a local scratch "
+                            "directory and send each finished cell back to the driver; auto: shared where the "
+                            "worker sees the driver's run directory, ship elsewhere")
+    actor_cpus: float = Field(1.0, ge=0, description="CPUs each configuration's actor reserves (its replay client "
+                                                     "runs there, beside the server)")
+
+
+ResourceMap = dict[str, float]
+_RESOURCES = TypeAdapter(ResourceMap)
+
+
+def _check_resources(name: str, raw: Any) -> ResourceMap:
+    """`servers.<name>.resources`: Ray resource names (`GPU`, `CPU` or custom, e.g. `gpu_slot`) to amounts >= 0."""
+    try:
+        resources = _RESOURCES.validate_python(raw)
+    except ValidationError as exc:
+        raise ValueError(f"servers.{name}.resources: expected a mapping of Ray resource names to amounts, "
+                         f"e.g. {{GPU: 2}} or {{gpu_slot: 1}}; got {raw!r}") from exc
+    bad = [k for k, v in resources.items() if v < 0]
+    if bad:
+        raise ValueError(f"servers.{name}.resources: amounts must be >= 0, got {', '.join(bad)}")
+    return resources
+
+
+def server_resources(spec: "ExperimentSpec", name: str) -> ResourceMap | None:
+    """The Ray resources configuration `name` states (`servers.<name>.resources`), or None: then the executor
+    derives them from the server config (GPUs = tensor x pipeline x data parallel size)."""
+    raw = (spec.servers[name] or {}).get("resources")
+    return None if raw is None else _check_resources(name, raw)
+
+
 def sweep_level(kind: str, load: float) -> LoadLevel:
     """The load level of one sweep cell: named `sweep-c4` or `sweep-r0.5` (apart from the grid's names)."""
     if kind == "concurrency":
@@ -182,6 +221,7 @@ class ExperimentSpec(ExperimentSpecCore):
                            "within a configuration")
     sweep: SweepSpec | None = None
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
 
     @field_validator("name")
     @classmethod
@@ -193,8 +233,10 @@ class ExperimentSpec(ExperimentSpecCore):
     def _servers(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if not v:
             raise ValueError("at least one server configuration is needed")
-        for k in v:
+        for k, entry in v.items():
             check_name(k, "server configuration name")
+            if entry and "resources" in entry:
+                _check_resources(k, entry["resources"])
         return v
 
     @field_validator("workloads")
@@ -249,6 +291,7 @@ def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str
 
     default_backend, defaults = split_backend(spec.server_defaults)
     entry = dict(spec.servers[name] or {})
+    entry.pop("resources", None)  # where the configuration runs (an executor's concern), not a server field
     backend_name, entry_fields = split_backend({"backend": default_backend, **entry})
     backend_cls = Backend.get(backend_name)
     fields = backend_cls.experiment_base_fields(model_path, spec.model.served_model_name)

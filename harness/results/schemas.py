@@ -293,6 +293,16 @@ class ServerEntry(_Block):
     log: str
     facts: dict[str, Any] | None = None
     ready_after_s: float | None = None
+    node: str | None = None  # Ray executor: the node (IP) the configuration's server and client ran on
+    files: Literal["shared", "ship"] | None = None  # Ray executor: cells written in place or shipped back
+
+
+class ExecutorEntry(_Block):
+    """Which executor ran the cells (the last run; --resume may switch executors, cells keep their records)."""
+
+    kind: Literal["local", "ray"]
+    address: str | None = None  # ray: the cluster address given (None: a new local cluster or RAY_ADDRESS)
+    files: Literal["auto", "shared", "ship"] | None = None  # ray: the spec's executor.files (servers: what each got)
 
 
 class SweepPoint(_Block):
@@ -346,6 +356,7 @@ class ExperimentFile(VersionedFile, Generic[SpecT]):
     failed_cells: list[str] | None = None
     cell_order: str | None = None  # how cells were ordered and servers kept (kvscope experiment cells says it)
     capacity: list[CapacityEntry] | None = None  # one per sweep (spec `sweep:`), null without one
+    executor: ExecutorEntry | None = None
 
 
 # ------------------------------------------------------------------------------------------- report.json

@@ -1,0 +1,421 @@
+"""Run an experiment's cells across a Ray cluster: one actor per server configuration (`--executor ray`).
+
+Why this shape:
+
+* **One actor per configuration.** A configuration is the unit that owns resources (its server's GPUs) and
+  state (the running server, its restarts). The actor requests what the configuration needs — the
+  `servers.<name>.resources` the spec names, else tensor x pipeline x data parallel size GPUs for a vLLM
+  configuration (none on a cluster without GPUs) — so Ray places it on a node that has them; the actor starts
+  the server there and replays from the same process, the client beside the server, so the network between
+  nodes never enters the latencies. Configurations run in parallel; Ray is the scheduler, kvscope builds none.
+* **The same cell loop as a local run.** The actor calls `runner.run_configurations` with that
+  configuration's cells in plan order (repeats interleaved within it, then its sweeps), through a
+  `RunContext` whose `save` and `cell_finished` send progress to the driver instead of writing files.
+* **The driver alone writes experiment.json.** Actors stream events back (a Ray streaming generator): the
+  configuration's cell records after every change, and — where the actor does not see the driver's run
+  directory — each finished cell's directory as a tar blob through the object store. The driver merges them,
+  so the experiment directory is exactly what a local run writes, and `--resume` works across executors (a
+  cell is skipped when its record is ok, whoever ran it).
+* **A lost actor or node fails its configuration's remaining cells** with the reason (the same failed-cell
+  record a failing server produces); the other configurations go on and the run completes.
+
+Files: `executor.files` (or `--ray-files`) is `shared` (actors write the cells in place: a filesystem every
+node mounts at the same path), `ship` (actors write to a scratch directory and ship each cell back) or `auto`
+(shared where the actor finds the driver's token file in the run directory, ship elsewhere).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import queue
+import shutil
+import tarfile
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.experiment.runner import (
+    Cell,
+    RunContext,
+    finish_run,
+    prepare_run,
+    run_configurations,
+    safe_child,
+)
+from kvscope.harness.experiment.spec import ExperimentSpec, server_backend, server_resources
+
+RAY_EXTRA_HINT = "--executor ray needs the ray extra: pip install 'kvscope[ray]'"
+TOKEN_PREFIX = ".kvscope-executor-"
+
+Event = dict[str, Any]
+
+
+def import_ray() -> Any:
+    """The `ray` module, or the one-line error that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise KvscopeError(RAY_EXTRA_HINT) from exc
+    return ray
+
+
+# ------------------------------------------------------------------------------------------------ placement
+
+
+def parallel_gpus(spec: ExperimentSpec, name: str) -> int:
+    """GPUs one vLLM server of configuration `name` uses: tensor x pipeline x data parallel size."""
+    config = server_backend(spec, name, model_path="/placeholder").config
+    tp = getattr(config, "tensor_parallel_size", None) or 1
+    dp = getattr(config, "data_parallel_size", None) or 1
+    pp = 1
+    args = list(getattr(config, "extra_args", None) or [])
+    for i, arg in enumerate(args):
+        if arg in ("--pipeline-parallel-size", "-pp") and i + 1 < len(args):
+            pp = int(args[i + 1])
+        elif arg.startswith("--pipeline-parallel-size="):
+            pp = int(arg.split("=", 1)[1])
+    return tp * pp * dp
+
+
+def actor_options(spec: ExperimentSpec, name: str, cluster_has_gpus: bool) -> dict[str, Any]:
+    """Ray actor options of configuration `name`: the resources it states, else the GPUs its server uses."""
+    opts: dict[str, Any] = {"num_cpus": spec.executor.actor_cpus, "num_gpus": 0, "resources": {}}
+    stated = server_resources(spec, name)
+    if stated is None:
+        managed = server_backend(spec, name, model_path="/placeholder").managed
+        opts["num_gpus"] = parallel_gpus(spec, name) if managed and cluster_has_gpus else 0
+        return opts
+    for key, amount in stated.items():
+        if key == "CPU":
+            opts["num_cpus"] = amount
+        elif key == "GPU":
+            opts["num_gpus"] = amount
+        else:
+            opts["resources"][key] = amount
+    return opts
+
+
+def _fits_some_node(ray: Any, opts: dict[str, Any]) -> bool:
+    wanted = {"CPU": opts["num_cpus"], "GPU": opts["num_gpus"], **opts["resources"]}
+    for node in ray.nodes():
+        have = node.get("Resources", {}) if node.get("Alive") else {}
+        if all(amount <= 0 or have.get(key, 0) >= amount for key, amount in wanted.items()):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------------ file blobs
+
+
+def pack_dir(path: Path) -> bytes:
+    """A directory as an uncompressed tar (parquet is compressed already)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(path, arcname=".")
+    return buf.getvalue()
+
+
+def unpack_dir(blob: bytes, dest: Path) -> None:
+    """Replace `dest` with the tar's contents; the `data` filter refuses links and paths outside it."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+        tar.extractall(dest, filter="data")
+
+
+# ------------------------------------------------------------------------------------------------ the actor
+
+
+@dataclass
+class WorkerPayload:
+    """What a configuration's actor needs: the spec, the manifest as the driver holds it, and its cells."""
+
+    spec: ExperimentSpec
+    manifest: dict[str, Any]
+    run_dir: str
+    model_path: str
+    server: str
+    cells: list[Cell]
+    with_sweeps: bool
+    files: str  # auto | shared | ship
+    token: str  # the file the driver wrote into run_dir: seen by the actor means a shared filesystem
+    thread_env: dict[str, str | None] = field(default_factory=dict)  # the driver's THREAD_ENV values
+
+
+THREAD_ENV = ("OMP_NUM_THREADS",)
+"""Ray sets OMP_NUM_THREADS to an actor's CPU reservation (1); the server the actor starts would inherit it and
+measure differently from a local run, so the actor restores the driver's value (unset stays unset)."""
+
+
+@dataclass
+class _WorkerRun(RunContext):
+    """A RunContext inside an actor: progress goes to the driver as events, files too where not shared."""
+
+    server: str = ""
+    ship: bool = False
+    events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
+
+    def save(self) -> None:
+        cells = {n: copy.deepcopy(c) for n, c in self.manifest["cells"].items() if c.get("server") == self.server}
+        recorded = self.manifest.get("capacity")  # None until a sweep ran (a run without sweeps keeps null)
+        capacity = None if recorded is None else [copy.deepcopy(c) for c in recorded if c.get("server") == self.server]
+        self.events.put({"kind": "manifest", "cells": cells,
+                         "server": copy.deepcopy(self.manifest["servers"].get(self.server)), "capacity": capacity})
+
+    def cell_finished(self, cell_name: str) -> None:
+        if not self.ship:
+            return
+        cell_dir = safe_child(self.run_dir, "cells", cell_name)
+        if cell_dir.is_dir():
+            self.events.put({"kind": "cell", "name": cell_name, "blob": pack_dir(cell_dir)})
+        self._ship_log()
+
+    def _ship_log(self) -> None:
+        log = safe_child(self.run_dir, "servers", f"{self.server}.log")
+        if log.is_file():
+            self.events.put({"kind": "log", "blob": log.read_bytes()})
+
+
+class ConfigurationWorker:
+    """The Ray actor of one server configuration (wrapped with `ray.remote` by the driver)."""
+
+    def run(self, payload: WorkerPayload, traces: list[Any]) -> Iterator[Event]:
+        """Stream events while this configuration's cells run: node, manifest patches, shipped files."""
+        import ray
+
+        shared_seen = (Path(payload.run_dir) / payload.token).is_file()
+        if payload.files == "shared" and not shared_seen:
+            raise KvscopeError(f"executor.files shared: {payload.run_dir} is not visible on node "
+                               f"{ray.util.get_node_ip_address()} (mount it at the same path, or use ship)")
+        ship = payload.files == "ship" or (payload.files == "auto" and not shared_seen)
+        for key, value in payload.thread_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        run_dir = Path(tempfile.mkdtemp(prefix=f"kvscope-{payload.server}-")) if ship else Path(payload.run_dir)
+        yield {"kind": "node", "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
+               "files": "ship" if ship else "shared", "run_dir": str(run_dir)}
+        try:
+            if ship:
+                unpack_dir(ray.get(traces[0]), run_dir / "traces")
+            ctx = _WorkerRun(payload.spec, run_dir, payload.manifest, run_dir / "experiment.json",
+                             payload.model_path, server=payload.server, ship=ship)
+            yield from self._run_in_thread(ctx, payload)
+            if ship:
+                ctx._ship_log()
+                while not ctx.events.empty():
+                    yield ctx.events.get()  # type: ignore[misc]
+        finally:
+            if ship:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+    @staticmethod
+    def _run_in_thread(ctx: _WorkerRun, payload: WorkerPayload) -> Iterator[Event]:
+        """The cell loop calls `save` synchronously; a thread runs it while this generator yields its events.
+        The thread lives until the loop has stopped every server it started (vLLM dies with its parent
+        thread)."""
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                run_configurations(ctx, payload.cells, [payload.server], payload.with_sweeps)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the generator below
+                failure.append(exc)
+            finally:
+                ctx.events.put(None)
+
+        thread = threading.Thread(target=work, name=f"kvscope-{payload.server}", daemon=True)
+        thread.start()
+        while (event := ctx.events.get()) is not None:
+            yield event
+        thread.join()
+        if failure:
+            raise failure[0]
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+
+
+@dataclass
+class _Tracked:
+    """The driver's view of one configuration's actor."""
+
+    server: str
+    actor: Any
+    stream: Any
+    cells: list[str]
+    node: str | None = None
+    pid: int | None = None
+    files: str | None = None  # shared | ship, as the actor chose
+    scratch: str | None = None  # the run directory on the actor's node (its scratch one when shipping)
+
+
+def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
+                       resume: bool = False, only_cells: list[str] | None = None, address: str | None = None,
+                       files: str | None = None, on_event: Callable[[str, Event], None] | None = None) -> Path:
+    """Run (or resume) an experiment with one Ray actor per server configuration; returns the run directory.
+
+    Connects to `address` (else RAY_ADDRESS, else starts a local cluster) unless Ray is initialised already.
+    `files` overrides `executor.files`. ``on_event(server, event)`` sees every event the driver handles (tests
+    use it to kill an actor mid-run).
+    """
+    ray = import_ray()
+    prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
+    run = prepared.run
+    files = files or run.spec.executor.files
+    run.manifest["executor"] = {"kind": "ray", "address": address, "files": files}
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
+    (run.run_dir / token).write_text("kvscope driver token: an actor that sees this file shares the run directory\n")
+    try:
+        _drive(ray, run, prepared.todo, with_sweeps=not only_cells, files=files, token=token, on_event=on_event)
+    except KeyboardInterrupt:  # the actors are killed (their servers with them); --resume redoes these cells
+        for entry in run.manifest["cells"].values():
+            if entry["status"] == "running":
+                entry.update(status="interrupted", reason="interrupted")
+        raise
+    finally:
+        (run.run_dir / token).unlink(missing_ok=True)
+        run.save()
+        if started_here:
+            ray.shutdown()
+    finish_run(run)
+    return run.run_dir
+
+
+def _configurations(run: RunContext, todo: list[Cell], with_sweeps: bool) -> dict[str, list[Cell]]:
+    """Configuration -> its cells still to run, in plan order; a configuration with a sweep gets an actor even
+    when its grid is done (the sweep resumes level by level)."""
+    from kvscope.harness.experiment.sweep import plan_sweeps
+
+    swept = {sw.server for sw in plan_sweeps(run.spec)} if with_sweeps else set()
+    return {name: [c for c in todo if c.server == name] for name in run.spec.servers
+            if name in swept or any(c.server == name for c in todo)}
+
+
+def _drive(ray: Any, run: RunContext, todo: list[Cell], with_sweeps: bool, files: str, token: str,
+           on_event: Callable[[str, Event], None] | None) -> None:
+    """Start one actor per configuration, merge their events until every stream ended or its actor died."""
+    groups = _configurations(run, todo, with_sweeps)
+    cluster_has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+    traces_ref = [ray.put(pack_dir(run.run_dir / "traces"))] if files != "shared" else [None]
+    worker_cls = ray.remote(ConfigurationWorker)
+    tracked: dict[Any, _Tracked] = {}
+    for name, cells in groups.items():
+        opts = actor_options(run.spec, name, cluster_has_gpus)
+        if not _fits_some_node(ray, opts):
+            print(f"[{name}] no node offers {opts} now; waiting for the cluster to provide it", flush=True)
+        actor = worker_cls.options(**opts, max_restarts=0, max_task_retries=0).remote()
+        payload = WorkerPayload(run.spec, run.manifest, str(run.run_dir), run.model_path, name, cells, with_sweeps,
+                                files, token, {key: os.environ.get(key) for key in THREAD_ENV})
+        stream = actor.run.options(num_returns="streaming").remote(payload, traces_ref)
+        tracked[stream] = _Tracked(name, actor, stream, [c.name for c in cells])
+        print(f"[{name}] actor requested {_fmt_opts(opts)}: {len(cells)} cell(s)", flush=True)
+    try:
+        while tracked:
+            ready, _ = ray.wait(list(tracked), num_returns=1, timeout=None)
+            for stream in ready:
+                _advance(ray, run, tracked, tracked[stream], on_event)
+    finally:
+        for t in tracked.values():
+            ray.kill(t.actor, no_restart=True)
+
+
+def _advance(ray: Any, run: RunContext, tracked: dict[Any, _Tracked], t: _Tracked,
+             on_event: Callable[[str, Event], None] | None) -> None:
+    """Take one event from a configuration's stream; its end or its actor's death retires it."""
+    try:
+        event = ray.get(next(t.stream))
+    except StopIteration:
+        del tracked[t.stream]
+        ray.kill(t.actor, no_restart=True)
+        return
+    except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, a task error: fail its cells
+        del tracked[t.stream]
+        _fail_remaining(run, t, exc)
+        ray.kill(t.actor, no_restart=True)
+        return
+    _merge(run, t, event)
+    if on_event is not None:
+        on_event(t.server, {**event, "pid": t.pid, "node": t.node})
+
+
+def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
+    kind = event["kind"]
+    if kind == "node":
+        t.node, t.pid, t.files, t.scratch = event["node"], event["pid"], event["files"], event["run_dir"]
+        print(f"[{t.server}] on node {t.node} (actor pid {t.pid}, files {t.files})", flush=True)
+        return  # recorded with the configuration's server record, once it has one
+    elif kind == "manifest":
+        run.manifest["cells"].update(event["cells"])
+        if event["server"] is not None:
+            run.manifest["servers"][t.server] = {**event["server"], "node": t.node, "files": t.files}
+        if event["capacity"] is not None:
+            _merge_capacity(run, t.server, event["capacity"])
+    elif kind == "cell":
+        cell_dir = safe_child(run.run_dir, "cells", event["name"])
+        unpack_dir(event["blob"], cell_dir)
+        _relocate_trace_path(cell_dir, t.scratch, run.run_dir)
+        return  # the manifest event that follows says the cell ended
+    elif kind == "log":
+        log = safe_child(run.run_dir, "servers", f"{t.server}.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(event["blob"])
+        return
+    run.save()
+
+
+def _relocate_trace_path(cell_dir: Path, scratch: str | None, run_dir: Path) -> None:
+    """A shipped cell's manifest.json names the trace it replayed in the actor's scratch directory: point it
+    at the same trace in this run directory, as a local run records it."""
+    from kvscope.harness.results.loaders import load_run_manifest, write_result_file
+    from kvscope.harness.results.schemas import ManifestFile
+
+    path = cell_dir / "manifest.json"
+    if scratch is None or not path.is_file():
+        return
+    manifest = load_run_manifest(path)
+    if manifest.trace.path.startswith(scratch.rstrip("/") + "/"):
+        manifest.trace.path = str(run_dir) + manifest.trace.path[len(scratch.rstrip("/")):]
+        write_result_file(path, ManifestFile, manifest)
+
+
+def _merge_capacity(run: RunContext, server: str, entries: list[dict[str, Any]]) -> None:
+    """Replace this configuration's capacities; keep the sweeps' plan order (as a local run records them)."""
+    from kvscope.harness.experiment.sweep import plan_sweeps
+
+    merged = [c for c in run.manifest.get("capacity") or [] if c["server"] != server] + entries
+    order = {(sw.server, sw.workload): i for i, sw in enumerate(plan_sweeps(run.spec))}
+    run.manifest["capacity"] = sorted(merged, key=lambda c: order.get((c["server"], c["workload"]), len(order)))
+
+
+def _fail_remaining(run: RunContext, t: _Tracked, exc: BaseException) -> None:
+    """The actor (or its node) is gone: every cell of its configuration not ended yet fails with the reason."""
+    import time
+
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    where = f"node {t.node}, actor pid {t.pid}" if t.node else "before it reported a node"
+    reason = (f"Ray actor of configuration {t.server} lost ({where}): {exc.__class__.__name__}: "
+              f"{first_line}")[:500]
+    print(f"[{t.server}] FAILED: {reason}", flush=True)
+    for name, entry in run.manifest["cells"].items():
+        if entry.get("server") == t.server and entry["status"] in ("pending", "running") and \
+                (name in t.cells or entry["status"] == "running"):
+            entry.update(status="failed", reason=reason, ended_at=time.time())
+    run.save()
+
+
+def _fmt_opts(opts: dict[str, Any]) -> str:
+    parts = [f"CPU {opts['num_cpus']:g}"] + ([f"GPU {opts['num_gpus']:g}"] if opts["num_gpus"] else [])
+    return ", ".join(parts + [f"{k} {v:g}" for k, v in opts["resources"].items()])

@@ -1,0 +1,243 @@
+"""`kvscope experiment run --executor ray`: one Ray actor per server configuration, results as a local run.
+
+A Ray head on loopback (2 CPUs, a custom `gpu_slot` resource standing in for GPUs) runs the experiments. The
+configurations that need no vLLM attach to FaultServer mocks on loopback (`backend: openai`), so only one real
+vLLM server runs at a time (the machine has 2 cores). Cells are shipped back through the object store
+(`executor.files: ship`) so the ship-back path is what is tested, although driver and actor share a disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.experiment.ray_executor import actor_options, pack_dir, parallel_gpus, unpack_dir
+from kvscope.harness.experiment.runner import run_experiment
+from kvscope.harness.experiment.spec import load_experiment_spec
+from kvscope.harness.results.loaders import load_experiment_file, load_results
+from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+
+WORKLOAD = "{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}"
+
+
+def _spec(path: Path, model: Path, servers: str, repeats: int = 1, files: str = "ship", extra: str = "") -> Path:
+    path.write_text(f"""\
+name: raytest
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
+servers:
+{servers}
+workloads:
+  agent: {WORKLOAD}
+repeats: {repeats}
+replay: {{time_scale: 0}}
+executor: {{files: {files}}}
+{extra}""")
+    return path
+
+
+def _mock(name: str, srv: FaultServer) -> str:
+    return f'  {name}: {{backend: openai, endpoint: "{srv.endpoint}", block_size: 16, resources: {{gpu_slot: 1}}}}'
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, resources={"gpu_slot": 2}, include_dashboard=False,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _cell_files(run_dir: Path) -> dict[str, set[str]]:
+    return {d.name: {p.name for p in d.iterdir()} for d in sorted((run_dir / "cells").iterdir()) if d.is_dir()}
+
+
+# ------------------------------------------------------------------------------------------ no cluster needed
+
+
+def test_actor_resources_come_from_the_spec_or_the_parallel_sizes(tmp_path, tiny_model_dir):
+    spec, _ = load_experiment_spec(_spec(tmp_path / "s.yaml", tiny_model_dir, """\
+  tp: {tensor_parallel_size: 2, extra_args: [--pipeline-parallel-size, "2"]}
+  slot: {resources: {gpu_slot: 1, CPU: 2}}
+  gpu: {resources: {GPU: 8}}
+  remote: {backend: openai, endpoint: "http://127.0.0.1:9", block_size: 16}"""))
+    assert parallel_gpus(spec, "tp") == 4
+    assert actor_options(spec, "tp", cluster_has_gpus=True)["num_gpus"] == 4
+    assert actor_options(spec, "tp", cluster_has_gpus=False)["num_gpus"] == 0  # a CPU-only cluster
+    assert actor_options(spec, "slot", True) == {"num_cpus": 2, "num_gpus": 0, "resources": {"gpu_slot": 1}}
+    assert actor_options(spec, "gpu", True)["num_gpus"] == 8
+    assert actor_options(spec, "remote", True)["num_gpus"] == 0  # kvscope starts no server for it
+
+
+def test_bad_resources_and_executor_fields_name_the_field(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"servers\.a\.resources"):
+        load_experiment_spec(_spec(tmp_path / "a.yaml", tiny_model_dir, "  a: {resources: {gpu_slot: many}}"))
+    with pytest.raises(ConfigError, match="files"):
+        load_experiment_spec(_spec(tmp_path / "b.yaml", tiny_model_dir, "  a: {}", files="nfs"))
+
+
+def test_a_shipped_directory_unpacks_identically_and_refuses_escaping_members(tmp_path):
+    import io
+    import tarfile
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.parquet").write_bytes(os.urandom(1000))
+    (src / "sub" / "b.json").write_text("{}")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "stale").write_text("from an earlier attempt")
+    unpack_dir(pack_dir(src), dest)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == ["a.parquet", "sub", "sub/b.json"]
+    assert (dest / "a.parquet").read_bytes() == (src / "a.parquet").read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../escaped")
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(tarfile.TarError):
+        unpack_dir(buf.getvalue(), tmp_path / "evil")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_without_ray_the_executor_flag_gives_a_one_line_error(tmp_path, tiny_model_dir):
+    spec = _spec(tmp_path / "s.yaml", tiny_model_dir, "  a: {}")
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from kvscope.harness.cli.main import main\n"
+            f"sys.exit(main(['experiment', 'run', {str(spec)!r}, '--executor', 'ray', '--out', {str(tmp_path)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == "kvscope: error: --executor ray needs the ray extra: pip install 'kvscope[ray]'"
+    assert not (tmp_path / "raytest").exists()  # nothing was written
+
+
+def test_ray_flags_without_the_ray_executor_are_refused(tmp_path, tiny_model_dir):
+    from kvscope.harness.cli.main import main
+
+    spec = _spec(tmp_path / "s.yaml", tiny_model_dir, "  a: {}")
+    assert main(["experiment", "run", str(spec), "--ray-files", "ship", "--out", str(tmp_path)]) == 2
+    assert not (tmp_path / "raytest").exists()
+
+
+# ------------------------------------------------------------------------------------------ on a Ray cluster
+
+
+def test_a_lost_actor_fails_its_cells_and_the_rest_goes_on(ray_cluster, tiny_model_dir, tmp_path):
+    """SIGKILL the actor of one configuration mid-cell: its cells fail naming the lost actor, the other
+    configuration's cells are ok and the run completes; a local --resume then redoes only the failed ones."""
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    with FaultServer(FaultConfig(ttft_s=0.002)) as fast, FaultServer(FaultConfig(ttft_s=0.2, itl_s=0.01)) as slow:
+        spec = _spec(tmp_path / "k.yaml", tiny_model_dir, _mock("steady", fast) + "\n" + _mock("doomed", slow),
+                     repeats=2, files="auto")  # one machine: auto finds the run directory shared
+        killed: list[int] = []
+
+        def kill_doomed_mid_cell(server: str, event: dict) -> None:
+            running = [c for c in (event.get("cells") or {}).values() if c["status"] == "running"]
+            if server == "doomed" and running and not killed:
+                killed.append(event["pid"])
+                os.kill(event["pid"], signal.SIGKILL)
+
+        run_dir = run_experiment_ray(spec, out=tmp_path / "results", run_id="k", on_event=kill_doomed_mid_cell)
+        manifest = load_experiment_file(run_dir)
+        doomed = {n: c for n, c in manifest.cells.items() if c.server == "doomed"}
+        steady = {n: c for n, c in manifest.cells.items() if c.server == "steady"}
+        assert killed
+        assert {c.status for c in doomed.values()} == {"failed"} and len(doomed) == 2
+        for c in doomed.values():
+            assert "Ray actor of configuration doomed lost" in (c.reason or "")
+            assert f"actor pid {killed[0]}" in (c.reason or "")
+        assert {c.status for c in steady.values()} == {"ok"} and len(steady) == 2
+        assert sorted(manifest.failed_cells or []) == sorted(doomed)
+        assert manifest.completed_at is not None
+        assert manifest.executor is not None and manifest.executor.kind == "ray"
+        assert manifest.servers["steady"].files == "shared"
+        assert not list(run_dir.glob(".kvscope-executor-*"))  # the driver's token file is gone
+        steady_started = {n: c.started_at for n, c in steady.items()}
+
+        slow.config.ttft_s, slow.config.itl_s = 0.002, 0.0
+        run_experiment(spec, out=tmp_path / "results", run_id="k", resume=True)
+        resumed = load_experiment_file(run_dir)
+        assert resumed.failed_cells == []
+        assert {n: resumed.cells[n].started_at for n in steady} == steady_started  # not redone locally
+        assert set(_cell_files(run_dir)) == set(manifest.cells)
+
+
+def test_sweeps_run_in_their_configurations_actor_and_capacities_merge_in_plan_order(ray_cluster, tiny_model_dir,
+                                                                                     tmp_path):
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    with FaultServer(FaultConfig(ttft_s=0.002)) as a, FaultServer(FaultConfig(ttft_s=0.002)) as b:
+        spec = _spec(tmp_path / "w.yaml", tiny_model_dir, _mock("zeta", a) + "\n" + _mock("alpha", b),
+                     extra="sweep: {kind: concurrency, levels: [1, 2], slo_ttft_p90_ms: 5000, adaptive: false}\n")
+        ray_m = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="ray"))
+        local_m = load_experiment_file(run_experiment(spec, out=tmp_path / "results", run_id="local"))
+    assert set(ray_m.cells) == set(local_m.cells)
+    assert {n for n in ray_m.cells if "sweep-c" in n} == {f"{s}__agent__sweep-c{c}__r0" for s in ("zeta", "alpha")
+                                                         for c in (1, 2)}
+    assert ray_m.failed_cells == [] == local_m.failed_cells
+    assert [(c.server, c.capacity) for c in ray_m.capacity or []] == \
+        [(c.server, c.capacity) for c in local_m.capacity or []] == [("zeta", 2), ("alpha", 2)]
+
+
+@pytest.mark.vllm
+def test_two_configurations_in_parallel_give_the_results_of_a_local_run(ray_cluster, require_vllm,
+                                                                        tiny_model_dir, tmp_path, capsys):
+    """A real vLLM configuration and a mock one, each in its own actor, cells shipped back; the same spec run
+    locally gives the same cells, the same files, loadable by load_results. Prints both wall times."""
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    with FaultServer(FaultConfig(ttft_s=0.02, itl_s=0.002)) as mock:
+        spec = _spec(tmp_path / "p.yaml", tiny_model_dir, "  vllm: {resources: {gpu_slot: 1}}\n" + _mock("mock", mock))
+        t0 = time.perf_counter()
+        ray_dir = run_experiment_ray(spec, out=tmp_path / "results", run_id="ray")
+        ray_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        local_dir = run_experiment(spec, out=tmp_path / "results", run_id="local")
+        local_s = time.perf_counter() - t0
+    with capsys.disabled():
+        print(f"\ntwo-configuration experiment wall time: local {local_s:.1f} s, ray {ray_s:.1f} s")
+    ray_m, local_m = load_experiment_file(ray_dir), load_experiment_file(local_dir)
+    assert ray_m.failed_cells == [] and local_m.failed_cells == []
+    assert set(ray_m.cells) == set(local_m.cells) == {"vllm__agent__c1__r0", "mock__agent__c1__r0"}
+    assert _cell_files(ray_dir) == _cell_files(local_dir)
+    assert (ray_dir / "servers" / "vllm.log").stat().st_size > 0  # the actor's server log came back
+    assert ray_m.servers["vllm"].files == "ship" and ray_m.servers["vllm"].node
+    ray_facts, local_facts = ray_m.servers["vllm"].facts or {}, local_m.servers["vllm"].facts or {}
+    assert set(ray_facts) == set(local_facts)
+    assert ray_facts["kv_capacity_tokens"] == local_facts["kv_capacity_tokens"] > 0
+    for name in ray_m.cells:
+        cell_manifest = json.loads((ray_dir / "cells" / name / "manifest.json").read_text())
+        assert cell_manifest["trace"]["path"] == str(ray_dir / "traces" / "agent")  # not the actor's scratch dir
+        assert ray_m.cells[name].headline.requests == local_m.cells[name].headline.requests
+    ray_frames, local_frames = load_results(ray_dir), load_results(local_dir)
+    assert ray_frames.requests.shape == local_frames.requests.shape
+    assert list(ray_frames.requests.columns) == list(local_frames.requests.columns)
+    assert sorted(ray_frames.cells["cell"]) == sorted(local_frames.cells["cell"])
+
+
+def test_a_server_started_by_an_actor_does_not_inherit_rays_thread_limit(ray_cluster, tiny_model_dir, tmp_path,
+                                                                         monkeypatch):
+    """Ray sets OMP_NUM_THREADS=1 in a 1-CPU actor; the server must see the driver's (here: unset) value, or
+    it measures differently from a local run. A stand-in `python` records the server's environment and exits."""
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env_file = tmp_path / "server.env"
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\nenv > {env_file}\nexit 3\n")
+    fake.chmod(0o755)
+    spec = _spec(tmp_path / "e.yaml", tiny_model_dir,
+                 f"  fake: {{python: {fake}, startup_timeout_s: 30, resources: {{gpu_slot: 1}}}}")
+    manifest = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="e"))
+    assert manifest.failed_cells == ["fake__agent__c1__r0"]  # the stand-in never serves
+    server_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert "PATH" in server_env  # the stand-in ran and wrote its environment
+    assert "OMP_NUM_THREADS" not in server_env
