@@ -1,6 +1,7 @@
 """`kvscope experiment run --executor ray`: one Ray actor per server configuration, results as a local run.
 
-A Ray head on loopback (2 CPUs, a custom `gpu_slot` resource standing in for GPUs) runs the experiments. The
+A Ray head on loopback (2 CPUs, a custom `gpu_slot` resource standing in for GPUs, `client_slot` for a client
+node) runs the experiments. The
 configurations that need no vLLM attach to FaultServer mocks on loopback (`backend: openai`), so only one real
 vLLM server runs at a time (the machine has 2 cores). Cells are shipped back through the object store
 (`executor.files: ship`) so the ship-back path is what is tested, although driver and actor share a disk.
@@ -18,9 +19,17 @@ from pathlib import Path
 
 import pytest
 from kvscope.harness.common.errors import ConfigError
-from kvscope.harness.experiment.ray_executor import actor_options, pack_dir, parallel_gpus, unpack_dir
+from kvscope.harness.experiment.ray_executor import (
+    actor_options,
+    client_actor_options,
+    client_endpoint,
+    pack_dir,
+    parallel_gpus,
+    reachable_spec,
+    unpack_dir,
+)
 from kvscope.harness.experiment.runner import run_experiment
-from kvscope.harness.experiment.spec import load_experiment_spec
+from kvscope.harness.experiment.spec import load_experiment_spec, server_backend
 from kvscope.harness.results.loaders import load_experiment_file, load_results
 from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
 
@@ -50,7 +59,7 @@ def _mock(name: str, srv: FaultServer) -> str:
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, resources={"gpu_slot": 2}, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={"gpu_slot": 2, "client_slot": 1}, include_dashboard=False,
              log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -82,6 +91,32 @@ def test_bad_resources_and_executor_fields_name_the_field(tmp_path, tiny_model_d
         load_experiment_spec(_spec(tmp_path / "a.yaml", tiny_model_dir, "  a: {resources: {gpu_slot: many}}"))
     with pytest.raises(ConfigError, match="files"):
         load_experiment_spec(_spec(tmp_path / "b.yaml", tiny_model_dir, "  a: {}", files="nfs"))
+
+
+def test_a_named_client_node_gets_its_own_actor_and_a_reachable_server(tmp_path, tiny_model_dir):
+    spec, _ = load_experiment_spec(_spec(tmp_path / "s.yaml", tiny_model_dir, """\
+  apart: {client_resources: {client_slot: 1, CPU: 2}}
+  exposed: {host: 0.0.0.0, client_resources: {client_slot: 1}}
+  beside: {}"""))
+    assert client_actor_options(spec, "apart") == {"num_cpus": 2, "num_gpus": 0, "resources": {"client_slot": 1}}
+    assert client_actor_options(spec, "exposed")["num_cpus"] == 1  # executor.actor_cpus
+    assert client_actor_options(spec, "beside") is None
+    # not a server field: the configuration's server config is the same with or without it
+    assert server_backend(spec, "apart", "/m").config == server_backend(spec, "beside", "/m").config
+    # the server actor binds its node's IP where the spec leaves host unset, keeps a host it gives
+    assert server_backend(reachable_spec(spec, "apart", "10.1.2.3"), "apart", "/m").config.host == "10.1.2.3"
+    assert server_backend(reachable_spec(spec, "exposed", "10.1.2.3"), "exposed", "/m").config.host == "0.0.0.0"
+    assert "host" not in spec.servers["apart"]  # the spec itself is not changed
+    assert client_endpoint("http://127.0.0.1:8123", "10.1.2.3") == "http://10.1.2.3:8123"  # a 0.0.0.0 bind
+    assert client_endpoint("http://10.1.2.3:8123", "10.9.9.9") == "http://10.1.2.3:8123"
+
+
+def test_bad_client_resources_name_the_field(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"servers\.a\.client_resources: expected a mapping") as err:
+        load_experiment_spec(_spec(tmp_path / "a.yaml", tiny_model_dir, "  a: {client_resources: [client_slot]}"))
+    assert "\n" not in str(err.value).strip()
+    with pytest.raises(ConfigError, match=r"servers\.a\.client_resources: amounts must be >= 0"):
+        load_experiment_spec(_spec(tmp_path / "b.yaml", tiny_model_dir, "  a: {client_resources: {client_slot: -1}}"))
 
 
 def test_a_shipped_directory_unpacks_identically_and_refuses_escaping_members(tmp_path):
@@ -185,6 +220,46 @@ def test_sweeps_run_in_their_configurations_actor_and_capacities_merge_in_plan_o
     assert ray_m.failed_cells == [] == local_m.failed_cells
     assert [(c.server, c.capacity) for c in ray_m.capacity or []] == \
         [(c.server, c.capacity) for c in local_m.capacity or []] == [("zeta", 2), ("alpha", 2)]
+
+
+def test_a_named_client_node_replays_from_its_own_actor(ray_cluster, tiny_model_dir, tmp_path, capsys):
+    """`client_resources: {client_slot: 1}`: the cells of that configuration replay from a second actor, which
+    holds the client_slot and is another process than the server's actor; its cells have the shape of the
+    beside-the-server configuration's, and the manifest says where the client ran."""
+    from kvscope.harness.experiment.ray_executor import _fits_some_node, run_experiment_ray
+
+    seen: dict[str, dict] = {}
+
+    def record(server: str, event: dict) -> None:
+        if event["kind"] in ("node", "client"):
+            seen[f"{server}:{event['kind']}"] = event
+
+    with FaultServer(FaultConfig(ttft_s=0.002)) as a, FaultServer(FaultConfig(ttft_s=0.002)) as b:
+        apart = _mock("apart", a).replace("resources: {gpu_slot: 1}",
+                                          "resources: {gpu_slot: 1}, client_resources: {client_slot: 1, CPU: 0}")
+        spec = _spec(tmp_path / "c.yaml", tiny_model_dir, apart + "\n" + _mock("beside", b))
+        run_dir = run_experiment_ray(spec, out=tmp_path / "results", run_id="c", on_event=record)
+    assert "client actor requested CPU 0, client_slot 1" in capsys.readouterr().out
+    m = load_experiment_file(run_dir)
+    assert m.failed_cells == []
+    server_pid = seen["apart:node"]["pid"]
+    assert m.servers["apart"].client_pid not in (None, server_pid, os.getpid())
+    assert m.servers["apart"].client_node == m.servers["apart"].node  # one machine: the same IP
+    assert seen["apart:client"]["resources"].get("client_slot") == 1
+    assert "beside:client" not in seen
+    assert m.servers["beside"].client_node is None and m.servers["beside"].client_pid is None
+    files = _cell_files(run_dir)
+    assert files["apart__agent__c1__r0"] == files["beside__agent__c1__r0"]
+    assert m.cells["apart__agent__c1__r0"].headline.requests == m.cells["beside__agent__c1__r0"].headline.requests
+    for name in m.cells:  # the client's and the server actor's scratch paths are both gone from it
+        cell_manifest = json.loads((run_dir / "cells" / name / "manifest.json").read_text())
+        assert cell_manifest["trace"]["path"] == str(run_dir / "traces" / "agent")
+    frames = load_results(run_dir)
+    counts = frames.requests.groupby("cell").size()
+    assert counts["apart__agent__c1__r0"] == counts["beside__agent__c1__r0"] > 0
+    # a client request no node offers would wait: the driver says so before Ray queues it
+    assert not _fits_some_node(ray_cluster, {"num_cpus": 0, "num_gpus": 0, "resources": {"client_rack_7": 1}})
+    assert _fits_some_node(ray_cluster, {"num_cpus": 0, "num_gpus": 0, "resources": {"client_slot": 1}})
 
 
 @pytest.mark.vllm

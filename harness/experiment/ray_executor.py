@@ -8,6 +8,12 @@ Why this shape:
   configuration (none on a cluster without GPUs) — so Ray places it on a node that has them; the actor starts
   the server there and replays from the same process, the client beside the server, so the network between
   nodes never enters the latencies. Configurations run in parallel; Ray is the scheduler, kvscope builds none.
+* **Unless the spec names a client node** (`servers.<name>.client_resources`): then a second actor, placed by
+  those resources, replays the cells against the server's endpoint, reached over the network (the server binds
+  its node's IP). The cell loop is the same — only `RunContext.replay` differs: it sends the trace name, the
+  replay options and how to attach to the server to the client actor, which replays into a scratch directory
+  and returns the cell directory as a tar. Warm-up requests and the prefix-cache reset still go from the
+  server's actor (they are not measured).
 * **The same cell loop as a local run.** The actor calls `runner.run_configurations` with that
   configuration's cells in plan order (repeats interleaved within it, then its sweeps), through a
   `RunContext` whose `save` and `cell_finished` send progress to the driver instead of writing files.
@@ -49,7 +55,13 @@ from kvscope.harness.experiment.runner import (
     run_configurations,
     safe_child,
 )
-from kvscope.harness.experiment.spec import ExperimentSpec, server_backend, server_resources
+from kvscope.harness.experiment.spec import (
+    ExperimentSpec,
+    ResourceMap,
+    client_resources,
+    server_backend,
+    server_resources,
+)
 
 RAY_EXTRA_HINT = "--executor ray needs the ray extra: pip install 'kvscope[ray]'"
 TOKEN_PREFIX = ".kvscope-executor-"
@@ -86,12 +98,24 @@ def parallel_gpus(spec: ExperimentSpec, name: str) -> int:
 
 def actor_options(spec: ExperimentSpec, name: str, cluster_has_gpus: bool) -> dict[str, Any]:
     """Ray actor options of configuration `name`: the resources it states, else the GPUs its server uses."""
-    opts: dict[str, Any] = {"num_cpus": spec.executor.actor_cpus, "num_gpus": 0, "resources": {}}
     stated = server_resources(spec, name)
     if stated is None:
         managed = server_backend(spec, name, model_path="/placeholder").managed
-        opts["num_gpus"] = parallel_gpus(spec, name) if managed and cluster_has_gpus else 0
-        return opts
+        return {"num_cpus": spec.executor.actor_cpus, "resources": {},
+                "num_gpus": parallel_gpus(spec, name) if managed and cluster_has_gpus else 0}
+    return _ray_options(stated, spec.executor.actor_cpus)
+
+
+def client_actor_options(spec: ExperimentSpec, name: str) -> dict[str, Any] | None:
+    """Ray actor options of the client that replays configuration `name`'s cells from another node, or None:
+    the client runs beside the server, in the configuration's actor."""
+    stated = client_resources(spec, name)
+    return None if stated is None else _ray_options(stated, spec.executor.actor_cpus)
+
+
+def _ray_options(stated: ResourceMap, default_cpus: float) -> dict[str, Any]:
+    """A resource map as Ray options: `CPU` and `GPU` are Ray's own, any other name a custom resource."""
+    opts: dict[str, Any] = {"num_cpus": default_cpus, "num_gpus": 0, "resources": {}}
     for key, amount in stated.items():
         if key == "CPU":
             opts["num_cpus"] = amount
@@ -148,6 +172,7 @@ class WorkerPayload:
     files: str  # auto | shared | ship
     token: str  # the file the driver wrote into run_dir: seen by the actor means a shared filesystem
     thread_env: dict[str, str | None] = field(default_factory=dict)  # the driver's THREAD_ENV values
+    client: Any = None  # the ReplayClient actor where the spec names a client node; None: replay here
 
 
 THREAD_ENV = ("OMP_NUM_THREADS",)
@@ -162,6 +187,23 @@ class _WorkerRun(RunContext):
     server: str = ""
     ship: bool = False
     events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
+    client: Any = None  # a ReplayClient actor: the replays run there, against the server's reachable endpoint
+    node_ip: str = "127.0.0.1"  # this actor's node, where the servers it starts listen
+
+    def replay(self, trace_dir: Path, out_dir: Path, options: Any, backend: Any) -> Any:
+        if self.client is None:
+            return super().replay(trace_dir, out_dir, options, backend)
+        import ray
+
+        from kvscope.harness.replay.runner import ReplayOutcome
+
+        endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
+        attach = (backend.name, backend.config, endpoint, getattr(backend, "_api_key_env", None))
+        trace = trace_dir.relative_to(self.run_dir).as_posix()
+        result = ray.get(self.client.replay.remote(trace, out_dir.name, options, attach))
+        unpack_dir(result["blob"], out_dir)
+        _relocate_trace_path(out_dir, result["scratch"], self.run_dir)
+        return ReplayOutcome(out_dir, result["summary"], result["aborted"])
 
     def save(self) -> None:
         cells = {n: copy.deepcopy(c) for n, c in self.manifest["cells"].items() if c.get("server") == self.server}
@@ -202,13 +244,19 @@ class ConfigurationWorker:
             else:
                 os.environ[key] = value
         run_dir = Path(tempfile.mkdtemp(prefix=f"kvscope-{payload.server}-")) if ship else Path(payload.run_dir)
-        yield {"kind": "node", "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
+        node_ip = ray.util.get_node_ip_address()
+        yield {"kind": "node", "node": node_ip, "pid": os.getpid(),
                "files": "ship" if ship else "shared", "run_dir": str(run_dir)}
+        spec = payload.spec
+        if payload.client is not None:
+            yield {"kind": "client", **ray.get(payload.client.where.remote())}  # waits until Ray placed it
+            spec = reachable_spec(spec, payload.server, node_ip)
         try:
             if ship:
                 unpack_dir(ray.get(traces[0]), run_dir / "traces")
-            ctx = _WorkerRun(payload.spec, run_dir, payload.manifest, run_dir / "experiment.json",
-                             payload.model_path, server=payload.server, ship=ship)
+            ctx = _WorkerRun(spec, run_dir, payload.manifest, run_dir / "experiment.json",
+                             payload.model_path, server=payload.server, ship=ship, client=payload.client,
+                             node_ip=node_ip)
             yield from self._run_in_thread(ctx, payload)
             if ship:
                 ctx._ship_log()
@@ -242,6 +290,69 @@ class ConfigurationWorker:
             raise failure[0]
 
 
+def reachable_spec(spec: ExperimentSpec, name: str, node_ip: str) -> ExperimentSpec:
+    """The spec with configuration `name`'s server bound to this node's IP, so a client on another node
+    reaches it — where kvscope starts the server, its config has a `host` and the spec leaves it unset (a
+    `host` the spec gives, e.g. 0.0.0.0, is kept)."""
+    backend = server_backend(spec, name, model_path="/placeholder")
+    entry = spec.servers[name] or {}
+    if not backend.managed or "host" not in backend.config_model.model_fields or "host" in entry \
+            or "host" in spec.server_defaults:
+        return spec
+    spec = spec.model_copy(deep=True)
+    spec.servers[name] = {**entry, "host": node_ip}
+    return spec
+
+
+def client_endpoint(endpoint: str, node_ip: str) -> str:
+    """A started server's endpoint as another node reaches it: a loopback host (what a server bound to 0.0.0.0
+    reports) becomes the server node's IP."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(endpoint)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return endpoint
+    return urlunsplit(parts._replace(netloc=f"{node_ip}:{parts.port}" if parts.port else node_ip))
+
+
+class ReplayClient:
+    """The Ray actor that replays one configuration's cells from the node `client_resources` selects (wrapped
+    with `ray.remote` by the driver). It holds the traces in a scratch directory and returns each replayed cell
+    directory as a tar; the configuration's actor unpacks it where a beside-the-server replay would write."""
+
+    def __init__(self, traces: list[Any]) -> None:
+        import ray
+
+        self.scratch = Path(tempfile.mkdtemp(prefix="kvscope-client-"))
+        unpack_dir(ray.get(traces[0]), self.scratch / "traces")
+
+    def where(self) -> Event:
+        """The node and process replaying, and the resources Ray gave this actor."""
+        import ray
+
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "resources": dict(assigned)}
+
+    def replay(self, trace: str, cell: str, options: Any, attach: tuple[str, Any, str, str | None]) -> Event:
+        """Replay `trace` (relative to the run directory) against the attached endpoint into a cell directory."""
+        from kvscope.harness.replay.runner import replay
+        from kvscope.harness.serving.backend import Backend
+
+        name, config, endpoint, api_key_env = attach
+        backend = Backend.create(name, config, endpoint=endpoint, api_key_env=api_key_env)
+        out = safe_child(self.scratch, "cells", cell)
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            outcome = replay(safe_child(self.scratch, *trace.split("/")), out, options, backends=[backend])
+            return {"blob": pack_dir(out), "summary": outcome.summary, "aborted": outcome.aborted,
+                    "scratch": str(self.scratch)}
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------------ the driver
 
 
@@ -257,6 +368,9 @@ class _Tracked:
     pid: int | None = None
     files: str | None = None  # shared | ship, as the actor chose
     scratch: str | None = None  # the run directory on the actor's node (its scratch one when shipping)
+    client: Any = None  # the ReplayClient actor, where the spec names a client node
+    client_node: str | None = None
+    client_pid: int | None = None
 
 
 def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
@@ -309,18 +423,25 @@ def _drive(ray: Any, run: RunContext, todo: list[Cell], with_sweeps: bool, files
     """Start one actor per configuration, merge their events until every stream ended or its actor died."""
     groups = _configurations(run, todo, with_sweeps)
     cluster_has_gpus = ray.cluster_resources().get("GPU", 0) > 0
-    traces_ref = [ray.put(pack_dir(run.run_dir / "traces"))] if files != "shared" else [None]
+    client_opts = {name: client_actor_options(run.spec, name) for name in groups}
+    shipped = files != "shared" or any(opts is not None for opts in client_opts.values())
+    traces_ref = [ray.put(pack_dir(run.run_dir / "traces"))] if shipped else [None]
     worker_cls = ray.remote(ConfigurationWorker)
+    client_cls = ray.remote(ReplayClient)
     tracked: dict[Any, _Tracked] = {}
     for name, cells in groups.items():
         opts = actor_options(run.spec, name, cluster_has_gpus)
-        if not _fits_some_node(ray, opts):
-            print(f"[{name}] no node offers {opts} now; waiting for the cluster to provide it", flush=True)
+        _warn_unless_fits(ray, name, "actor", opts)
         actor = worker_cls.options(**opts, max_restarts=0, max_task_retries=0).remote()
+        client = None
+        if (copts := client_opts[name]) is not None:
+            _warn_unless_fits(ray, name, "client", copts)
+            client = client_cls.options(**copts, max_restarts=0, max_task_retries=0).remote(traces_ref)
+            print(f"[{name}] client actor requested {_fmt_opts(copts)}", flush=True)
         payload = WorkerPayload(run.spec, run.manifest, str(run.run_dir), run.model_path, name, cells, with_sweeps,
-                                files, token, {key: os.environ.get(key) for key in THREAD_ENV})
+                                files, token, {key: os.environ.get(key) for key in THREAD_ENV}, client)
         stream = actor.run.options(num_returns="streaming").remote(payload, traces_ref)
-        tracked[stream] = _Tracked(name, actor, stream, [c.name for c in cells])
+        tracked[stream] = _Tracked(name, actor, stream, [c.name for c in cells], client=client)
         print(f"[{name}] actor requested {_fmt_opts(opts)}: {len(cells)} cell(s)", flush=True)
     try:
         while tracked:
@@ -329,7 +450,25 @@ def _drive(ray: Any, run: RunContext, todo: list[Cell], with_sweeps: bool, files
                 _advance(ray, run, tracked, tracked[stream], on_event)
     finally:
         for t in tracked.values():
-            ray.kill(t.actor, no_restart=True)
+            _retire(ray, t)
+
+
+def _warn_unless_fits(ray: Any, name: str, what: str, opts: dict[str, Any]) -> None:
+    """Ray queues a request no node offers; say so (an autoscaling cluster may add the node)."""
+    if not _fits_some_node(ray, opts):
+        print(f"[{name}] no node offers the {what}'s {_fmt_opts(opts)} now; waiting for the cluster to provide it",
+              flush=True)
+
+
+def _retire(ray: Any, t: _Tracked) -> None:
+    """Kill a configuration's actors (its server dies with its actor); the client first removes its scratch."""
+    ray.kill(t.actor, no_restart=True)
+    if t.client is not None:
+        try:
+            ray.get(t.client.close.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a lost or unplaced client has nothing to clean here
+            pass
+        ray.kill(t.client, no_restart=True)
 
 
 def _advance(ray: Any, run: RunContext, tracked: dict[Any, _Tracked], t: _Tracked,
@@ -339,12 +478,12 @@ def _advance(ray: Any, run: RunContext, tracked: dict[Any, _Tracked], t: _Tracke
         event = ray.get(next(t.stream))
     except StopIteration:
         del tracked[t.stream]
-        ray.kill(t.actor, no_restart=True)
+        _retire(ray, t)
         return
     except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, a task error: fail its cells
         del tracked[t.stream]
         _fail_remaining(run, t, exc)
-        ray.kill(t.actor, no_restart=True)
+        _retire(ray, t)
         return
     _merge(run, t, event)
     if on_event is not None:
@@ -357,10 +496,15 @@ def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
         t.node, t.pid, t.files, t.scratch = event["node"], event["pid"], event["files"], event["run_dir"]
         print(f"[{t.server}] on node {t.node} (actor pid {t.pid}, files {t.files})", flush=True)
         return  # recorded with the configuration's server record, once it has one
+    elif kind == "client":
+        t.client_node, t.client_pid = event["node"], event["pid"]
+        print(f"[{t.server}] replay client on node {t.client_node} (actor pid {t.client_pid})", flush=True)
+        return
     elif kind == "manifest":
         run.manifest["cells"].update(event["cells"])
         if event["server"] is not None:
-            run.manifest["servers"][t.server] = {**event["server"], "node": t.node, "files": t.files}
+            client = {"client_node": t.client_node, "client_pid": t.client_pid} if t.client_node else {}
+            run.manifest["servers"][t.server] = {**event["server"], "node": t.node, "files": t.files, **client}
         if event["capacity"] is not None:
             _merge_capacity(run, t.server, event["capacity"])
     elif kind == "cell":

@@ -229,6 +229,13 @@ class RunContext:
     def cell_finished(self, cell_name: str) -> None:
         """Called after a cell ended (ok or failed), before the manifest saying so is saved."""
 
+    def replay(self, trace_dir: Path, out_dir: Path, options: Any, backend: "Backend") -> Any:
+        """Replay one trace against the backend into `out_dir` (a ReplayOutcome): here, in this process. The
+        Ray executor's worker replays from another node instead where the spec names a client node."""
+        from kvscope.harness.replay.runner import replay
+
+        return replay(trace_dir, out_dir, options, backends=[backend])
+
 
 @dataclass
 class PreparedRun:
@@ -482,7 +489,6 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
     import shutil
 
     from kvscope.harness.replay.failure import replay_failure_reason
-    from kvscope.harness.replay.runner import replay
 
     spec, entry = run.spec, run.manifest["cells"][cell.name]
     loads = {lv.name: lv for lv in spec.loads}
@@ -496,7 +502,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         scratch = safe_child(run.run_dir, "cells", f".warmup-{cell.name}")
         shutil.rmtree(scratch, ignore_errors=True)
         backend.reset_prefix_cache()
-        replay(trace_dir, scratch, _cell_options(spec, cell, loads, model), backends=[backend])
+        run.replay(trace_dir, scratch, _cell_options(spec, cell, loads, model), backend)
         shutil.rmtree(scratch, ignore_errors=True)
     reset = backend.reset_prefix_cache()
     if not reset.ok and backend.managed:
@@ -509,7 +515,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)
     print(f"[{cell.name}] replaying …", flush=True)
-    outcome = replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backends=[backend])
+    outcome = run.replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backend)
     s = outcome.summary
     reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
     entry.update(status="failed" if reason else "ok", reason=reason,

@@ -18,7 +18,7 @@ from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
 __all__ = ["CostSpec", "ExecutorSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "SweepSpec",
-           "WorkloadRef", "check_name", "load_experiment_spec", "server_resources", "sweep_level"]
+           "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources", "sweep_level"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -123,16 +123,20 @@ ResourceMap = dict[str, float]
 _RESOURCES = TypeAdapter(ResourceMap)
 
 
-def _check_resources(name: str, raw: Any) -> ResourceMap:
-    """`servers.<name>.resources`: Ray resource names (`GPU`, `CPU` or custom, e.g. `gpu_slot`) to amounts >= 0."""
+PLACEMENT_FIELDS = ("resources", "client_resources")
+"""Server-entry fields that say where a configuration runs (an executor's concern), not server config fields."""
+
+
+def _check_resources(name: str, raw: Any, key: str = "resources") -> ResourceMap:
+    """`servers.<name>.<key>`: Ray resource names (`GPU`, `CPU` or custom, e.g. `gpu_slot`) to amounts >= 0."""
     try:
         resources = _RESOURCES.validate_python(raw)
     except ValidationError as exc:
-        raise ValueError(f"servers.{name}.resources: expected a mapping of Ray resource names to amounts, "
+        raise ValueError(f"servers.{name}.{key}: expected a mapping of Ray resource names to amounts, "
                          f"e.g. {{GPU: 2}} or {{gpu_slot: 1}}; got {raw!r}") from exc
     bad = [k for k, v in resources.items() if v < 0]
     if bad:
-        raise ValueError(f"servers.{name}.resources: amounts must be >= 0, got {', '.join(bad)}")
+        raise ValueError(f"servers.{name}.{key}: amounts must be >= 0, got {', '.join(bad)}")
     return resources
 
 
@@ -141,6 +145,13 @@ def server_resources(spec: "ExperimentSpec", name: str) -> ResourceMap | None:
     derives them from the server config (GPUs = tensor x pipeline x data parallel size)."""
     raw = (spec.servers[name] or {}).get("resources")
     return None if raw is None else _check_resources(name, raw)
+
+
+def client_resources(spec: "ExperimentSpec", name: str) -> ResourceMap | None:
+    """The Ray resources that select the node replaying configuration `name`'s cells
+    (`servers.<name>.client_resources`), or None: the client runs beside the server, in its actor."""
+    raw = (spec.servers[name] or {}).get("client_resources")
+    return None if raw is None else _check_resources(name, raw, "client_resources")
 
 
 def sweep_level(kind: str, load: float) -> LoadLevel:
@@ -235,8 +246,9 @@ class ExperimentSpec(ExperimentSpecCore):
             raise ValueError("at least one server configuration is needed")
         for k, entry in v.items():
             check_name(k, "server configuration name")
-            if entry and "resources" in entry:
-                _check_resources(k, entry["resources"])
+            for key in PLACEMENT_FIELDS:
+                if entry and key in entry:
+                    _check_resources(k, entry[key], key)
         return v
 
     @field_validator("workloads")
@@ -291,7 +303,8 @@ def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str
 
     default_backend, defaults = split_backend(spec.server_defaults)
     entry = dict(spec.servers[name] or {})
-    entry.pop("resources", None)  # where the configuration runs (an executor's concern), not a server field
+    for key in PLACEMENT_FIELDS:  # where the configuration runs (an executor's concern), not server fields
+        entry.pop(key, None)
     backend_name, entry_fields = split_backend({"backend": default_backend, **entry})
     backend_cls = Backend.get(backend_name)
     fields = backend_cls.experiment_base_fields(model_path, spec.model.served_model_name)

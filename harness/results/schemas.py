@@ -293,8 +293,12 @@ class ServerEntry(_Block):
     log: str
     facts: dict[str, Any] | None = None
     ready_after_s: float | None = None
-    node: str | None = None  # Ray executor: the node (IP) the configuration's server and client ran on
+    node: str | None = None  # Ray executor: the node (IP) the server ran on (its client too, unless client_node)
     files: Literal["shared", "ship"] | None = None  # Ray executor: cells written in place or shipped back
+    # Ray executor with servers.<name>.client_resources: the node (IP) and process that replayed the cells
+    # (absent: the client ran beside the server, on `node`)
+    client_node: str | None = None
+    client_pid: int | None = None
 
 
 class ExecutorEntry(_Block):
