@@ -106,7 +106,8 @@ class SweepSpec(BaseModel):
 
 class ExecutorSpec(BaseModel):
     """How a distributed executor (``kvscope experiment run --executor ray``) places and ships work; the local
-    executor ignores it. Per-configuration resources are ``servers.<name>.resources``."""
+    executor ignores it. Per-configuration resources are ``servers.<name>.resources``; the node that replays a
+    configuration's cells, where not beside its server, ``servers.<name>.client_resources``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -116,7 +117,8 @@ class ExecutorSpec(BaseModel):
                             "directory and send each finished cell back to the driver; auto: shared where the "
                             "worker sees the driver's run directory, ship elsewhere")
     actor_cpus: float = Field(1.0, ge=0, description="CPUs each configuration's actor reserves (its replay client "
-                                                     "runs there, beside the server)")
+                                                     "runs there, beside the server), and each client actor "
+                                                     "whose client_resources name no CPU")
 
 
 ResourceMap = dict[str, float]
