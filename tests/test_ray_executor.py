@@ -246,6 +246,7 @@ def test_a_named_client_node_replays_from_its_own_actor(ray_cluster, tiny_model_
     assert m.servers["apart"].client_pid not in (None, server_pid, os.getpid())
     assert m.servers["apart"].client_node == m.servers["apart"].node  # one machine: the same IP
     assert seen["apart:client"]["resources"].get("client_slot") == 1
+    assert seen["apart:client"]["pid"] == m.servers["apart"].client_pid
     assert "beside:client" not in seen
     assert m.servers["beside"].client_node is None and m.servers["beside"].client_pid is None
     files = _cell_files(run_dir)
@@ -260,6 +261,36 @@ def test_a_named_client_node_replays_from_its_own_actor(ray_cluster, tiny_model_
     # a client request no node offers would wait: the driver says so before Ray queues it
     assert not _fits_some_node(ray_cluster, {"num_cpus": 0, "num_gpus": 0, "resources": {"client_rack_7": 1}})
     assert _fits_some_node(ray_cluster, {"num_cpus": 0, "num_gpus": 0, "resources": {"client_slot": 1}})
+
+
+def test_a_lost_client_actor_fails_its_cells_with_the_reason(ray_cluster, tiny_model_dir, tmp_path):
+    from kvscope.harness.experiment.ray_executor import run_experiment_ray
+
+    """SIGKILL the client actor once the first cell runs (in its warm-up or its replay: either way the replay
+    finds the client gone): both cells fail naming the lost client, the server's actor goes on and the run
+    completes."""
+    client_pid: list[int] = []
+    killed: list[int] = []
+
+    def kill_client_mid_cell(server: str, event: dict) -> None:
+        if event["kind"] == "client":
+            client_pid.append(event["pid"])
+        running = [c for c in (event.get("cells") or {}).values() if c["status"] == "running"]
+        if running and client_pid and not killed:
+            os.kill(client_pid[0], signal.SIGKILL)
+            killed.append(client_pid[0])
+
+    with FaultServer(FaultConfig(ttft_s=0.2, itl_s=0.01)) as slow:
+        servers = _mock("far", slow).replace("resources: {gpu_slot: 1}",
+                                             "resources: {gpu_slot: 1}, client_resources: {client_slot: 1}")
+        spec = _spec(tmp_path / "l.yaml", tiny_model_dir, servers, repeats=2)
+        m = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="l",
+                                                    on_event=kill_client_mid_cell))
+    assert killed
+    assert m.completed_at is not None and sorted(m.failed_cells or []) == ["far__agent__c1__r0", "far__agent__c1__r1"]
+    for c in m.cells.values():
+        assert f"Ray client actor of configuration far lost (node {m.servers['far'].client_node}, actor pid " \
+               f"{killed[0]})" in (c.reason or "")
 
 
 @pytest.mark.vllm

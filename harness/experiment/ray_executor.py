@@ -189,6 +189,7 @@ class _WorkerRun(RunContext):
     events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
     client: Any = None  # a ReplayClient actor: the replays run there, against the server's reachable endpoint
     node_ip: str = "127.0.0.1"  # this actor's node, where the servers it starts listen
+    client_where: Event = field(default_factory=dict)  # the client actor's node and pid (for a failure's reason)
 
     def replay(self, trace_dir: Path, out_dir: Path, options: Any, backend: Any) -> Any:
         if self.client is None:
@@ -200,7 +201,13 @@ class _WorkerRun(RunContext):
         endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
         attach = (backend.name, backend.config, endpoint, getattr(backend, "_api_key_env", None))
         trace = trace_dir.relative_to(self.run_dir).as_posix()
-        result = ray.get(self.client.replay.remote(trace, out_dir.name, options, attach))
+        try:
+            result = ray.get(self.client.replay.remote(trace, out_dir.name, options, attach))
+        except ray.exceptions.RayActorError as exc:  # the client's node or process is gone: the cell fails
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            raise KvscopeError(f"Ray client actor of configuration {self.server} lost (node "
+                               f"{self.client_where.get('node')}, actor pid {self.client_where.get('pid')}): "
+                               f"{exc.__class__.__name__}: {first_line}") from exc
         unpack_dir(result["blob"], out_dir)
         _relocate_trace_path(out_dir, result["scratch"], self.run_dir)
         return ReplayOutcome(out_dir, result["summary"], result["aborted"])
@@ -247,16 +254,17 @@ class ConfigurationWorker:
         node_ip = ray.util.get_node_ip_address()
         yield {"kind": "node", "node": node_ip, "pid": os.getpid(),
                "files": "ship" if ship else "shared", "run_dir": str(run_dir)}
-        spec = payload.spec
+        spec, client_where = payload.spec, {}
         if payload.client is not None:
-            yield {"kind": "client", **ray.get(payload.client.where.remote())}  # waits until Ray placed it
+            client_where = ray.get(payload.client.where.remote())  # waits until Ray placed the client
+            yield {"kind": "client", **client_where}
             spec = reachable_spec(spec, payload.server, node_ip)
         try:
             if ship:
                 unpack_dir(ray.get(traces[0]), run_dir / "traces")
             ctx = _WorkerRun(spec, run_dir, payload.manifest, run_dir / "experiment.json",
                              payload.model_path, server=payload.server, ship=ship, client=payload.client,
-                             node_ip=node_ip)
+                             node_ip=node_ip, client_where=client_where)
             yield from self._run_in_thread(ctx, payload)
             if ship:
                 ctx._ship_log()
@@ -487,7 +495,7 @@ def _advance(ray: Any, run: RunContext, tracked: dict[Any, _Tracked], t: _Tracke
         return
     _merge(run, t, event)
     if on_event is not None:
-        on_event(t.server, {**event, "pid": t.pid, "node": t.node})
+        on_event(t.server, {"pid": t.pid, "node": t.node, **event})  # a client event keeps its own
 
 
 def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
