@@ -23,7 +23,8 @@ recorded. `--resume` skips cells whose status is `ok`; `--cells` runs only the n
 Executors: `prepare_run` (manifest, model, traces, the cells to do) and `finish_run` are shared, and
 `run_configurations` is the one cell loop. The local executor (`run_experiment`) calls it once for every
 configuration; the Ray executor (`ray_executor.py`) once per configuration inside that configuration's actor,
-with a `RunContext` whose `save`/`cell_finished` stream progress and files to the driver.
+with a `RunContext` whose `save`/`cell_finished` stream progress and files to the driver, and whose `replay`
+runs the replay on a client node where the spec names one.
 """
 
 from __future__ import annotations
