@@ -31,6 +31,11 @@ def handle_termination_like_sigint() -> None:
     """Install the forwarding handler for SIGTERM and SIGHUP (main thread only; a no-op elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    # A parent may have left them blocked (Ray's process launcher blocks SIGINT in what it starts) or SIGINT
+    # ignored (a background job of a non-interactive shell): the promise to stop cleanly needs them delivered.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, *FORWARDED_SIGNALS})
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, _forward_to_sigint)
 

@@ -198,7 +198,12 @@ class RecordingProxy:
                                 capture.feed(obj)
                         except orjson.JSONDecodeError:
                             capture.error = "response body is not JSON"
-                await resp.write_eof()
+                try:
+                    await resp.write_eof()
+                except ConnectionResetError:
+                    # The whole body (the last SSE event included) was written; a client that closes its
+                    # connection on `data: [DONE]` (the openai SDK may) only misses the chunked terminator.
+                    pass
                 times["done"] = time.time()
         except (TimeoutError, ClientError, OSError) as exc:
             if capture is not None:

@@ -566,7 +566,22 @@ def _reset_prefix_caches(backends: "Sequence[Backend]") -> dict[str, str]:
 
 
 def run_event_loop(coro, kind: str = "auto"):
-    """Run `coro` on uvloop when it is installed (kind auto/uvloop), else on the default asyncio loop."""
+    """Run `coro` on uvloop when it is installed (kind auto/uvloop), else on the default asyncio loop.
+
+    A termination signal (SIGTERM, SIGHUP: ``common/signals.py``) received while it ran raises KeyboardInterrupt
+    here even when the coroutine returned normally: the signal cancels the main task, and a task that absorbs
+    the cancellation (a request's watchdog uncancels it) would otherwise make the run look finished, so the
+    caller would go on to the next cell and exit 0 (seen in CI as SIGTERM giving exit code 0)."""
+    from kvscope.harness.common import signals
+
+    seen = len(signals.received)
+    result = _run_event_loop(coro, kind)
+    if len(signals.received) > seen:
+        raise KeyboardInterrupt
+    return result
+
+
+def _run_event_loop(coro, kind: str):
     if kind in ("auto", "uvloop"):
         try:
             import uvloop

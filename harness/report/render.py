@@ -103,7 +103,8 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
     t0, cpu0 = time.perf_counter(), _cpu_s()
     error = None
     try:
-        with _kernel_environment(), tempfile.TemporaryDirectory(prefix="kvscope-kernel-") as sockets:
+        with _kernel_environment(), _kernel_stderr_to(out_dir / "logs" / f"{name}.kernel.log"), \
+                tempfile.TemporaryDirectory(prefix="kvscope-kernel-") as sockets:
             pm.execute_notebook(str(src), str(out_nb), parameters=parameters, kernel_name="python3",
                                 progress_bar=False, cwd=str(src_dir), execution_timeout=timeout_s,
                                 request_save_on_cell_execute=False, config=_kernel_config(Path(sockets)))
@@ -118,6 +119,33 @@ def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks
     figures = sorted(fig_dir.glob("*.png")) if fig_dir.exists() else []
     return NotebookResult(name, error is None, html_path, out_nb if out_nb.exists() else None,
                           time.perf_counter() - t0, error, figures, _cpu_s() - cpu0)
+
+
+@contextmanager
+def _kernel_stderr_to(log_path: Path) -> Iterator[None]:
+    """A notebook's kernel writes its own messages to ``log_path`` instead of the user's terminal.
+
+    The kernel inherits this process's stderr (file descriptor 2) when papermill starts it, and papermill has no
+    way to pass it another. Its messages are not the user's business: jupyter_client interrupts every kernel at
+    shutdown, ipykernel logs "KeyboardInterrupt caught in kernel" and, when the interrupt races the shutdown, a
+    ZMQ traceback from a socket already closed (seen with several kernels at once). The notebook's own errors
+    still come back through papermill. Descriptor 2 of this process points at the log while the kernel starts
+    and runs (a pool process runs one notebook at a time; a serial report is single-threaded here)."""
+    import sys
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log_path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _cpu_s() -> float:
