@@ -527,9 +527,14 @@ def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float
     if s.generated >= res.output_tokens:
         if pinned is not None and pinned.park(s, now):
             return
-        res.done_s = now
-        model.finish(s)
-        on_done(s.idx, now)
+        _depart(model, s, now, on_done)
+
+
+def _depart(model: SchedulerModel, s: _Seq, now: float, on_done, running: bool = True) -> None:
+    """A request leaves the server at ``now``: its blocks are freed and its session's next request released."""
+    s.res.done_s = now
+    model.finish(s, running=running)
+    on_done(s.idx, now)
 
 
 class _Pinned:
@@ -563,10 +568,8 @@ class _Pinned:
 
     def release(self, now: float, on_done) -> None:
         while self.parked and self.parked[0][0] <= now:
-            _, idx, s = heapq.heappop(self.parked)
-            s.res.done_s = now
-            self.model.finish(s, running=False)
-            on_done(idx, now)
+            _, _, s = heapq.heappop(self.parked)
+            _depart(self.model, s, now, on_done, running=False)
 
     def force_finish(self, now: float, on_done) -> None:
         """Finish the running requests whose departure has come.  The tokens the model has not generated yet
@@ -582,6 +585,4 @@ class _Pinned:
             if need > 0:
                 s.blocks.extend(model.pool.allocate(need))
             model._hash_full(s, min(final_tokens, len(s.blocks) * B))
-            s.res.done_s = now
-            model.finish(s)
-            on_done(s.idx, now)
+            _depart(model, s, now, on_done)
