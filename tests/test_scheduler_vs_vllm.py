@@ -2,12 +2,12 @@
 
 One server (64 blocks of 128 tokens: a few agent sessions' worth, so higher levels evict and preempt) is
 calibrated, then an agent-coding trace sized to max_model_len 2048 is replayed closed-loop at each level.
-Replay-informed, the model gets each request's send and done times from the run and must reproduce the
-server's ``cached_tokens`` exactly for at least 97 % of the requests at every level without preemption.  Where
-the pool thrashes (preemptions) the issue's 97 % target is not always met (with pinned departures 84 / 99 / 98 %
-at 8 / 16 / 32 on saved runs, see benchmarks/README.md; before them CI saw 72 / 62 / 58 %); those levels are
-held to a 50 % floor so that a regression (a model that stops tracking evictions predicts far less) still
-fails.  The predictive figures (hit rate,
+Replay-informed, the model gets each request's send and done times and its token times from the run and must
+reproduce the server's ``cached_tokens`` exactly for at least 97 % of the requests at every level without
+preemption.  Where the pool thrashes (preemptions) the issue's 97 % target is not always met: 95-96 / 99 / 99 %
+at 8 / 16 / 32 on quiet-machine runs, 84 / 98 / 98 % on runs at load 23-38 (benchmarks/README.md; before
+pinned departures and pacing CI saw 72 / 62 / 58 %); those levels are held to a 70 % floor so that a regression
+(a model that stops tracking evictions predicts far less) still fails.  The predictive figures (hit rate,
 TTFT, preemptions, cliff) are printed by benchmarks/capacity_predict.py, not asserted: they depend on timing.
 """
 
@@ -43,6 +43,6 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
     print("\nreplay-informed exact share per level (share, requests, preemptions, load):", results)
     assert all(n >= 100 for _, n, _, _ in results.values())
     assert results[32][2] > 0 or results[16][2] > 0  # the pool is small enough that the top levels preempt
-    bad = {c: r for c, r in results.items() if r[0] < (0.97 if r[2] == 0 else 0.50)}
-    assert not bad, f"levels below target (97 % without preemption, 50 % with): {bad}"
+    bad = {c: r for c, r in results.items() if r[0] < (0.97 if r[2] == 0 else 0.70)}
+    assert not bad, f"levels below target (97 % without preemption, 70 % with): {bad}"
     assert results[1][0] >= 0.97

@@ -42,6 +42,11 @@ class StepCostModel:
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
+    def scaled(self, factor: float) -> StepCostModel:
+        """Every per-step cost times ``factor`` (the frontend's per-request overhead unchanged)."""
+        return StepCostModel(self.base_s * factor, self.per_token_s * factor, self.per_seq_s * factor,
+                             self.per_context_token_s * factor, self.request_overhead_s)
+
 
 @dataclass(frozen=True)
 class TimingSample:

@@ -27,8 +27,8 @@ Time advances by a per-step cost (:class:`~.calibration.StepCostModel`).  Long r
 Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
 when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
 (think + tool time, times ``time_scale``) after its predecessor finished; or *pinned* arrivals (a real run's
-``sent_s``), the replay-informed mode, optionally with pinned departures too (its ``done_s``: see
-:class:`_Pinned`).
+``sent_s``), the replay-informed mode, optionally with pinned departures too (its ``done_s``) and token pacing
+(no decode step before the run's previous token was seen): see :class:`_Pinned`.
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ class SessionTiming:
     #: Replay-informed, with ``arrivals_s``: request i leaves the server (frees its blocks) at the end of the
     #: first step at or after ``done_s[i]`` (the run's ``done_s``, same clock), whatever the cost model says.
     done_s: Sequence[float] | None = None
+    #: Replay-informed, with ``done_s``: when each of request i's output tokens reached the client (same clock;
+    #: token 1 is the first token).  A decode step for token j+1 is not taken before token j was seen.
+    token_times_s: Sequence[Sequence[float]] | None = None
 
 
 @dataclass(slots=True)
@@ -283,8 +286,9 @@ class SchedulerModel:
             s.res.resume_hit_tokens += k * B
         return new_tokens
 
-    def schedule(self, now: float) -> list[tuple[_Seq, int]]:
-        """One ``Scheduler.schedule()`` call: the (request, tokens) pairs of the step, in batch order."""
+    def schedule(self, now: float, not_due=None) -> list[tuple[_Seq, int]]:
+        """One ``Scheduler.schedule()`` call: the (request, tokens) pairs of the step, in batch order.
+        ``not_due(s, now)`` (replay-informed pacing) leaves a running request out of this step."""
         budget = self.cfg.max_num_batched_tokens
         scheduled: list[tuple[_Seq, int]] = []
         running = self.running
@@ -292,6 +296,9 @@ class SchedulerModel:
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
+            if not_due is not None and not_due(s, now):
+                i += 1
+                continue
             n = min(s.num_tokens - s.num_computed, budget)
             ok = self._grow(s, n)
             while not ok:
@@ -400,7 +407,8 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     clock, successor, session_queue, session_last = _first_arrivals(reqs, timing, lag)
     usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
 
-    pinned = _Pinned(timing.done_s, model) if timing.done_s is not None else None
+    pinned = _Pinned(timing.done_s, model, timing.token_times_s) if timing.done_s is not None else None
+    not_due = pinned.not_due if pinned is not None and pinned.token_times_s is not None else None
 
     def on_done(idx: int, t: float) -> None:
         nxt = successor.get(idx)
@@ -425,21 +433,21 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
                 on_done(idx, t)
                 continue
             model.waiting.append(_Seq(idx, r, res, B))
-        next_event_s = clock.next_time() if pinned is None else min(clock.next_time(), pinned.next_time())
+        next_event_s = clock.next_time() if pinned is None else min(clock.next_time(), pinned.next_time(now))
         if not model.running and not model.waiting:
             if next_event_s == math.inf:
                 break
             now = next_event_s
             continue
         n_preempt, n_wait = model.preemptions, len(model.waiting)
-        batch = model.schedule(now)
+        batch = model.schedule(now, not_due)
         if not batch:  # nothing fits until something arrives (cannot happen with an empty pool)
             if next_event_s == math.inf:
                 raise RuntimeError("scheduler model stalled with requests waiting")
             now = next_event_s
             continue
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
-                  and len(batch) == len(model.running))
+                  and len(batch) == len(model.running) and not_due is None)
         k_steps, dt = _advance(model, batch, cost, now, next_event_s, steady and fast_forward)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
@@ -548,10 +556,26 @@ class _Pinned:
     them, while allocation, hits, eviction order and preemption stay the scheduler model's.
     """
 
-    def __init__(self, done_s: Sequence[float], model: SchedulerModel) -> None:
+    def __init__(self, done_s: Sequence[float], model: SchedulerModel,
+                 token_times_s: Sequence[Sequence[float]] | None = None) -> None:
         self.done_s = [float(t) for t in done_s]
         self.model = model
         self.parked: list[tuple[float, int, _Seq]] = []
+        self.token_times_s = token_times_s
+
+    def _seen_s(self, s: _Seq) -> float:
+        """When the client saw the request's last generated token (its newest), or -inf if not known."""
+        times = self.token_times_s[s.idx]  # type: ignore[index]
+        j = s.generated - 1
+        if j < 0 or not len(times):
+            return -math.inf
+        return float(times[min(j, len(times) - 1)])
+
+    def not_due(self, s: _Seq, now: float) -> bool:
+        """Pacing: a decoding request whose newest token had not reached the client by ``now`` waits.
+        On the server the step for token j+1 starts once token j is out; a model step that runs ahead of the
+        run would otherwise allocate decode blocks (and finish) early and hold them against admissions."""
+        return s.generated > 0 and self._seen_s(s) > now
 
     def park(self, s: _Seq, now: float) -> bool:
         t = self.done_s[s.idx]
@@ -561,10 +585,15 @@ class _Pinned:
         heapq.heappush(self.parked, (t, s.idx, s))
         return True
 
-    def next_time(self) -> float:
-        """The next pinned departure of a parked or running request."""
+    def next_time(self, now: float = -math.inf) -> float:
+        """The next pinned departure of a parked or running request (or, pacing, the next token seen after
+        ``now``)."""
         t = self.parked[0][0] if self.parked else math.inf
-        return min([t, *(self.done_s[s.idx] for s in self.model.running)])
+        running = self.model.running
+        t = min([t, *(self.done_s[s.idx] for s in running)])
+        if self.token_times_s is not None:
+            t = min([t, *(x for x in map(self._seen_s, running) if x > now)])
+        return t
 
     def release(self, now: float, on_done) -> None:
         while self.parked and self.parked[0][0] <= now:

@@ -9,7 +9,7 @@ import math
 
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
-from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.common.errors import ConfigError, KvscopeError
 
 
 def _levels(s: str) -> list[int]:
@@ -48,6 +48,9 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                    help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
     p.add_argument("--cliff-drop-pp", type=float, default=5.0,
                    help="hit-rate drop (percentage points below the lowest level) that marks the cliff")
+    p.add_argument("--min-fit-r2", type=float, default=0.5,
+                   help="refuse a calibration whose step-cost fit explains less than this share of the timing "
+                   "variance (default 0.5; a loaded host gives fits near or below 0)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the curve and verdicts as JSON")
     p.set_defaults(func=_cmd_capacity)
 
@@ -60,10 +63,11 @@ def _calibrate(config_path: str, out: str):
     cfg = getattr(backend, "config", None)
     backend.start()
     try:
-        return calibrate_server(backend.endpoint, out, max_num_seqs=getattr(cfg, "max_num_seqs", None),
-                                max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
+        cal = calibrate_server(backend.endpoint, out, max_num_seqs=getattr(cfg, "max_num_seqs", None),
+                               max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
     finally:
         backend.stop()
+    return cal, bool(getattr(cfg, "speculative_config", None))
 
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
@@ -78,12 +82,22 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         raise ConfigError(f"--time-scale: {args.time_scale} is negative; give 0 or more")
     if args.slo_ttft_ms <= 0:
         raise ConfigError(f"--slo-ttft-ms: {args.slo_ttft_ms} must be positive")
+    speculative = False
     if args.server:
-        cal = _calibrate(args.server, args.save_calibration)
+        cal, speculative = _calibrate(args.server, args.save_calibration)
         print(f"calibrated {cal.server.endpoint}: {len(cal.samples)} samples, R² {cal.fit_r2:.3f}, "
               f"load average {cal.load_average_1m:.1f}; saved {args.save_calibration}")
     else:
         cal = load_calibration(args.calibration)
+    if not cal.fit_r2 >= args.min_fit_r2:
+        source = args.save_calibration if args.server else args.calibration
+        load = "" if cal.load_average_1m is None else f", load average {cal.load_average_1m:.1f} while measuring"
+        raise KvscopeError(
+            f"calibration {source}: the step-cost fit is too poor to predict from (R² {cal.fit_r2:.2f} < "
+            f"--min-fit-r2 {args.min_fit_r2:g}, median error {cal.fit_median_rel_error:.0%}{load}); "
+            + ("the model takes one token per decode step, and this server decodes speculatively "
+               f"(speculative_config in {args.server})" if speculative else
+               "calibrate again on a quiet host or lower --min-fit-r2"))
     cfg = scheduler_config(cal, args.num_gpu_blocks)
     t0 = time.perf_counter()
     tr = load_trace(args.trace, cfg.block_size)

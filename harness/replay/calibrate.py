@@ -2,7 +2,9 @@
 
 Prefills: single requests of spread-out prompt lengths (``max_tokens=1``), sent one at a time with fresh
 random token ids (no prefix-cache hit), timed to the first streamed token.  Decodes: batches of 1, 2, 4, ...
-identical-shape requests sent together, timed from first token to last.  Both become
+identical-shape requests sent together, timed from first token to last, at a short context (64 tokens) and a
+long one (up to 1,024, as far as the pool holds the batch), so that the cost of attending the context is
+measured rather than extrapolated.  Both become
 :class:`~kvscope.harness.cachemodel.calibration.TimingSample` s and one non-negative least-squares fit gives the
 step-cost model the scheduler model runs on.  The result is a versioned ``calibration.json``
 (:class:`~kvscope.harness.results.schemas.CalibrationFile`) with the samples and the machine's load average,
@@ -26,6 +28,10 @@ from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, Ca
 from kvscope.workloads.versioned_file import read_versioned, write_versioned
 
 DECODE_BATCHES = (1, 2, 4, 8, 16)
+#: Decodes at a long context (about 1,000 tokens each): without them every decode sample attends ~80 tokens, the
+#: per-context-token cost is not identified (the fit put it at 0) and a batch of agent turns at ~1,000 tokens
+#: each decoded twice as slowly as the model said.
+LONG_DECODE_BATCHES = (1, 2, 4, 8)
 
 
 def _timed_completion(client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
@@ -68,17 +74,25 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
         for n in lengths * 2:
             ttft, _ = _timed_completion(client, url, model, ids(n), 1)
             samples.append(prefill_sample(n, ttft, budget))
-        prompt_len = min(64, limit)
-        per_req_blocks = -(-(prompt_len + decode_tokens) // server.block_size)
-        for batch in DECODE_BATCHES:
-            if batch > server.max_num_seqs or (server.num_gpu_blocks and
-                                               batch * per_req_blocks > server.num_gpu_blocks - 1):
-                break
-            prompts = [ids(prompt_len) for _ in range(batch)]
-            with ThreadPoolExecutor(batch) as pool:
-                timed = list(pool.map(lambda p: _timed_completion(client, url, model, p, decode_tokens), prompts))
-            decode_s = sorted(t[1] for t in timed)[len(timed) // 2]
-            samples.append(decode_sample(batch, prompt_len + decode_tokens / 2, decode_tokens - 1, decode_s))
+        short_len = min(64, limit)
+        long_len = max(short_len, min(limit, 1024))
+        for prompt_len, batches in ((short_len, DECODE_BATCHES), (long_len, LONG_DECODE_BATCHES)):
+            per_req_blocks = -(-(prompt_len + decode_tokens) // server.block_size)
+            for batch in batches:
+                if batch > server.max_num_seqs or (server.num_gpu_blocks and
+                                                   batch * per_req_blocks > server.num_gpu_blocks - 1):
+                    break
+                prompts = [ids(prompt_len) for _ in range(batch)]
+                if prompt_len > short_len:
+                    # Prefill them once first: sent again together, all but their last block hits the cache, so
+                    # every prefill fits in the first step and no prefill chunk lands inside the timed decodes.
+                    for p in prompts:
+                        _timed_completion(client, url, model, p, 1)
+                with ThreadPoolExecutor(batch) as pool:
+                    timed = list(pool.map(lambda p: _timed_completion(client, url, model, p, decode_tokens),
+                                          prompts))
+                decode_s = sorted(t[1] for t in timed)[len(timed) // 2]
+                samples.append(decode_sample(batch, prompt_len + decode_tokens / 2, decode_tokens - 1, decode_s))
     return samples
 
 
@@ -155,10 +169,20 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
     return df, preemptions_total(endpoint) - before, os.getloadavg()[0]
 
 
-def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile) -> tuple[int, int, list]:
+def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile, *, pace: bool = True
+                          ) -> tuple[int, int, list]:
     """(exactly predicted, requests, predicted per record) of a run's ``cached_tokens`` from its timestamps:
-    each request arrives at its ``sent_s`` and leaves (frees its blocks) at its ``done_s``; what happens in
+    each request arrives at its ``sent_s`` and leaves (frees its blocks) at its ``done_s``; with ``pace`` its
+    decode steps also wait for the tokens the client had seen (``first_token_s`` + ``itl_s``); what happens in
     between (admission, hits, allocation, eviction, preemption) is the scheduler model's.
+
+    Why pacing: unpaced, the model decoded a batch of ~1,000-token turns faster than the server, so finished
+    requests sat on all their decode blocks while the server's were still decoding, and admissions the server
+    made at once waited (found by comparing the model's evictions with vLLM's own KV-cache events:
+    ``benchmarks/capacity_predict.py kv-events``).  Paced (and at half the step costs, see
+    ``capacity_model.replay_informed``) the exact share at concurrency 8 went from 85-92 % to 92-96 % on four
+    quiet-machine runs.  Also tried: admitting no earlier than the first token minus a prefill step (worse by
+    1-3 points at 8); ordering sends that came within 3-30 ms of each other by their first tokens (no gain).
 
     Pinning the departures took the exact share on the 64-block validation runs (loaded 2-core host) from
     75 / 88 / 94 % to 84 / 99 / 98 % at concurrency 8 / 16 / 32 (100 % at 1-4 either way).
@@ -166,6 +190,10 @@ def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile) 
     (the calibration was measured at another load); on the 64-block validation runs it lowered the exact share
     at concurrency 8-32 by 10-15 points, so the run's send times are the only thing taken from it.
     """
+    import math
+
+    import numpy as np
+
     from kvscope.harness.cachemodel.capacity_model import replay_informed
     from kvscope.harness.cachemodel.trace_io import load_trace
 
@@ -175,8 +203,13 @@ def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile) 
     ok = ok.sort_values("sent_s")
     reqs = [by_id[int(i)] for i in ok["request_id"]]
     done_s = ok["done_s"].tolist() if "done_s" in ok else None
+    token_times = None
+    if pace and done_s is not None and "itl_s" in ok and "first_token_s" in ok:
+        token_times = [np.concatenate(([ft], ft + np.cumsum(np.asarray(itl, dtype=float))))
+                       if itl is not None and not math.isnan(ft) else np.array([])
+                       for ft, itl in zip(ok["first_token_s"].astype(float), ok["itl_s"])]
     run = replay_informed(reqs, ok["sent_s"].tolist(), ok["output_tokens"].tolist(), cfg, cost_model(cal),
-                          done_s=done_s)
+                          done_s=done_s, token_times_s=token_times)
     predicted = run.cached_tokens
     measured = ok["cached_tokens"].fillna(0).astype(int).tolist()
     return sum(int(a == b) for a, b in zip(predicted, measured)), len(measured), predicted

@@ -172,6 +172,27 @@ def test_a_pinned_late_departure_holds_its_blocks_until_then():
     assert a.done_s == 30.0 and b.scheduled_s == 30.0
 
 
+def test_pacing_keeps_decode_blocks_to_the_tokens_the_run_had_seen():
+    # 11 usable blocks.  A (32-token prompt, 40 output tokens: 5 blocks at the end) decodes one token a step in the
+    # model, but the run saw its tokens 3 s apart and A leave at t=118.  B (120-token prompt: 8 blocks) arrives
+    # at t=30.  Unpaced, A has all 5 blocks by then (generated, parked) and B waits for A to leave; paced, A
+    # has generated only the ~10 tokens seen by t=30 (3 blocks), so 8 blocks are free and B is admitted at once.
+    reqs = requests_from_token_pairs([(toks(32, 60), toks(40, 61)), (toks(120, 62), toks(2, 63))], B,
+                                     session_ids=["a", "b"])
+    cfg = SchedulerConfig(B, 12)
+    timing = dict(arrivals_s=[0.0, 30.0], done_s=[1.0 + 3.0 * 39, 999.0])
+    unpaced = run_scheduler(reqs, cfg, STEPS, SessionTiming(**timing))
+    paced = run_scheduler(reqs, cfg, STEPS, SessionTiming(**timing, token_times_s=[[1.0 + 3.0 * j for j in range(40)],
+                                                                                   [999.0, 999.0]]))
+    assert unpaced.results[1].scheduled_s == 118.0
+    assert paced.results[1].scheduled_s == 30.0
+    assert paced.results[0].done_s == 118.0
+    # tokens the run had seen long before the model generates them: pacing never holds anything back
+    seen_at_once = run_scheduler(reqs, cfg, STEPS, SessionTiming(**timing, token_times_s=[[0.0] * 40, [0.0] * 2]))
+    assert [(r.scheduled_s, r.first_token_s, r.done_s) for r in seen_at_once.results] == \
+        [(r.scheduled_s, r.first_token_s, r.done_s) for r in unpaced.results]
+
+
 def test_a_pinned_early_departure_still_takes_the_blocks_of_its_ungenerated_tokens():
     # P (3 prompt blocks) finishes first and its blocks wait in the free queue; A's 100 output tokens need
     # 7 more blocks than its prompt, which evicts P's.  Pinned to leave after 5 steps, A must still evict P
@@ -210,7 +231,7 @@ def test_cost_fit_recovers_known_coefficients():
         fit_cost_model(samples[:2])
 
 
-def _calibration_file(path, num_gpu_blocks=None):
+def _calibration_file(path, num_gpu_blocks=None, fit_r2=1.0):
     import time as _time
 
     from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
@@ -220,7 +241,7 @@ def _calibration_file(path, num_gpu_blocks=None):
                                                                            max_num_seqs=8, max_num_batched_tokens=256),
                           cost=CalibrationCost(base_s=0.005, per_token_s=2e-5, per_seq_s=1e-4,
                                                per_context_token_s=0.0, request_overhead_s=0.002),
-                          fit_r2=1.0, fit_median_rel_error=0.0)
+                          fit_r2=fit_r2, fit_median_rel_error=0.0)
     write_versioned(path, cal)
     return path
 
@@ -288,3 +309,14 @@ def test_capacity_cli_names_a_calibration_file_of_another_kind(tmp_path, capsys)
     bad.write_text('{"format": "kvscope-summary", "version": 1}')
     assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(bad)]) == 2
     assert "calibration.json" in capsys.readouterr().err
+
+
+def test_capacity_cli_refuses_a_poor_calibration_fit_in_one_line(tmp_path, capsys):
+    from kvscope.harness.cli.main import main
+
+    cal = _calibration_file(tmp_path / "calibration.json", fit_r2=-0.4)  # what a loaded host produced
+    trace = _sessions_trace(tmp_path)
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "R² -0.40" in err and "--min-fit-r2" in err
+    assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,2", "--min-fit-r2", "-1"]) == 0
