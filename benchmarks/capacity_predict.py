@@ -28,17 +28,53 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: int) -> dict:
+    """One measured run: its hit rate, TTFT p50, preemptions, and the replay-informed exact share."""
+    import numpy as np
+
+    from kvscope.harness.replay.calibrate import replay_informed_match
+
+    exact, n, _ = replay_informed_match(trace, df, cal)
+    ok = df[df["error_class"].isna()]
+    return {"repeat": repeat, "requests": n, "replay_informed_exact": exact / n,
+            "hit": float(ok["cached_tokens"].fillna(0).sum() / ok["prompt_tokens"].sum()),
+            "ttft_p50_s": float(np.median(ok["ttft_s"])), "preemptions": preemptions, "load_average_1m": load}
+
+
+def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
+    """Per level: the prediction beside the mean and range of the measured runs."""
+    import numpy as np
+
+    from kvscope.harness.cachemodel.capacity_model import predict_levels
+    from kvscope.harness.cachemodel.trace_io import load_trace
+    from kvscope.harness.replay.calibrate import cost_model, scheduler_config
+
+    cfg = scheduler_config(cal)
+    reqs = load_trace(trace, cfg.block_size).requests
+    rows = []
+    for c, rs in sorted(runs.items()):
+        pred = predict_levels(reqs, cfg, cost_model(cal), [c], time_scale=0.0)[0]
+
+        def stat(key: str) -> tuple[float, float, float]:
+            v = [r[key] for r in rs]
+            return float(np.mean(v)), float(min(v)), float(max(v))
+
+        rows.append({"concurrency": c, "runs": len(rs), "requests": rs[0]["requests"],
+                     "replay_informed_exact": [r["replay_informed_exact"] for r in rs],
+                     "hit_measured": stat("hit"), "hit_predicted": pred.token_hit_rate,
+                     "ttft_p50_measured_s": stat("ttft_p50_s"), "ttft_p50_predicted_s": pred.ttft_p50_s,
+                     "preemptions_measured": stat("preemptions"), "preemptions_predicted": pred.preemptions,
+                     "load_average_1m": stat("load_average_1m")})
+    _table(rows, cfg, trace)
+    return rows
+
+
 def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: str | None,
              repeats: int = 1) -> list[dict]:
     """Measure each level ``repeats`` times (rounds in level order, so a slow drift of the host touches every
     level alike) and compare the prediction with the mean and the range of the runs: at the levels that
     thrash, preemption counts and TTFT vary from run to run by more than the issue's tolerances."""
-    import numpy as np
-
-    from kvscope.harness.cachemodel.capacity_model import predict_levels
-    from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.calibrate import (calibrate_server, cost_model, measure_level,
-                                                  replay_informed_match, scheduler_config)
+    from kvscope.harness.replay.calibrate import calibrate_server, measure_level
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-capacity-"))
@@ -52,43 +88,21 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
         cal = calibrate_server(server.endpoint, tmp / "calibration.json")
         print(f"calibration: {len(cal.samples)} samples, R2 {cal.fit_r2:.3f}, median rel. error "
               f"{cal.fit_median_rel_error:.1%}, cost {cal.cost.model_dump()}, load {cal.load_average_1m:.1f}")
-        cfg = scheduler_config(cal)
-        reqs = load_trace(trace, cfg.block_size).requests
         for rep in range(repeats):
             for c in levels:
                 df, preempt, load = measure_level(trace, server.endpoint, c, tmp / f"run-c{c}-r{rep}")
-                exact, n, _ = replay_informed_match(trace, df, cal)
-                ok = df[df["error_class"].isna()]
-                run = {"repeat": rep, "requests": n, "replay_informed_exact": exact / n,
-                       "hit": float(ok["cached_tokens"].fillna(0).sum() / ok["prompt_tokens"].sum()),
-                       "ttft_p50_s": float(np.median(ok["ttft_s"])), "preemptions": preempt, "load_average_1m": load}
-                runs[c].append(run)
-                print(json.dumps({"concurrency": c, **run}), flush=True)
+                runs[c].append(_run_summary(trace, df, cal, preempt, load, rep))
+                print(json.dumps({"concurrency": c, **runs[c][-1]}), flush=True)
     finally:
         server.stop()
-    rows = []
-    for c in levels:
-        pred = predict_levels(reqs, cfg, cost_model(cal), [c], time_scale=0.0)[0]
-        rs = runs[c]
-
-        def stat(key: str) -> tuple[float, float, float]:
-            v = [r[key] for r in rs]
-            return float(np.mean(v)), float(min(v)), float(max(v))
-
-        rows.append({"concurrency": c, "runs": len(rs), "requests": rs[0]["requests"],
-                     "replay_informed_exact": [r["replay_informed_exact"] for r in rs],
-                     "hit_measured": stat("hit"), "hit_predicted": pred.token_hit_rate,
-                     "ttft_p50_measured_s": stat("ttft_p50_s"), "ttft_p50_predicted_s": pred.ttft_p50_s,
-                     "preemptions_measured": stat("preemptions"), "preemptions_predicted": pred.preemptions,
-                     "load_average_1m": stat("load_average_1m")})
-    _repeat_table(rows, cfg, trace)
+    rows = _level_rows(runs, trace, cal)
     if out:
         Path(out).write_text(json.dumps({"rows": rows, "runs": runs, "run_dir": str(tmp),
                                          "calibration": cal.model_dump(exclude={"samples"})}, indent=1))
     return rows
 
 
-def _repeat_table(rows: list[dict], cfg, trace: str) -> None:
+def _table(rows: list[dict], cfg, trace: str) -> None:
     from kvscope.harness.cachemodel.capacity_model import find_cliff
 
     class _R:
@@ -97,6 +111,8 @@ def _repeat_table(rows: list[dict], cfg, trace: str) -> None:
 
     def rng(v: tuple[float, float, float], scale: float = 1.0, fmt: str = ".0f") -> str:
         m, lo, hi = (x * scale for x in v)
+        if math.isnan(m):
+            return "?"
         return f"{m:{fmt}} ({lo:{fmt}}-{hi:{fmt}})" if hi > lo else f"{m:{fmt}}"
 
     runs = rows[0]["runs"]
@@ -117,8 +133,9 @@ def _repeat_table(rows: list[dict], cfg, trace: str) -> None:
         ttft = r["ttft_p50_predicted_s"] / r["ttft_p50_measured_s"][0] - 1
         m = r["preemptions_measured"][0]
         pre = (abs(r["preemptions_predicted"] - m) / m) if m else (0.0 if r["preemptions_predicted"] == 0 else math.inf)
+        pre_txt = "?" if math.isnan(m) else f"{pre:.0%} {'ok' if pre <= 0.2 else 'MISS'}"
         print(f"  c{r['concurrency']}: hit {hit_pp:.1f} pp {'ok' if hit_pp <= 2 else 'MISS'}; TTFT p50 {ttft:+.0%} "
-              f"{'ok' if abs(ttft) <= 0.25 else 'MISS'}; preemptions {pre:.0%} {'ok' if pre <= 0.2 else 'MISS'}; "
+              f"{'ok' if abs(ttft) <= 0.25 else 'MISS'}; preemptions {pre_txt}; "
               f"replay-informed min {min(r['replay_informed_exact']):.1%} "
               f"{'ok' if min(r['replay_informed_exact']) >= 0.97 else 'MISS'}")
     cliff_m = find_cliff([_R(r["concurrency"], r["hit_measured"][0]) for r in rows])
@@ -128,14 +145,14 @@ def _repeat_table(rows: list[dict], cfg, trace: str) -> None:
 
 def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict]:
     """Predictions of the current model for runs an earlier ``accuracy`` call measured (its temporary dir
-    holds calibration.json and run-cN/): no server needed.  Preemption counts come from its --out JSON."""
-    import numpy as np
+    holds calibration.json and run-cN/ or run-cN-rK/): no server needed.  Preemption counts and load come from
+    its --out JSON (either layout); without it they print as ?."""
+    import re
+
     import pandas as pd
 
     from kvscope.harness.cachemodel.calibration import TimingSample, fit_cost_model
-    from kvscope.harness.cachemodel.capacity_model import predict_levels
-    from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.calibrate import load_calibration, replay_informed_match, scheduler_config
+    from kvscope.harness.replay.calibrate import load_calibration
     from kvscope.harness.results.schemas import CalibrationCost
 
     root = Path(run_root)
@@ -145,54 +162,25 @@ def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict
     fit = fit_cost_model(samples)
     cal = cal.model_copy(update={"cost": CalibrationCost(**fit.model.as_dict()), "fit_r2": fit.r2})
     print(f"refit: {fit.model}, R2 {fit.r2:.3f}, median rel. error {fit.median_rel_error:.1%}")
-    measured = {r["concurrency"]: r for r in json.loads(Path(measured_json).read_text())["rows"]} \
-        if measured_json else {}
-    cfg = scheduler_config(cal)
-    reqs = load_trace(trace, cfg.block_size).requests
-    rows = []
-    for d in sorted((d for d in root.glob("run-c*") if (d / "requests.parquet").exists()),
-                    key=lambda p: int(p.name[5:])):
-        c = int(d.name[5:])
-        df = pd.read_parquet(d / "requests.parquet")
-        exact, n, _ = replay_informed_match(trace, df, cal)
-        ok = df[df["error_class"].isna()]
-        pred = predict_levels(reqs, cfg, cost_model_of(cal), [c], time_scale=0.0)[0]
-        rows.append({"concurrency": c, "requests": n, "replay_informed_exact": exact / n,
-                     "hit_measured": float(ok["cached_tokens"].fillna(0).sum() / ok["prompt_tokens"].sum()),
-                     "hit_predicted": pred.token_hit_rate, "ttft_p50_measured_s": float(np.median(ok["ttft_s"])),
-                     "ttft_p50_predicted_s": pred.ttft_p50_s,
-                     "preemptions_measured": measured.get(c, {}).get("preemptions_measured", math.nan),
-                     "preemptions_predicted": pred.preemptions,
-                     "load_average_1m": measured.get(c, {}).get("load_average_1m", math.nan)})
-    _table(rows, cfg, trace)
-    return rows
-
-
-def cost_model_of(cal):
-    from kvscope.harness.replay.calibrate import cost_model
-
-    return cost_model(cal)
-
-
-def _table(rows: list[dict], cfg, trace: str) -> None:
-    from kvscope.harness.cachemodel.capacity_model import find_cliff
-
-    class _R:
-        def __init__(self, c, h):
-            self.concurrency, self.token_hit_rate = c, h
-
-    cliff_m = find_cliff([_R(r["concurrency"], r["hit_measured"]) for r in rows])
-    cliff_p = find_cliff([_R(r["concurrency"], r["hit_predicted"]) for r in rows])
-    print(f"\n{cfg.num_gpu_blocks} blocks x {cfg.block_size} tokens; trace {trace}")
-    print("| conc | replay-informed exact | hit measured | hit predicted | TTFT p50 measured | TTFT p50 predicted "
-          "| preempt. measured | preempt. predicted | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['concurrency']} | {r['replay_informed_exact']:.1%} | {r['hit_measured']:.1%} | "
-              f"{r['hit_predicted']:.1%} | {r['ttft_p50_measured_s'] * 1e3:.0f} ms | "
-              f"{r['ttft_p50_predicted_s'] * 1e3:.0f} ms | {r['preemptions_measured']:.0f} | "
-              f"{r['preemptions_predicted']} | {r['load_average_1m']:.1f} |")
-    print(f"cliff (hit > 5 pp below level {rows[0]['concurrency']}): measured {cliff_m}, predicted {cliff_p}")
+    measured: dict[tuple[int, int], dict] = {}  # (concurrency, repeat) -> preemptions, load
+    if measured_json:
+        saved = json.loads(Path(measured_json).read_text())
+        if "runs" in saved:
+            measured = {(int(c), r["repeat"]): r for c, rs in saved["runs"].items() for r in rs}
+        else:  # the one-run-a-level layout of earlier calls
+            measured = {(r["concurrency"], 0): {"preemptions": r["preemptions_measured"],
+                                                "load_average_1m": r["load_average_1m"]} for r in saved["rows"]}
+    runs: dict[int, list[dict]] = {}
+    for d in sorted(root.glob("run-c*")):
+        m = re.fullmatch(r"run-c(\d+)(?:-r(\d+))?", d.name)
+        if m is None or not (d / "requests.parquet").exists():
+            continue
+        c, rep = int(m.group(1)), int(m.group(2) or 0)
+        got = measured.get((c, rep), {})
+        runs.setdefault(c, []).append(_run_summary(trace, pd.read_parquet(d / "requests.parquet"), cal,
+                                                   got.get("preemptions", math.nan),
+                                                   got.get("load_average_1m", math.nan), rep))
+    return _level_rows(runs, trace, cal)
 
 
 def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
