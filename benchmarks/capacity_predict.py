@@ -47,13 +47,12 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
 
     from kvscope.harness.cachemodel.capacity_model import predict_levels
     from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.calibrate import cost_model, scheduler_config
 
-    cfg = scheduler_config(cal)
+    cfg = cal.scheduler_config()
     reqs = load_trace(trace, cfg.block_size).requests
     rows = []
     for c, rs in sorted(runs.items()):
-        pred = predict_levels(reqs, cfg, cost_model(cal), [c], time_scale=0.0)[0]
+        pred = predict_levels(reqs, cfg, cal.cost_model(), [c], time_scale=0.0)[0]
 
         def stat(key: str) -> tuple[float, float, float]:
             v = [r[key] for r in rs]
@@ -152,7 +151,7 @@ def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict
     import pandas as pd
 
     from kvscope.harness.cachemodel.calibration import TimingSample, fit_cost_model
-    from kvscope.harness.replay.calibrate import load_calibration
+    from kvscope.harness.results.loaders import load_calibration
     from kvscope.harness.results.schemas import CalibrationCost
 
     root = Path(run_root)

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from kvscope.harness.experiment.runner import run_experiment
+from kvscope.harness.report.browser import check_report_pages
 from kvscope.harness.results.loaders import load_experiment_file, load_summary
+
+from tests.test_report_browser import require_chromium
 
 pytestmark = pytest.mark.vllm
 
@@ -62,3 +65,30 @@ def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level
     assert all(lv <= first_fail for lv in measured)
     manifest = json.loads((run_dir / "experiment.json").read_text())
     assert "repeat-major" in manifest["cell_order"]
+
+    # sweep.predict (the default): the server was calibrated before its sweep, and the scheduler model's curve
+    # covers every measured level; at concurrency 1 (one request at a time) its hit rate is the server's.
+    pred = cap.predicted
+    print(pred.sentence or pred.skipped, [(lv.load, lv.hit_rate, lv.ttft_p90_s, lv.preemptions) for lv in pred.levels])
+    assert pred.skipped is None and (run_dir / pred.calibration).is_file()
+    assert {p.load for p in cap.points} <= {lv.load for lv in pred.levels}
+    c1 = next(c for n, c in recorded.cells.items() if n.endswith("__sweep-c1__r0"))
+    assert abs(pred.levels[0].hit_rate - c1.headline.hit_rate) < 0.02, (pred.levels[0], c1.headline)
+    assert f"(measured: {int(cap.capacity)})" in pred.sentence
+
+    # The concurrency page as a reader sees it: both curves in one decoded figure, the two capacities in its text.
+    from kvscope.harness.report.render import render_report
+    from kvscope.harness.results.loaders import load_report_file
+
+    index = render_report(run_dir, notebooks=["concurrency"], progress=False)
+    [entry] = load_report_file(index.parent).notebooks
+    assert entry.ok, entry.error
+    assert "figures/concurrency/predicted_vs_measured.png" in entry.figures, entry.figures
+    try:
+        require_chromium()
+    except pytest.skip.Exception:
+        return
+    [page] = check_report_pages(index.parent, [index.parent / "concurrency.html"])
+    assert not page.problems, page.problems
+    assert page.images >= 2
+    assert f"small-kv on agent: {pred.sentence}" in page.visible_text, page.visible_text[:3000]

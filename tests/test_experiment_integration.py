@@ -196,7 +196,13 @@ def test_resume_skips_finished_cells(experiment, tiny_model_dir):
     assert "starting vLLM" not in r.stdout
 
 
-def test_a_failing_configuration_is_recorded_and_the_experiment_goes_on(require_vllm, tiny_model_dir, tmp_path):
+def test_a_failing_configuration_is_recorded_and_a_killed_server_is_restarted_for_the_next_cell(
+        require_vllm, tiny_model_dir, tmp_path):
+    """One experiment (two server starts, one restart): a configuration whose server cannot start fails its
+    cells with the reason and the experiment goes on; a server killed between cells is started again."""
+    import os
+    import signal
+
     spec = tmp_path / "f.yaml"
     spec.write_text(f"""\
 name: failing
@@ -207,14 +213,26 @@ servers:
   good: {{}}
 workloads:
   agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
+loads: [{{concurrency: 1}}, {{concurrency: 2}}]
 repeats: 1
 replay: {{time_scale: 0}}
 """)
-    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="x")
-    cells = json.loads((run_dir / "experiment.json").read_text())["cells"]
-    assert cells["broken__agent__c1__r0"]["status"] == "failed"
+    killed = []
+
+    def kill_after_first(cell, server):
+        if cell.server == "good" and not killed:
+            killed.append(cell.name)
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=30)
+
+    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="x", after_cell=kill_after_first)
+    manifest = json.loads((run_dir / "experiment.json").read_text())
+    cells = manifest["cells"]
+    assert cells["broken__agent__c1__r0"]["status"] == cells["broken__agent__c2__r0"]["status"] == "failed"
     assert "--no-such-vllm-flag" in cells["broken__agent__c1__r0"]["reason"]
-    assert cells["good__agent__c1__r0"]["status"] == "ok"
+    assert killed == ["good__agent__c1__r0"]
+    assert cells["good__agent__c1__r0"]["status"] == cells["good__agent__c2__r0"]["status"] == "ok"
+    assert manifest["servers"]["good"]["restarts"] == 1
 
 
 def test_names_cannot_escape_the_results_directory(tmp_path):
@@ -231,32 +249,3 @@ def test_names_cannot_escape_the_results_directory(tmp_path):
         load_experiment_spec(p)
 
 
-def test_a_killed_server_is_restarted_for_the_next_cell(require_vllm, tiny_model_dir, tmp_path):
-    import os
-    import signal
-
-    spec = tmp_path / "k.yaml"
-    spec.write_text(f"""\
-name: killed
-model: {{source: path, path: {tiny_model_dir}, served_model_name: tiny}}
-server_defaults: {{max_model_len: 1024, kv_cache_memory_bytes: 16M}}
-servers: {{only: {{}}}}
-workloads:
-  agent: {{spec: agent-coding, scale: 0.01, sessions: 1, seed: 0, max_context: 800}}
-loads: [{{concurrency: 1}}, {{concurrency: 2}}]
-repeats: 1
-replay: {{time_scale: 0}}
-""")
-    killed = []
-
-    def kill_after_first(cell, server):
-        if not killed:
-            killed.append(cell.name)
-            os.killpg(server.process.pid, signal.SIGKILL)
-            server.process.wait(timeout=30)
-
-    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="k", after_cell=kill_after_first)
-    manifest = json.loads((run_dir / "experiment.json").read_text())
-    assert killed == ["only__agent__c1__r0"]
-    assert [c["status"] for c in manifest["cells"].values()] == ["ok", "ok"]
-    assert manifest["servers"]["only"]["restarts"] == 1

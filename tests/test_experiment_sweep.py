@@ -4,7 +4,6 @@ next-level decisions on synthetic measurements (no server)."""
 from __future__ import annotations
 
 import pytest
-
 from kvscope.harness.analysis.capacity import LoadPoint
 from kvscope.harness.common.errors import ConfigError
 from kvscope.harness.experiment.runner import describe_plan, plan_cells
@@ -100,3 +99,97 @@ def test_a_cell_that_never_replayed_stops_the_sweep_without_a_measurement():
     sw.record(point_from_cell(2, {"status": "failed", "reason": "ServerError: no start"}), "ServerError: no start")
     assert sw.next_load() is None and sw.stopped == "ServerError: no start"
     assert sorted(sw.points) == [1] and sw.capacity().ceiling is None
+
+
+# ---- the predicted curve beside the sweep (sweep.predict) --------------------------------------------------
+
+
+def _predicting_sweep(tmp_path, slo_ms: float, levels=(1, 2, 6)):
+    from kvscope.harness.results.loaders import load_calibration
+
+    from tests.offline.test_scheduler import _calibration_file, _sessions_trace
+
+    spec = ExperimentSpec.model_validate({**BASE, "sweep": {"levels": list(levels), "slo_ttft_p90_ms": slo_ms}})
+    sw = plan_sweeps(spec)[0]
+    cal = load_calibration(_calibration_file(tmp_path / "calibration.json", num_gpu_blocks=40))
+    return sw, cal, _sessions_trace(tmp_path)
+
+
+@pytest.mark.parametrize("slo_ms", [1e9, 30.0])
+def test_a_sweeps_prediction_is_what_kvscope_capacity_says_at_every_level_it_measured(tmp_path, capsys, slo_ms):
+    """The page's dashed curve and predicted capacity are `kvscope capacity`'s on the same trace and calibration,
+    at the spec's levels and at every level the sweep bisected to (here 3)."""
+    import json
+
+    from kvscope.harness.cli.main import main
+    from kvscope.harness.experiment.sweep import predict_sweep
+    from kvscope.harness.results.schemas import PredictedCapacity
+
+    sw, cal, trace = _predicting_sweep(tmp_path, slo_ms)
+    sw.record(LoadPoint(1, 0.02))
+    sw.record(LoadPoint(3, 0.05, preemptions=2))  # a bisection level
+    pred = PredictedCapacity.model_validate(predict_sweep(sw, trace, cal, "calibrations/a.json", time_scale=0,
+                                                          mode="live"))
+    assert [lv.load for lv in pred.levels] == [1, 2, 3, 6]
+    out = tmp_path / "capacity.json"
+    assert main(["capacity", str(trace), "--calibration", str(tmp_path / "calibration.json"), "--levels", "1,2,3,6",
+                 "--time-scale", "0", "--mode", "live", "--slo-ttft-ms", str(slo_ms), "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())
+    assert [lv.hit_rate for lv in pred.levels] == [r["token_hit_rate"] for r in cli["levels"]]
+    assert [lv.preemptions for lv in pred.levels] == [r["preemptions"] for r in cli["levels"]]
+    assert pred.capacity == cli["capacity_concurrency"] and pred.cliff == cli["cliff_concurrency"]
+    assert pred.cliff is not None  # 6 sessions do not fit in 39 blocks
+    if slo_ms < 1e6:  # a tight SLO is broken below the top level
+        assert pred.capacity is None or pred.capacity < 6
+    assert pred.calibration == "calibrations/a.json" and pred.skipped is None
+    assert f"(measured: {int(sw.capacity().capacity)})" in pred.sentence
+
+
+def test_no_prediction_is_made_where_the_model_cannot_make_one_and_each_says_why(tmp_path):
+    from kvscope.harness.experiment.sweep import predict_sweep, prediction_skipped
+
+    sw, cal, trace = _predicting_sweep(tmp_path, 250)
+    assert prediction_skipped(sw.spec, {}) is None
+    assert "speculative decoding" in prediction_skipped(sw.spec, {"speculative_config": {"method": "ngram"}})
+    assert "off" in prediction_skipped(sw.spec.model_copy(update={"predict": False}), {})
+    assert "session rates" in prediction_skipped(sw.spec.model_copy(update={"kind": "session_rate"}), {})
+    poor = predict_sweep(sw, trace, cal.model_copy(update={"fit_r2": -0.66}), "c.json", time_scale=0, mode="live")
+    assert "R² -0.66" in poor["skipped"] and not poor.get("levels")
+
+
+def test_the_concurrency_page_tables_pair_each_measured_level_with_the_prediction():
+    from types import SimpleNamespace
+
+    from kvscope.harness.analysis import tables as T
+    from kvscope.harness.results.schemas import CapacityEntry, CellEntry
+
+    def cell(hit, p50):
+        return CellEntry(server="a", workload="w", load="c1", repeat=0, status="ok", dir="cells/x",
+                         headline={"requests": 10, "errors": 0, "hit_rate": hit, "ttft_p50_s": p50, "req_per_s": 1.0})
+
+    entry = CapacityEntry(
+        server="a", workload="w", kind="concurrency", slo_ttft_p90_ms=250, capacity=2, interpolated=None,
+        ceiling="preemption", under_driven=[], sentence="a holds 2",
+        points=[{"load": 1, "ttft_p90_s": 0.05, "preemptions": 0, "mean_sessions_in_flight": 1, "cell": "cells/a1"},
+                {"load": 2, "ttft_p90_s": 0.1, "preemptions": 0, "mean_sessions_in_flight": 2, "cell": "cells/a2"},
+                {"load": 4, "ttft_p90_s": 0.2, "preemptions": 3, "mean_sessions_in_flight": 4, "cell": "cells/a4"}],
+        predicted={"calibration": "calibrations/a.json", "fit_r2": 0.9, "capacity": 4, "cliff": 4, "sentence": "s",
+                   "levels": [{"load": c, "hit_rate": h, "ttft_p50_s": 0.01 * c, "ttft_p90_s": 0.02 * c,
+                               "e2e_p50_s": 1.0, "preemptions": pre, "kv_usage_max": 0.5}
+                              for c, h, pre in ((1, 0.8, 0), (2, 0.8, 0), (4, 0.6, 0), (8, 0.3, 5))]})
+    skipped = CapacityEntry.model_validate({**entry.model_dump(), "server": "spec",
+                                            "predicted": {"skipped": "speculative decoding is not modelled"}})
+    res = SimpleNamespace(experiment=SimpleNamespace(
+        capacity=[entry, skipped], cells={"a1": cell(0.81, 0.03), "a2": cell(0.79, 0.04), "a4": cell(0.5, 0.1)}))
+    pm = T.predicted_vs_measured(res)
+    assert set(pm["server"]) == {"a"}  # the skipped sweep has no curve
+    m = pm[pm["source"] == "measured"].set_index("concurrency")
+    p = pm[pm["source"] == "predicted"].set_index("concurrency")
+    assert list(m.index) == [1, 2, 4] and list(p.index) == [1, 2, 4, 8]
+    assert m.loc[2, "hit_rate"] == 0.79 and m.loc[2, "ttft_p50_ms"] == pytest.approx(40)  # from the cell headline
+    assert list(m["meets_slo"]) == [True, True, False]  # preempted at 4: past the ceiling
+    assert list(p["meets_slo"]) == [True, True, True, False]
+    caps = T.capacity_predictions(res).set_index("server")
+    assert caps.loc["a", "headline"] == "a on w: capacity predicted 4, measured 2" and caps.loc["a", "note"] == ""
+    assert "speculative" in caps.loc["spec", "note"]
+    assert caps.loc["a", "sentence"] == "a on w: s" and "no prediction (speculative" in caps.loc["spec", "sentence"]

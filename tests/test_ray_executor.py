@@ -211,7 +211,8 @@ def test_sweeps_run_in_their_configurations_actor_and_capacities_merge_in_plan_o
 
     with FaultServer(FaultConfig(ttft_s=0.002)) as a, FaultServer(FaultConfig(ttft_s=0.002)) as b:
         spec = _spec(tmp_path / "w.yaml", tiny_model_dir, _mock("zeta", a) + "\n" + _mock("alpha", b),
-                     extra="sweep: {kind: concurrency, levels: [1, 2], slo_ttft_p90_ms: 5000, adaptive: false}\n")
+                     extra="sweep: {kind: concurrency, levels: [1, 2], slo_ttft_p90_ms: 5000, adaptive: false, "
+                           "predict: false}\n")
         ray_m = load_experiment_file(run_experiment_ray(spec, out=tmp_path / "results", run_id="ray"))
         local_m = load_experiment_file(run_experiment(spec, out=tmp_path / "results", run_id="local"))
     assert set(ray_m.cells) == set(local_m.cells)

@@ -1,4 +1,4 @@
-"""The scheduler model against a real vLLM CPU server with a small KV pool, at concurrency 1 to 32.
+"""The scheduler model against a real vLLM CPU server with a small KV pool, at concurrency 1 to 16.
 
 One server (64 blocks of 128 tokens: a few agent sessions' worth, so higher levels evict and preempt) is
 calibrated, then an agent-coding trace sized to max_model_len 2048 is replayed closed-loop at each level.
@@ -9,6 +9,8 @@ at 8 / 16 / 32 on quiet-machine runs, 84 / 98 / 98 % on runs at load 23-38 (benc
 pinned departures and pacing CI saw 72 / 62 / 58 %); those levels are held to a 70 % floor so that a regression
 (a model that stops tracking evictions predicts far less) still fails.  The predictive figures (hit rate,
 TTFT, preemptions, cliff) are printed by benchmarks/capacity_predict.py, not asserted: they depend on timing.
+The trace has 16 sessions, so a closed loop of 32 would hold the same 16 at once as the level of 16: the
+benchmark measures 32 on its 24-session trace.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
 
-LEVELS = (1, 2, 4, 8, 16, 32)
+LEVELS = (1, 2, 4, 8, 16)
 
 
 def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(require_vllm, tiny_model_dir,
@@ -42,7 +44,7 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
         server.stop()
     print("\nreplay-informed exact share per level (share, requests, preemptions, load):", results)
     assert all(n >= 100 for _, n, _, _ in results.values())
-    assert results[32][2] > 0 or results[16][2] > 0  # the pool is small enough that the top levels preempt
+    assert results[16][2] > 0 or results[8][2] > 0  # the pool is small enough that the top levels preempt
     bad = {c: r for c, r in results.items() if r[0] < (0.97 if r[2] == 0 else 0.70)}
     assert not bad, f"levels below target (97 % without preemption, 70 % with): {bad}"
     assert results[1][0] >= 0.97

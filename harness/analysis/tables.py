@@ -198,6 +198,68 @@ def load_curve(res: ExperimentResults) -> pd.DataFrame:
     return c.reindex(columns=cols).sort_values(["server", "workload", "load_value"])
 
 
+def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
+    """Each sweep's curve twice, one row per level and ``source``: ``measured`` (the sweep's cells) and
+    ``predicted`` (the scheduler model recorded beside it in experiment.json, from a calibration of the same
+    server taken just before the sweep; ``sweep.predict``). ``meets_slo`` is the live rule for both
+    (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`). Empty without a sweep or a prediction."""
+    from pathlib import PurePath
+
+    from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
+
+    entries = getattr(res.experiment, "capacity", None) or []
+    cells = res.experiment.cells if res.experiment is not None else {}
+    rows = []
+    for e in entries:
+        if e.predicted is None or not e.predicted.levels:
+            continue
+        key = {"server": e.server, "workload": e.workload}
+        for p in e.points:
+            cell = cells.get(PurePath(p.cell).name) if p.cell else None
+            head = cell.headline if cell is not None else None
+            rows.append({**key, "concurrency": p.load, "source": "measured",
+                         "ttft_p50_ms": None if head is None or head.ttft_p50_s is None else head.ttft_p50_s * 1e3,
+                         "ttft_p90_ms": None if p.ttft_p90_s is None else p.ttft_p90_s * 1e3,
+                         "hit_rate": None if head is None else head.hit_rate, "preemptions": p.preemptions,
+                         "meets_slo": point_meets_slo(LoadPoint(p.load, p.ttft_p90_s, p.preemptions),
+                                                      e.slo_ttft_p90_ms)})
+        for lv in e.predicted.levels:
+            rows.append({**key, "concurrency": lv.load, "source": "predicted",
+                         "ttft_p50_ms": None if lv.ttft_p50_s is None else lv.ttft_p50_s * 1e3,
+                         "ttft_p90_ms": None if lv.ttft_p90_s is None else lv.ttft_p90_s * 1e3,
+                         "hit_rate": lv.hit_rate, "preemptions": lv.preemptions,
+                         "meets_slo": point_meets_slo(LoadPoint(lv.load, lv.ttft_p90_s, lv.preemptions),
+                                                      e.slo_ttft_p90_ms)})
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows)
+    for col in ("ttft_p50_ms", "ttft_p90_ms", "hit_rate"):
+        out[col] = out[col].astype(float)
+    return out.sort_values(["server", "workload", "source", "concurrency"]).reset_index(drop=True)
+
+
+def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
+    """One row per sweep: the measured capacity, the scheduler model's (same rule), its eviction cliff, the
+    calibration's fit, and why a sweep has no prediction (``note``)."""
+    rows = []
+    for e in getattr(res.experiment, "capacity", None) or []:
+        p = e.predicted
+        rows.append({"server": e.server, "workload": e.workload, "slo_ttft_p90_ms": e.slo_ttft_p90_ms,
+                     "measured_capacity": e.capacity, "predicted_capacity": None if p is None else p.capacity,
+                     "predicted_cliff": None if p is None else p.cliff,
+                     "calibration_r2": None if p is None else p.fit_r2,
+                     "note": "no prediction recorded" if p is None else (p.skipped or ""),
+                     "headline": f"{e.server} on {e.workload}: capacity predicted {_level(p and p.capacity)}, "
+                                 f"measured {_level(e.capacity)}",
+                     "sentence": f"{e.server} on {e.workload}: " + (
+                         "no prediction recorded" if p is None else p.sentence or f"no prediction ({p.skipped})")})
+    return pd.DataFrame(rows)
+
+
+def _level(x: float | None) -> str:
+    return "none" if x is None else f"{x:g}"
+
+
 def find_knee(curve: pd.DataFrame, metric: str = "ttft_p90_s", factor: float = 2.0) -> pd.DataFrame:
     """First load level whose `metric` exceeds `factor` x its value at the lowest load (per server, workload)."""
     rows = []

@@ -7,11 +7,12 @@ what the scheduler model knows about a step, so a model in them is all it can us
 requests (prefills of several lengths, decodes at several batch sizes) determine four coefficients well.
 
 A fifth coefficient, ``request_overhead_s``, is the frontend's time per request (HTTP, tokenization): it is
-in every TTFT but in no inter-token gap, which is what separates it from the per-step ``base_s``.
+in every timed request once, whatever its number of steps, which is what separates it from the per-step
+``base_s``.
 
 A request's measured time is a *sum* of steps, and sums of linear steps are linear in summed features, so a
 sample is ``(steps, tokens, sequence-steps, context tokens) -> seconds`` and one fit takes prefill (TTFT)
-and decode (inter-token) samples alike.  Coefficients are constrained non-negative (``scipy.optimize.nnls``):
+and batch (send to last token of requests decoding together) samples alike.  Coefficients are constrained non-negative (``scipy.optimize.nnls``):
 a negative per-token cost fitted from noisy timings would make long prompts cheaper than short ones.
 
 This module knows no HTTP: the measurement against a server is ``kvscope.harness.replay.calibrate``, which
@@ -58,7 +59,7 @@ class TimingSample:
     context_tokens: float
     seconds: float
     kind: str = "prefill"
-    #: Requests whose frontend overhead the duration includes (1 for a TTFT, 0 for first-to-last token).
+    #: Requests whose frontend overhead the duration includes (1 for a TTFT or a batch's send-to-last-token).
     requests: float = 0.0
 
     def features(self) -> list[float]:
@@ -109,7 +110,13 @@ def prefill_sample(prompt_tokens: int, ttft_s: float, max_num_batched_tokens: in
     return TimingSample(steps, new, steps, ctx, ttft_s, "prefill", 1.0)
 
 
-def decode_sample(batch: int, context_tokens_each: float, steps: int, seconds: float) -> TimingSample:
-    """``batch`` requests decoding together for ``steps`` steps at a mean context of ``context_tokens_each``."""
-    return TimingSample(steps, batch * steps, batch * steps, batch * steps * context_tokens_each, seconds,
-                        "decode")
+def batch_sample(batch: int, prompt_tokens: int, cached_tokens: int, output_tokens: int,
+                 seconds: float) -> TimingSample:
+    """``batch`` identical-shape requests sent together, timed from send to the last token: one step prefills
+    all their uncached tokens (and gives the first token), then ``output_tokens - 1`` decode steps; plus the
+    frontend's time for one request."""
+    new = max(prompt_tokens - cached_tokens, 1)
+    decode_steps = output_tokens - 1
+    return TimingSample(1 + decode_steps, batch * (new + decode_steps), batch * (1 + decode_steps),
+                        batch * (prompt_tokens + decode_steps * (prompt_tokens + output_tokens / 2)), seconds,
+                        "decode", 1.0)

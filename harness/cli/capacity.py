@@ -76,7 +76,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     from kvscope.harness.cachemodel.capacity_model import find_capacity, find_cliff, predict_levels
     from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.calibrate import cost_model, load_calibration, scheduler_config
+    from kvscope.harness.results.loaders import load_calibration
 
     if args.time_scale < 0:
         raise ConfigError(f"--time-scale: {args.time_scale} is negative; give 0 or more")
@@ -98,10 +98,10 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
             + ("the model takes one token per decode step, and this server decodes speculatively "
                f"(speculative_config in {args.server})" if speculative else
                "calibrate again on a quiet host or lower --min-fit-r2"))
-    cfg = scheduler_config(cal, args.num_gpu_blocks)
+    cfg = cal.scheduler_config(args.num_gpu_blocks)
     t0 = time.perf_counter()
     tr = load_trace(args.trace, cfg.block_size)
-    rows = predict_levels(tr.requests, cfg, cost_model(cal), args.levels, time_scale=args.time_scale,
+    rows = predict_levels(tr.requests, cfg, cal.cost_model(), args.levels, time_scale=args.time_scale,
                           mode=args.mode)
     cliff = find_cliff(rows, args.cliff_drop_pp)
     capacity = find_capacity(rows, args.slo_ttft_ms)

@@ -3,11 +3,12 @@
 Layout of one run (`results/<experiment>/<run-id>/`):
 
     experiment.json            manifest: spec, model, servers (config, facts, log, restarts), cells + status,
-                               cell order, capacities (one per sweep)
+                               cell order, capacities (one per sweep, each with the predicted one)
     traces/<workload>/         the generated traces (one per workload, shared by every cell)
     servers/<server>.log       vLLM log of each configuration
     cells/<server>__<workload>__<load>__r<k>/   a replay run directory (requests.parquet, summary.json, …)
     cells/<server>__<workload>__sweep-c<n>__r0/ a sweep level's cell
+    calibrations/<server>.json a swept configuration's step-cost calibration (sweep.predict)
 
 Each server configuration is a serving backend (kvscope.harness.serving.backend): vLLM, launched by kvscope,
 or an OpenAI-compatible endpoint it only attaches to. Cells run repeat-major (see `plan_cells`); with
@@ -18,7 +19,7 @@ mode; a restart if that fails), so every cell starts from the same state and pre
 ``between_repeats: restart`` also starts a fresh process for each new repeat. A cell that fails is recorded
 with its reason and the experiment goes on; a server that died is restarted for the next cell. After the grid,
 each sweep (kvscope.harness.experiment.sweep) runs level by level until its ceiling, and its capacity is
-recorded. `--resume` skips cells whose status is `ok`; `--cells` runs only the named grid cells (no sweep).
+recorded, with the scheduler model's predicted curve from a calibration taken just before the sweep. `--resume` skips cells whose status is `ok`; `--cells` runs only the named grid cells (no sweep).
 
 Executors: `prepare_run` (manifest, model, traces, the cells to do) and `finish_run` are shared, and
 `run_configurations` is the one cell loop. The local executor (`run_experiment`) calls it once for every
@@ -452,6 +453,8 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
     sweeps = [sw for sw in plan_sweeps(run.spec) if sw.server in server_names]
     if not sweeps:
         return
+    calibrations = {name: _calibrate_for_sweep(run, servers, name, sweeps[0].spec)
+                    for name in dict.fromkeys(sw.server for sw in sweeps)}
     cells = run.manifest["cells"]
     active = list(sweeps)
     while active:
@@ -471,9 +474,59 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
     for sw in sweeps:
         cap = sw.capacity()
         sentence = cap.sentence() + (f" (sweep stopped: {sw.stopped})" if sw.stopped else "")
-        run.manifest["capacity"].append({**asdict(cap), "sentence": sentence})
+        cal, cal_rel, skipped = calibrations[sw.server]
+        predicted = _predict_sweep(run, sw, cal, cal_rel, skipped)
+        run.manifest["capacity"].append({**asdict(cap), "sentence": sentence, "predicted": predicted})
         print(f"capacity: {sentence}", flush=True)
+        print(f"predicted: {predicted.get('sentence') or predicted.get('skipped')}", flush=True)
     run.save()
+
+
+def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: Any
+                         ) -> tuple[Any, str | None, str | None]:
+    """(calibration, its path relative to the run, why none) for one swept configuration: measured on its
+    server, idle just before its first sweep level (each cell resets the prefix cache after), or read back on
+    --resume. A failure is recorded as the reason and the sweep goes on without a prediction."""
+    from kvscope.harness.experiment.sweep import prediction_skipped
+    from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.results.loaders import load_calibration
+
+    rel = f"calibrations/{name}.json"
+    path = safe_child(run.run_dir, "calibrations", f"{name}.json")
+    try:
+        backend = servers.get(name, 0)
+        config = backend.config.model_dump() if hasattr(backend.config, "model_dump") else {}
+        why = prediction_skipped(sweep, config)
+        if why:
+            return None, None, why
+        if path.exists():
+            return load_calibration(path), rel, None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"[{name}] calibrating the scheduler model (a few dozen requests) …", flush=True)
+        t0 = time.perf_counter()
+        cal = calibrate_server(backend.endpoint, path, max_num_seqs=getattr(backend.config, "max_num_seqs", None),
+                               max_num_batched_tokens=getattr(backend.config, "max_num_batched_tokens", None))
+        print(f"[{name}] calibrated in {time.perf_counter() - t0:.0f} s: {len(cal.samples)} samples, "
+              f"R² {cal.fit_r2:.3f}", flush=True)
+        return cal, rel, None
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no prediction, the measured sweep goes on
+        reason = f"calibration failed: {exc.__class__.__name__}: {exc}".splitlines()[0][:300]
+        print(f"[{name}] {reason}", flush=True)
+        return None, None, reason
+
+
+def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> dict[str, Any]:
+    from kvscope.harness.experiment.sweep import predict_sweep
+
+    if cal is None:
+        return {"skipped": skipped or "no calibration"}
+    try:
+        return predict_sweep(sw, run.run_dir / run.manifest["traces"][sw.workload], cal, cal_rel or "",
+                             time_scale=run.spec.replay.time_scale, mode=run.spec.replay.mode)
+    except Exception as exc:  # noqa: BLE001 - the measured capacity stands without it
+        return {"calibration": cal_rel, "skipped": f"prediction failed: {exc.__class__.__name__}: {exc}"[:300]}
 
 
 def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: dict[str, Any]) -> None:

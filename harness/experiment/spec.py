@@ -89,6 +89,9 @@ class SweepSpec(BaseModel):
     max_bisections: int = Field(3, ge=0, le=20, description="adaptive: extra levels between pass and fail")
     servers: list[str] | None = Field(None, description="configurations to sweep (default: all)")
     workloads: list[str] | None = Field(None, description="workloads to sweep (default: all)")
+    predict: bool = Field(True, description="calibrate each swept vLLM configuration just before its sweep (a few "
+                                            "dozen requests) and record the scheduler model's predicted curve "
+                                            "and capacity beside the measured ones (concurrency sweeps)")
 
     @field_validator("levels")
     @classmethod

@@ -6,19 +6,39 @@ round-robins over the sweeps (all servers are up at once by default, so sweeps o
 interleave like the grid's repeats). The decision itself — pass/fail, bisection, capacity — is the pure logic
 of `kvscope.harness.analysis.capacity`, which the report reads as well. A resumed run rebuilds the points from
 the cells already recorded, so `--resume` continues a sweep where it stopped.
+
+With ``sweep.predict`` (the default) each swept vLLM configuration is calibrated just before its sweep and
+:func:`predict_sweep` runs the scheduler model (``kvscope capacity``'s) on the sweep's trace at the same levels,
+so experiment.json — and the report's concurrency page — hold the predicted curve beside the measured one,
+with both capacities read by the same rule.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvscope.harness.analysis.capacity import (Capacity, LoadPoint, capacity_from_points, mean_in_flight,
-                                               next_bisection_load, point_meets_slo)
+from kvscope.harness.analysis.capacity import (
+    Capacity,
+    LoadPoint,
+    capacity_from_points,
+    mean_in_flight,
+    next_bisection_load,
+    point_meets_slo,
+)
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
-__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell"]
+if TYPE_CHECKING:
+    from kvscope.harness.results.schemas import CalibrationFile
+
+__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep",
+           "prediction_skipped"]
+
+#: A calibration whose step-cost fit explains less than this share of the timing variance gives no prediction
+#: (the default of `kvscope capacity --min-fit-r2`).
+MIN_FIT_R2 = 0.5
 
 
 @dataclass
@@ -92,3 +112,50 @@ def point_from_cell(load: float, entry: dict[str, Any]) -> LoadPoint | None:
     return LoadPoint(load=load, ttft_p90_s=head.get("ttft_p90_s") if ok else None,
                      preemptions=float(head.get("preemptions") or 0),
                      mean_sessions_in_flight=head.get("mean_sessions_in_flight"), cell=entry.get("dir"))
+
+
+def prediction_skipped(spec: SweepSpec, server_config: dict[str, Any]) -> str | None:
+    """Why a sweep gets no predicted curve before anything is measured (None: calibrate and predict)."""
+    if not spec.predict:
+        return "sweep.predict is off"
+    if spec.kind != "concurrency":
+        return "the scheduler model predicts closed-loop concurrency levels, not session rates"
+    if server_config.get("speculative_config"):
+        return ("speculative decoding is not modelled: the scheduler model takes one token per decode step, "
+                "so its calibration of this server explains little")
+    return None
+
+
+def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
+                  time_scale: float, mode: str) -> dict[str, Any]:
+    """The scheduler model's curve for this sweep: every spec level and every level the sweep measured
+    (bisections included), with the capacity read by the live rule (`capacity_from_points`) and the eviction
+    cliff; a dict of `PredictedCapacity` for experiment.json."""
+    from kvscope.harness.cachemodel.capacity_model import find_cliff, predict_levels
+    from kvscope.harness.cachemodel.trace_io import load_trace
+
+    base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
+    if not cal.fit_r2 >= MIN_FIT_R2:
+        return {**base, "skipped": f"the calibration's step-cost fit is too poor to predict from (R² "
+                                   f"{cal.fit_r2:.2f} < {MIN_FIT_R2:g})"}
+    levels = sorted({int(x) for x in state.spec.levels} | {int(x) for x in state.points})
+    cfg = cal.scheduler_config()
+    rows = predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), levels,
+                          time_scale=time_scale, mode=mode)
+
+    def num(x: float) -> float | None:
+        return None if math.isnan(x) else float(x)  # NaN (no request finished) -> null
+
+    slo = state.spec.slo_ttft_p90_ms
+    points = [LoadPoint(r.concurrency, num(r.ttft_p90_s), float(r.preemptions)) for r in rows]
+    cap = capacity_from_points(state.server, state.workload, "concurrency", points, slo)
+    cliff = find_cliff(rows)
+    measured = state.capacity().capacity
+    held = "none of the levels" if cap.capacity is None else f"{int(cap.capacity)} concurrent sessions"
+    sentence = (f"the scheduler model, calibrated on {state.server} before the sweep, predicts {held} at TTFT "
+                f"p90 ≤ {slo:g} ms" + ("" if measured is None else f" (measured: {int(measured)})")
+                + (f"; eviction cliff at {cliff}" if cliff else "; no eviction cliff within the levels"))
+    return {**base, "capacity": cap.capacity, "cliff": cliff, "sentence": sentence,
+            "levels": [{"load": float(r.concurrency), "hit_rate": r.token_hit_rate, "ttft_p50_s": num(r.ttft_p50_s),
+                        "ttft_p90_s": num(r.ttft_p90_s), "e2e_p50_s": num(r.e2e_p50_s),
+                        "preemptions": float(r.preemptions), "kv_usage_max": r.kv_usage_max} for r in rows]}

@@ -1,10 +1,17 @@
 """The short calibration measurement behind ``kvscope capacity --server``: a few dozen timed requests.
 
 Prefills: single requests of spread-out prompt lengths (``max_tokens=1``), sent one at a time with fresh
-random token ids (no prefix-cache hit), timed to the first streamed token.  Decodes: batches of 1, 2, 4, ...
-identical-shape requests sent together, timed from first token to last, at a short context (64 tokens) and a
-long one (up to 1,024, as far as the pool holds the batch), so that the cost of attending the context is
-measured rather than extrapolated.  Both become
+random token ids (no prefix-cache hit), timed to the first streamed token, then each sent once more (every
+full block but the last hits: the shape of an agent's next turn).  Decodes: batches of 1, 2, 4, ...
+identical-shape requests sent together, each timed from send to its last streamed token (the batch's prefill
+step, its decode steps and the frontend's per-request time), at a short context (64 tokens) and a long one (up
+to 1,024, as far as the pool holds the batch), so that the cost of attending the context is measured rather
+than extrapolated.
+
+Why send-to-last and not first-to-last token: on a busy CPU host vLLM's frontend sometimes delivers a whole
+answer in one burst, and then the first-to-last time is ~0 (0.2 ms for 23 decode steps, measured on the
+quickstart's server at batch 8 and 16); two such samples, weighted by 1/seconds, turned a fit of R² 0.86 into
+one of -0.65.  The last token's arrival is late by at most the frontend's lag, whichever way the tokens came.  Both become
 :class:`~kvscope.harness.cachemodel.calibration.TimingSample` s and one non-negative least-squares fit gives the
 step-cost model the scheduler model runs on.  The result is a versioned ``calibration.json``
 (:class:`~kvscope.harness.results.schemas.CalibrationFile`) with the samples and the machine's load average,
@@ -20,22 +27,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from kvscope.harness.cachemodel.calibration import StepCostModel, TimingSample, decode_sample, fit_cost_model
-from kvscope.harness.cachemodel.calibration import prefill_sample
-from kvscope.harness.cachemodel.scheduler import SchedulerConfig
+from kvscope.harness.cachemodel.calibration import TimingSample, batch_sample, fit_cost_model, prefill_sample
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
-from kvscope.workloads.versioned_file import read_versioned, write_versioned
+from kvscope.workloads.versioned_file import write_versioned
 
 DECODE_BATCHES = (1, 2, 4, 8, 16)
 #: Decodes at a long context (about 1,000 tokens each): without them every decode sample attends ~80 tokens, the
 #: per-context-token cost is not identified (the fit put it at 0) and a batch of agent turns at ~1,000 tokens
 #: each decoded twice as slowly as the model said.
 LONG_DECODE_BATCHES = (1, 2, 4, 8)
+#: Each shape is timed this many times and its median kept (two calibrations of one server, one pass each,
+#: gave TTFT predictions 30 % apart).
+CALIBRATION_ROUNDS = 3
 
 
 def _timed_completion(client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-    """(TTFT s, first-to-last-token s) of one streamed completion."""
+    """(TTFT s, send-to-last-token s) of one streamed completion."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
             "stream": True}
     t0 = time.perf_counter()
@@ -50,11 +58,25 @@ def _timed_completion(client, url: str, model: str, prompt: list[int], max_token
                 last = now
     if first is None or last is None:
         raise KvscopeError(f"calibration request to {url} streamed no tokens")
-    return first - t0, last - first
+    return first - t0, last - t0
+
+
+def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
+    """One sample per measured shape (identical features), its time the median of the repeats: a single slow
+    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
+    from dataclasses import replace
+    from statistics import median
+
+    groups: dict[tuple, list[TimingSample]] = {}
+    for s in samples:
+        groups.setdefault((s.kind, *s.features()), []).append(s)
+    return [replace(g[0], seconds=median(x.seconds for x in g)) for g in groups.values()]
 
 
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
-                    prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24) -> list[TimingSample]:
+                    prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24,
+                    rounds: int = CALIBRATION_ROUNDS) -> list[TimingSample]:
+    """Every shape measured ``rounds`` times (interleaved, round by round), reduced to its median."""
     import httpx
 
     rng = random.Random(seed)
@@ -71,29 +93,41 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
     samples: list[TimingSample] = []
     with httpx.Client(timeout=300.0) as client:
         _timed_completion(client, url, model, ids(16), 2)  # warm-up, not recorded
-        for n in lengths * 2:
-            ttft, _ = _timed_completion(client, url, model, ids(n), 1)
-            samples.append(prefill_sample(n, ttft, budget))
         short_len = min(64, limit)
         long_len = max(short_len, min(limit, 1024))
-        for prompt_len, batches in ((short_len, DECODE_BATCHES), (long_len, LONG_DECODE_BATCHES)):
-            per_req_blocks = -(-(prompt_len + decode_tokens) // server.block_size)
-            for batch in batches:
-                if batch > server.max_num_seqs or (server.num_gpu_blocks and
-                                                   batch * per_req_blocks > server.num_gpu_blocks - 1):
-                    break
-                prompts = [ids(prompt_len) for _ in range(batch)]
-                if prompt_len > short_len:
-                    # Prefill them once first: sent again together, all but their last block hits the cache, so
-                    # every prefill fits in the first step and no prefill chunk lands inside the timed decodes.
-                    for p in prompts:
-                        _timed_completion(client, url, model, p, 1)
-                with ThreadPoolExecutor(batch) as pool:
-                    timed = list(pool.map(lambda p: _timed_completion(client, url, model, p, decode_tokens),
-                                          prompts))
-                decode_s = sorted(t[1] for t in timed)[len(timed) // 2]
-                samples.append(decode_sample(batch, prompt_len + decode_tokens / 2, decode_tokens - 1, decode_s))
-    return samples
+        for _ in range(rounds):
+            for n in lengths:
+                prompt = ids(n)
+                ttft, _ = _timed_completion(client, url, model, prompt, 1)
+                samples.append(prefill_sample(n, ttft, budget))
+                # The same prompt again: all its full blocks but the capped last one hit. An agent's turn is such
+                # a request (a long cached history, a short new tail), and its TTFT has costs in the whole
+                # prompt (the frontend's parsing, attention over the cached context) that fresh prompts fold
+                # into the cost per new token; at concurrency 1 the model said 11 ms for a measured 23.
+                cached = (n - 1) // server.block_size * server.block_size
+                if cached:
+                    ttft, _ = _timed_completion(client, url, model, prompt, 1)
+                    samples.append(prefill_sample(n, ttft, budget, cached_tokens=cached))
+            for prompt_len, batches in ((short_len, DECODE_BATCHES), (long_len, LONG_DECODE_BATCHES)):
+                per_req_blocks = -(-(prompt_len + decode_tokens) // server.block_size)
+                for batch in batches:
+                    if batch > server.max_num_seqs or (server.num_gpu_blocks and
+                                                       batch * per_req_blocks > server.num_gpu_blocks - 1):
+                        break
+                    prompts = [ids(prompt_len) for _ in range(batch)]
+                    if prompt_len > short_len:
+                        # Prefill them once first: sent again together, all but their last block hits the cache,
+                        # so every prefill fits in the first step and no prefill chunk lands inside the decodes.
+                        for p in prompts:
+                            _timed_completion(client, url, model, p, 1)
+                    with ThreadPoolExecutor(batch) as pool:
+                        timed = list(pool.map(lambda p: _timed_completion(client, url, model, p, decode_tokens),
+                                              prompts))
+                    e2e_s = sorted(t[1] for t in timed)[len(timed) // 2]
+                    cached = (prompt_len - 1) // server.block_size * server.block_size if prompt_len > short_len \
+                        else 0
+                    samples.append(batch_sample(batch, prompt_len, cached, decode_tokens, e2e_s))
+    return median_of_repeats(samples)
 
 
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
@@ -119,21 +153,6 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
                                                      seconds=s.seconds, requests=s.requests) for s in samples])
     write_versioned(out_path, cal)
     return cal
-
-
-def load_calibration(path: str | Path) -> CalibrationFile:
-    return read_versioned(Path(path), CalibrationFile, KvscopeError)
-
-
-def cost_model(cal: CalibrationFile) -> StepCostModel:
-    return StepCostModel(**cal.cost.model_dump())
-
-
-def scheduler_config(cal: CalibrationFile, num_gpu_blocks: int | None = None) -> SchedulerConfig:
-    s = cal.server
-    return SchedulerConfig(block_size=s.block_size, num_gpu_blocks=num_gpu_blocks or s.num_gpu_blocks,
-                           max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                           enable_chunked_prefill=s.enable_chunked_prefill)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -197,7 +216,7 @@ def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile, 
     from kvscope.harness.cachemodel.capacity_model import replay_informed
     from kvscope.harness.cachemodel.trace_io import load_trace
 
-    cfg = scheduler_config(cal)
+    cfg = cal.scheduler_config()
     by_id = {r.request_id: r for r in load_trace(trace_dir, cfg.block_size).requests}
     ok = records[records["error_class"].isna()] if "error_class" in records else records
     ok = ok.sort_values("sent_s")
@@ -208,7 +227,7 @@ def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile, 
         token_times = [np.concatenate(([ft], ft + np.cumsum(np.asarray(itl, dtype=float))))
                        if itl is not None and not math.isnan(ft) else np.array([])
                        for ft, itl in zip(ok["first_token_s"].astype(float), ok["itl_s"])]
-    run = replay_informed(reqs, ok["sent_s"].tolist(), ok["output_tokens"].tolist(), cfg, cost_model(cal),
+    run = replay_informed(reqs, ok["sent_s"].tolist(), ok["output_tokens"].tolist(), cfg, cal.cost_model(),
                           done_s=done_s, token_times_s=token_times)
     predicted = run.cached_tokens
     measured = ok["cached_tokens"].fillna(0).astype(int).tolist()

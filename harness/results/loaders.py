@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.results.schemas import (ExperimentFile, ExperimentSpecCore, ManifestFile, ReportFile,
+from kvscope.harness.results.schemas import (CalibrationFile, ExperimentFile, ExperimentSpecCore, ManifestFile, ReportFile,
                                             SummaryFile)
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
 
@@ -58,6 +58,11 @@ def load_experiment_file(path: str | Path, spec_model: type[SpecT] = ExperimentS
     """An experiment's `experiment.json`; `spec_model` is the model its spec validates as (the experiment
     runner passes the full ExperimentSpec, reports the core that they read)."""
     return read_versioned(_file(path, EXPERIMENT_NAME), ExperimentFile[spec_model], KvscopeError)  # type: ignore[valid-type]
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    """A server's step-cost `calibration.json` (`kvscope capacity --server`, an experiment's sweep)."""
+    return read_versioned(Path(path), CalibrationFile, KvscopeError)
 
 
 def load_report_file(path: str | Path) -> ReportFile:

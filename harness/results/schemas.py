@@ -21,11 +21,14 @@ full `ExperimentSpec`s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from kvscope.workloads.versioned_file import VersionedFile
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+if TYPE_CHECKING:
+    from kvscope.harness.cachemodel.calibration import StepCostModel
+    from kvscope.harness.cachemodel.scheduler import SchedulerConfig
 
 
 class _Block(BaseModel):
@@ -286,7 +289,6 @@ class CellEntry(_Block):
 
 class ServerEntry(_Block):
     # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
-    backend: str = "vllm"  # the serving backend's registered name
     config: dict[str, Any]
     backend: str = "vllm"  # the serving backend's registered name (the runner records it)
     restarts: int = 0
@@ -317,6 +319,31 @@ class SweepPoint(_Block):
     cell: str | None
 
 
+class PredictedLevel(_Block):
+    """One level of the scheduler model's predicted curve (``kvscope.harness.cachemodel.capacity_model``)."""
+
+    load: float
+    hit_rate: float
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    e2e_p50_s: float | None
+    preemptions: float
+    kv_usage_max: float
+
+
+class PredictedCapacity(_Block):
+    """What ``kvscope capacity`` predicts for a sweep's trace on its server, from a calibration of that server
+    taken just before the sweep; ``skipped`` says why there is no prediction (then the rest is empty)."""
+
+    calibration: str | None = None  # calibration.json, relative to the experiment directory
+    fit_r2: float | None = None
+    capacity: float | None = None  # highest predicted level meeting the SLO (the live rule)
+    cliff: float | None = None  # first level whose hit rate is > 5 pp below the lowest level's
+    levels: list[PredictedLevel] = Field(default_factory=list)
+    skipped: str | None = None
+    sentence: str = ""
+
+
 class CapacityEntry(_Block):
     """One sweep's answer (kvscope.harness.analysis.capacity.Capacity): the highest measured load meeting the SLO."""
 
@@ -330,6 +357,8 @@ class CapacityEntry(_Block):
     under_driven: list[float]
     points: list[SweepPoint]
     sentence: str
+    #: The scheduler model's curve for the same trace and levels (spec ``sweep.predict``), null when not asked.
+    predicted: PredictedCapacity | None = None
 
 
 class ModelEntry(_Block):
@@ -435,3 +464,18 @@ class CalibrationFile(VersionedFile):
     fit_median_rel_error: float
     load_average_1m: float | None = None  # machine load while measuring (timings on a shared host are noisy)
     samples: list[CalibrationSample] = Field(default_factory=list)
+
+    def cost_model(self) -> StepCostModel:
+        """The fitted step costs as the scheduler model's cost model."""
+        from kvscope.harness.cachemodel.calibration import StepCostModel
+
+        return StepCostModel(**self.cost.model_dump())
+
+    def scheduler_config(self, num_gpu_blocks: int | None = None) -> SchedulerConfig:
+        """The measured server as the scheduler model's config (``num_gpu_blocks``: a what-if KV capacity)."""
+        from kvscope.harness.cachemodel.scheduler import SchedulerConfig
+
+        s = self.server
+        return SchedulerConfig(block_size=s.block_size, num_gpu_blocks=num_gpu_blocks or s.num_gpu_blocks,
+                               max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                               enable_chunked_prefill=s.enable_chunked_prefill)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvscope.harness.cachemodel.calibration import StepCostModel, decode_sample, fit_cost_model, prefill_sample
+from kvscope.harness.cachemodel.calibration import StepCostModel, batch_sample, fit_cost_model, prefill_sample
 from kvscope.harness.cachemodel.scheduler import SchedulerConfig, SessionTiming, run_scheduler
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
 
@@ -220,7 +220,7 @@ def test_cost_fit_recovers_known_coefficients():
                        + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
 
     samples = [timed(prefill_sample(p, 0.0, 2048)) for p in (50, 200, 500, 1000, 1800, 3000)]
-    samples += [timed(decode_sample(b, 400 * b, 20, 0.0)) for b in (1, 2, 4, 8)]
+    samples += [timed(batch_sample(b, p, 0, 20, 0.0)) for b in (1, 2, 4, 8) for p in (64, 1000)]
     fit = fit_cost_model(samples)
     assert fit.model.base_s == pytest.approx(truth.base_s, rel=1e-3)
     assert fit.model.per_token_s == pytest.approx(truth.per_token_s, rel=1e-3)
@@ -229,6 +229,24 @@ def test_cost_fit_recovers_known_coefficients():
     assert fit.r2 > 0.999
     with pytest.raises(ValueError, match="at least 5"):
         fit_cost_model(samples[:2])
+
+
+def test_a_batch_sample_times_what_the_scheduler_model_takes_for_that_batch():
+    """The calibration's batch sample (send to last token of B requests sent together) counts the steps, tokens,
+    sequences and context the scheduler model itself runs for that batch, so a fit of such samples gives back
+    the costs the model then uses; a decode batch at a long context is what pins the per-context-token cost."""
+    truth = StepCostModel(0.004, 3e-5, 2e-4, 1.5e-7, 0.005)
+    for batch, prompt, out in ((1, 64, 24), (4, 64, 24), (8, 1000, 24), (2, 300, 5)):
+        reqs = requests_from_token_pairs([(toks(prompt, 100 + i), toks(out, 200 + i)) for i in range(batch)], B,
+                                         session_ids=[f"s{i}" for i in range(batch)])
+        run = run_scheduler(reqs, SchedulerConfig(B, 1000, max_num_batched_tokens=8192), truth, at_once(batch),
+                            fast_forward=False)
+        e2e = sorted(r.done_s - r.arrival_s for r in run.results)[batch // 2]
+        s = batch_sample(batch, prompt, 0, out, 0.0)
+        f = s.features()
+        modelled = (truth.base_s * f[0] + truth.per_token_s * f[1] + truth.per_seq_s * f[2]
+                    + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
+        assert modelled == pytest.approx(e2e, rel=0.02), (batch, prompt, out, modelled, e2e)
 
 
 def _calibration_file(path, num_gpu_blocks=None, fit_r2=1.0):
