@@ -314,6 +314,11 @@ def run_configurations(run: RunContext, cells: list[Cell], server_names: list[st
     """
     servers = _Servers(run)
     try:
+        if run.spec.servers_up == "all":
+            from kvscope.harness.experiment.sweep import plan_sweeps
+
+            swept = [sw.server for sw in plan_sweeps(run.spec) if sw.server in server_names] if with_sweeps else []
+            servers.start_together([c.server for c in cells] + swept)
         for cell in cells:
             if run.spec.servers_up == "one":
                 servers.stop_all_but(cell.server)
@@ -381,6 +386,7 @@ class _Servers:
         self.run = run
         self.backends: dict[str, "Backend"] = {}
         self.last_repeat: dict[str, int] = {}
+        self.failed: dict[str, Exception] = {}  # a start_together failure, until the configuration's next get
 
     def _record(self, name: str) -> dict[str, Any]:
         log_path = safe_child(self.run.run_dir, "servers", f"{name}.log")
@@ -390,7 +396,40 @@ class _Servers:
     def log_path(self, name: str) -> Path:
         return safe_child(self.run.run_dir, "servers", f"{name}.log")
 
+    def start_together(self, names: list[str]) -> None:
+        """Launch every named configuration's server not yet up, then wait for them in turn: the starts
+        overlap (most of a vLLM start is three processes importing torch and vLLM, one core each). A start
+        that fails is raised by the first `get` of that configuration, so its first cell records why."""
+        launched = []
+        for name in dict.fromkeys(names):
+            if name in self.backends:
+                continue
+            srec = self._record(name)
+            try:
+                backend = server_backend(self.run.spec, name, self.run.model_path)
+                srec.update(backend=backend.name, config=backend.redacted_config())
+                what = f"starting {backend.name}" if backend.managed else f"attaching to {backend.name} endpoint"
+                print(f"[{name}] {what} (with the other configurations) …", flush=True)
+                self.backends[name] = backend  # from here on stop_all stops it, interrupted or not
+                backend.launch(self.log_path(name))
+            except Exception as exc:  # noqa: BLE001 - recorded by the configuration's first cell
+                self.backends.pop(name, None)
+                self.failed[name] = exc
+                continue
+            launched.append((name, backend, srec))
+        for name, backend, srec in launched:
+            try:
+                backend.finish_start()
+                srec["facts"] = backend.facts().model_dump(mode="json")
+            except Exception as exc:  # noqa: BLE001 - recorded by the configuration's first cell
+                self.backends.pop(name).stop()
+                self.failed[name] = exc
+                continue
+            srec["ready_after_s"] = backend.ready_after_s
+
     def get(self, name: str, repeat: int) -> "Backend":
+        if name in self.failed:
+            raise self.failed.pop(name)
         srec = self._record(name)
         backend = self.backends.get(name)
         fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat

@@ -145,6 +145,14 @@ class Backend(ABC):
         self.wait_ready(30.0)
         return self
 
+    def launch(self, log_path: str | Path | None = None) -> None:
+        """Begin :meth:`start` without waiting for readiness, so that several servers start at once;
+        :meth:`finish_start` completes it. Backends that cannot split the two start here in full."""
+        self.start(log_path)
+
+    def finish_start(self) -> None:
+        """Wait until a :meth:`launch` ed server is ready (a failed start raises here, the server stopped)."""
+
     def stop(self) -> None:
         """Stop a server kvscope launched; nothing for an endpoint it only attached to."""
 

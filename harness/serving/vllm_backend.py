@@ -52,11 +52,26 @@ class VllmBackend(Backend):
             return self
         if self.server is not None and self.server.is_running():
             raise ServerError("server already started")
-        self.server = VllmServer(cfg, log_path=log_path, device=self.device)
-        self.server.start()
-        self.log_path = self.server.log_path
-        self.ready_after_s = self.server.ready_after_s
+        self.launch(log_path)
+        self.finish_start()
         return self
+
+    def launch(self, log_path: str | Path | None = None) -> None:
+        cfg = self.server_config
+        if cfg is None or self._endpoint is not None:
+            self.start(log_path)
+            return
+        if self.server is not None and self.server.is_running():
+            raise ServerError("server already started")
+        self.server = VllmServer(cfg, log_path=log_path, device=self.device)
+        self.server.launch()
+        self.log_path = self.server.log_path
+
+    def finish_start(self) -> None:
+        if self.server is None or self.server.ready_after_s is not None:
+            return
+        self.server.finish_start()
+        self.ready_after_s = self.server.ready_after_s
 
     def stop(self) -> None:
         if self.server is not None:
