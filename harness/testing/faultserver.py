@@ -247,9 +247,25 @@ class _Conn(asyncio.Protocol):
             self.task.cancel()
 
     def data_received(self, data: bytes) -> None:  # type: ignore[override]
+        if self.closed:  # lingering after close_after (or aborted): what the peer still sends is dropped
+            return
         self.buf += data
         if not self.busy:
             self._process()
+
+    def linger(self) -> None:
+        """Close as a keep-alive server should: FIN first, then read and drop until the peer closes (at most
+        2 s). A request the client wrote meanwhile then meets a clean end of stream, which it may resend; a
+        plain close() would answer that request's bytes with a reset (the test saw it in 1 run of 6)."""
+        t = self.transport
+        self.closed = True
+        if t is None:
+            return
+        if not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()
+        asyncio.get_running_loop().call_later(2.0, t.close)
 
     def abort(self) -> None:
         if self.transport is not None and not self.closed:
@@ -517,8 +533,8 @@ class FaultServer:
         self.stats.generation_tokens += n_out
         head = _HDR_SSE + (b"connection: close\r\n\r\n" if close else b"\r\n")
         end_action = {"reset_mid": "reset", "stall_mid": "stall", "stall_before": "stall"}.get(mode, "end")
-        if close or mode == "close_after":
-            end_action = "close" if end_action == "end" else end_action
+        if close or mode == "close_after":  # told to close: close; closing unannounced: linger
+            end_action = ("close" if close else "linger") if end_action == "end" else end_action
         if self.config.ttft_s > 0 or self.config.itl_s > 0:
             conn.busy = True
             self.stats.running += 1
@@ -555,11 +571,13 @@ class FaultServer:
         """Zero delays: the whole response (or the part before a reset or stall) in one write."""
         t = conn.transport
         assert t is not None
-        if end_action in ("end", "close"):
+        if end_action in ("end", "close", "linger"):
             t.write(head + b"".join(_chunk(e) for e in events) + _END)
             if end_action == "close":
                 t.close()
                 conn.closed = True
+            elif end_action == "linger":
+                conn.linger()
             conn.last_active = time.monotonic()
             return
         t.write(head + b"".join(_chunk(e) for e in events))
@@ -591,6 +609,8 @@ class FaultServer:
                 if end_action == "close":
                     t.close()
                     conn.closed = True
+                elif end_action == "linger":
+                    conn.linger()
                 conn.busy = False
                 conn.last_active = time.monotonic()
                 if conn.buf:
