@@ -118,7 +118,7 @@ def _predicting_sweep(tmp_path, slo_ms: float, levels=(1, 2, 6)):
 @pytest.mark.parametrize("slo_ms", [1e9, 30.0])
 def test_a_sweeps_prediction_is_what_kvscope_capacity_says_at_every_level_it_measured(tmp_path, capsys, slo_ms):
     """The page's dashed curve and predicted capacity are `kvscope capacity`'s on the same trace and calibration,
-    at the spec's levels and at every level the sweep bisected to (here 3)."""
+    at every concurrency from the lowest to the highest swept level (not only the spec's and the bisected 3)."""
     import json
 
     from kvscope.harness.cli.main import main
@@ -130,9 +130,9 @@ def test_a_sweeps_prediction_is_what_kvscope_capacity_says_at_every_level_it_mea
     sw.record(LoadPoint(3, 0.05, preemptions=2))  # a bisection level
     pred = PredictedCapacity.model_validate(predict_sweep(sw, trace, cal, "calibrations/a.json", time_scale=0,
                                                           mode="live"))
-    assert [lv.load for lv in pred.levels] == [1, 2, 3, 6]
+    assert [lv.load for lv in pred.levels] == [1, 2, 3, 4, 5, 6]
     out = tmp_path / "capacity.json"
-    assert main(["capacity", str(trace), "--calibration", str(tmp_path / "calibration.json"), "--levels", "1,2,3,6",
+    assert main(["capacity", str(trace), "--calibration", str(tmp_path / "calibration.json"), "--levels", "1,2,3,4,5,6",
                  "--time-scale", "0", "--mode", "live", "--slo-ttft-ms", str(slo_ms), "--json", str(out)]) == 0
     cli = json.loads(out.read_text())
     assert [lv.hit_rate for lv in pred.levels] == [r["token_hit_rate"] for r in cli["levels"]]

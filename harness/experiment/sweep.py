@@ -39,6 +39,9 @@ __all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "pr
 #: A calibration whose step-cost fit explains less than this share of the timing variance gives no prediction
 #: (the default of `kvscope capacity --min-fit-r2`).
 MIN_FIT_R2 = 0.5
+#: The prediction covers every concurrency between the lowest and the highest swept level when there are at
+#: most this many (the quickstart's 1-8: 8 model runs, 0.1 s); wider sweeps get their own levels only.
+MAX_PREDICTED_LEVELS = 64
 
 
 @dataclass
@@ -128,9 +131,11 @@ def prediction_skipped(spec: SweepSpec, server_config: dict[str, Any]) -> str | 
 
 def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
                   time_scale: float, mode: str) -> dict[str, Any]:
-    """The scheduler model's curve for this sweep: every spec level and every level the sweep measured
-    (bisections included), with the capacity read by the live rule (`capacity_from_points`) and the eviction
-    cliff; a dict of `PredictedCapacity` for experiment.json."""
+    """The scheduler model's curve for this sweep: every concurrency from the lowest to the highest swept
+    level (or, for a sweep wider than :data:`MAX_PREDICTED_LEVELS`, every spec level and every level the sweep
+    measured), with the capacity read by the live rule (`capacity_from_points`) and the eviction cliff; a dict
+    of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep measures few of them, and
+    a prediction limited to those said 4 on the quickstart where its own curve at 5 passes (measured: 6)."""
     from kvscope.harness.cachemodel.capacity_model import find_cliff, predict_levels
     from kvscope.harness.cachemodel.trace_io import load_trace
 
@@ -139,6 +144,8 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
         return {**base, "skipped": f"the calibration's step-cost fit is too poor to predict from (R² "
                                    f"{cal.fit_r2:.2f} < {MIN_FIT_R2:g})"}
     levels = sorted({int(x) for x in state.spec.levels} | {int(x) for x in state.points})
+    if levels[-1] - levels[0] <= MAX_PREDICTED_LEVELS:  # every level in between: the model is cheap, and the
+        levels = list(range(levels[0], levels[-1] + 1))  # predicted capacity then has the resolution of one
     cfg = cal.scheduler_config()
     rows = predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), levels,
                           time_scale=time_scale, mode=mode)
