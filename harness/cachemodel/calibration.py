@@ -25,6 +25,11 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 
+#: A fit that explains less than this share of the timing variance is not predicted from (`kvscope capacity
+#: --min-fit-r2`'s default, and an experiment sweep's prediction): a loaded host gives fits near or below 0.
+MIN_FIT_R2 = 0.5
+
+
 @dataclass(frozen=True)
 class StepCostModel:
     """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens``."""

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 
+from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
 from kvscope.harness.common.errors import ConfigError, KvscopeError
@@ -48,9 +49,9 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                    help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
     p.add_argument("--cliff-drop-pp", type=float, default=5.0,
                    help="hit-rate drop (percentage points below the lowest level) that marks the cliff")
-    p.add_argument("--min-fit-r2", type=float, default=0.5,
+    p.add_argument("--min-fit-r2", type=float, default=MIN_FIT_R2,
                    help="refuse a calibration whose step-cost fit explains less than this share of the timing "
-                   "variance (default 0.5; a loaded host gives fits near or below 0)")
+                   f"variance (default {MIN_FIT_R2:g}; a loaded host gives fits near or below 0)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the curve and verdicts as JSON")
     p.set_defaults(func=_cmd_capacity)
 

@@ -406,12 +406,8 @@ class _Servers:
                 continue
             srec = self._record(name)
             try:
-                backend = server_backend(self.run.spec, name, self.run.model_path)
-                srec.update(backend=backend.name, config=backend.redacted_config())
-                what = f"starting {backend.name}" if backend.managed else f"attaching to {backend.name} endpoint"
-                print(f"[{name}] {what} (with the other configurations) …", flush=True)
-                self.backends[name] = backend  # from here on stop_all stops it, interrupted or not
-                backend.launch(self.log_path(name))
+                backend = self._new_backend(name, srec)  # from here on stop_all stops it, interrupted or not
+                _launch_server(backend, name, self.log_path(name), " (with the other configurations)")
             except Exception as exc:  # noqa: BLE001 - recorded by the configuration's first cell
                 self.backends.pop(name, None)
                 self.failed[name] = exc
@@ -419,13 +415,15 @@ class _Servers:
             launched.append((name, backend, srec))
         for name, backend, srec in launched:
             try:
-                backend.finish_start()
-                srec["facts"] = backend.facts().model_dump(mode="json")
+                _server_ready(backend, srec)
             except Exception as exc:  # noqa: BLE001 - recorded by the configuration's first cell
                 self.backends.pop(name).stop()
                 self.failed[name] = exc
-                continue
-            srec["ready_after_s"] = backend.ready_after_s
+
+    def _new_backend(self, name: str, srec: dict[str, Any]) -> "Backend":
+        backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path)
+        srec.update(backend=backend.name, config=backend.redacted_config())
+        return backend
 
     def get(self, name: str, repeat: int) -> "Backend":
         if name in self.failed:
@@ -434,8 +432,7 @@ class _Servers:
         backend = self.backends.get(name)
         fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat
         if backend is None:
-            backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path)
-            srec.update(backend=backend.name, config=backend.redacted_config())
+            backend = self._new_backend(name, srec)
             _start_server(backend, name, self.log_path(name), srec)
         elif fresh or not backend.is_running():
             srec["restarts"] += 1
@@ -569,9 +566,19 @@ def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skip
 
 
 def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: dict[str, Any]) -> None:
+    _launch_server(backend, server_name, log_path)
+    _server_ready(backend, srec)
+
+
+def _launch_server(backend: "Backend", server_name: str, log_path: Path, note: str = "") -> None:
     what = f"starting {backend.name}" if backend.managed else f"attaching to {backend.name} endpoint"
-    print(f"[{server_name}] {what} …", flush=True)
-    backend.start(log_path)
+    print(f"[{server_name}] {what}{note} …", flush=True)
+    backend.launch(log_path)
+
+
+def _server_ready(backend: "Backend", srec: dict[str, Any]) -> None:
+    """Wait for a launched server and record what it says about itself."""
+    backend.finish_start()
     srec["facts"] = backend.facts().model_dump(mode="json")
     srec["ready_after_s"] = backend.ready_after_s
 

@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep",
            "prediction_skipped"]
 
-#: A calibration whose step-cost fit explains less than this share of the timing variance gives no prediction
-#: (the default of `kvscope capacity --min-fit-r2`).
-MIN_FIT_R2 = 0.5
 #: The prediction covers every concurrency between the lowest and the highest swept level when there are at
 #: most this many (the quickstart's 1-8: 8 model runs, 0.1 s); wider sweeps get their own levels only.
 MAX_PREDICTED_LEVELS = 64
@@ -136,6 +133,7 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     measured), with the capacity read by the live rule (`capacity_from_points`) and the eviction cliff; a dict
     of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep measures few of them, and
     a prediction limited to those said 4 on the quickstart where its own curve at 5 passes (measured: 6)."""
+    from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
     from kvscope.harness.cachemodel.capacity_model import find_cliff, predict_levels
     from kvscope.harness.cachemodel.trace_io import load_trace
 
