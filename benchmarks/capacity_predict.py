@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: int) -> dict:
-    """One measured run: its hit rate, TTFT p50, preemptions, and the replay-informed exact share."""
+def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: int,
+                 run_dir: Path | None = None) -> dict:
+    """One measured run: its hit rate, TTFT p50, preemptions, the replay-informed exact share, and the seconds
+    the replay client was held up (summary.json: client.stalled_s; NaN for runs recorded before it existed)."""
     import numpy as np
 
     from kvscope.harness.replay.calibrate import replay_informed_match
@@ -38,7 +40,16 @@ def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: i
     ok = df[df["error_class"].isna()]
     return {"repeat": repeat, "requests": n, "replay_informed_exact": exact / n,
             "hit": float(ok["cached_tokens"].fillna(0).sum() / ok["prompt_tokens"].sum()),
-            "ttft_p50_s": float(np.median(ok["ttft_s"])), "preemptions": preemptions, "load_average_1m": load}
+            "ttft_p50_s": float(np.median(ok["ttft_s"])), "preemptions": preemptions, "load_average_1m": load,
+            "client_stalled_s": _stalled_s(run_dir)}
+
+
+def _stalled_s(run_dir: Path | None) -> float:
+    summary = Path(run_dir or "-") / "summary.json"
+    if not summary.exists():
+        return math.nan
+    stalled = (json.loads(summary.read_text()).get("client") or {}).get("stalled_s")
+    return math.nan if stalled is None else float(stalled)
 
 
 def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
@@ -55,7 +66,7 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
         pred = predict_levels(reqs, cfg, cal.cost_model(), [c], time_scale=0.0)[0]
 
         def stat(key: str) -> tuple[float, float, float]:
-            v = [r[key] for r in rs]
+            v = [r.get(key, math.nan) for r in rs]
             return float(np.mean(v)), float(min(v)), float(max(v))
 
         rows.append({"concurrency": c, "runs": len(rs), "requests": rs[0]["requests"],
@@ -63,7 +74,7 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
                      "hit_measured": stat("hit"), "hit_predicted": pred.token_hit_rate,
                      "ttft_p50_measured_s": stat("ttft_p50_s"), "ttft_p50_predicted_s": pred.ttft_p50_s,
                      "preemptions_measured": stat("preemptions"), "preemptions_predicted": pred.preemptions,
-                     "load_average_1m": stat("load_average_1m")})
+                     "load_average_1m": stat("load_average_1m"), "client_stalled_s": stat("client_stalled_s")})
     _table(rows, cfg, trace)
     return rows
 
@@ -90,7 +101,7 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
         for rep in range(repeats):
             for c in levels:
                 df, preempt, load = measure_level(trace, server.endpoint, c, tmp / f"run-c{c}-r{rep}")
-                runs[c].append(_run_summary(trace, df, cal, preempt, load, rep))
+                runs[c].append(_run_summary(trace, df, cal, preempt, load, rep, tmp / f"run-c{c}-r{rep}"))
                 print(json.dumps({"concurrency": c, **runs[c][-1]}), flush=True)
     finally:
         server.stop()
@@ -118,14 +129,15 @@ def _table(rows: list[dict], cfg, trace: str) -> None:
     print(f"\n{cfg.num_gpu_blocks} blocks x {cfg.block_size} tokens; trace {trace}; {runs} run(s) a level: mean "
           "(min-max)")
     print("| conc | replay-informed exact (each run) | hit measured | hit predicted | TTFT p50 measured | "
-          "TTFT p50 predicted | preempt. measured | preempt. predicted | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "TTFT p50 predicted | preempt. measured | preempt. predicted | load | client stalled |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         exact = " / ".join(f"{x:.1%}" for x in r["replay_informed_exact"])
         print(f"| {r['concurrency']} | {exact} | {rng(r['hit_measured'], 100, '.1f')} % | "
               f"{r['hit_predicted']:.1%} | {rng(r['ttft_p50_measured_s'], 1e3)} ms | "
               f"{r['ttft_p50_predicted_s'] * 1e3:.0f} ms | {rng(r['preemptions_measured'])} | "
-              f"{r['preemptions_predicted']} | {rng(r['load_average_1m'], 1, '.1f')} |")
+              f"{r['preemptions_predicted']} | {rng(r['load_average_1m'], 1, '.1f')} | "
+              f"{rng(r.get('client_stalled_s', (math.nan,) * 3), 1, '.1f')} s |")
     print("against the issue's tolerances (prediction vs the runs' mean):")
     for r in rows:
         hit_pp = abs(r["hit_predicted"] - r["hit_measured"][0]) * 100
@@ -178,7 +190,7 @@ def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict
         got = measured.get((c, rep), {})
         runs.setdefault(c, []).append(_run_summary(trace, pd.read_parquet(d / "requests.parquet"), cal,
                                                    got.get("preemptions", math.nan),
-                                                   got.get("load_average_1m", math.nan), rep))
+                                                   got.get("load_average_1m", math.nan), rep, d))
     return _level_rows(runs, trace, cal)
 
 

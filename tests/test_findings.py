@@ -171,6 +171,22 @@ def test_caveats_appear_only_where_the_data_shows_them():
     assert "100 % below 1,024 tokens (anthropic-sonnet-5m)" in words
 
 
+def test_a_cell_whose_client_was_held_up_gets_a_latency_caveat():
+    res = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03), _cell("apc", "agent", "c8", hit=0.5,
+                                                                                 ttft_s=0.05, concurrency=8)])
+    held = {"c1": (0.05, 0.05), "c8": (4.0, 1.5)}  # (stalled s, longest s) in 40 s runs: 0.1 % and 10 %
+
+    def summary(stalled_s: float, longest_s: float) -> SimpleNamespace:
+        return SimpleNamespace(duration_s=40.0, client=SimpleNamespace(stalled_s=stalled_s, stall_max_s=longest_s))
+
+    res.summaries = {f"apc__agent__{k}__r0": summary(*v) for k, v in held.items()}  # type: ignore[misc]
+    found = [c for c in F.caveats(res) if "held up" in c.sentence]
+    assert len(found) == 1 and found[0].notebook == "latency"
+    assert "in 1 of 2 cell(s): 4.0 s of 80 s" in found[0].sentence and "longest 1.5 s" in found[0].sentence
+    res.summaries = {k: summary(0.05, 0.05) for k in res.summaries}  # type: ignore[misc]
+    assert not [c for c in F.caveats(res) if "held up" in c.sentence]
+
+
 # ---- files and HTML ----------------------------------------------------------------------------------------
 def test_page_findings_file_round_trips_and_the_index_summary_escapes_and_links(tmp_path):
     from kvscope.harness.report.summary import findings_html

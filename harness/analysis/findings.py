@@ -54,7 +54,10 @@ __all__ = [
 #: The questions whose answers open index.html, and the page each finding lives on.
 HEADLINE_QUESTIONS = ("habit", "capacity", "speculative", "ab")
 PAGE_OF_CAVEAT = {"block_size": "hit_rates", "min_cacheable": "cost", "eviction": "concurrency",
-                  "tiny_model": "speculative", "burst": "latency", "sessions_below_concurrency": "concurrency"}
+                  "tiny_model": "speculative", "burst": "latency", "sessions_below_concurrency": "concurrency",
+                  "client_stalls": "latency"}
+#: Cells whose replay client was held up for more than this share of their run get a caveat.
+CLIENT_STALL_SHARE = 0.01
 PAGE_QUESTIONS = {"hit_rates": ("habit", "hit_rate"), "concurrency": ("capacity",), "latency": ("latency",),
                   "cost": ("cost",), "speculative": ("speculative",), "ab_compare": ("ab",),
                   "explain": ("habit", "cache_break")}
@@ -580,8 +583,26 @@ def _caveat_sessions(res: ExperimentResults):
             {"cells_below_concurrency": float(len(rows))})
 
 
+def _caveat_client_stalls(res: ExperimentResults):
+    """The replay client's own stalls (summary.json ``client.stalled_s``): windows in which sessions started late
+    and tokens were read late, so latencies there are the host's, not the server's."""
+    rows = [(cell, s.client.stalled_s or 0.0, s.client.stall_max_s or 0.0, s.duration_s)
+            for cell, s in res.summaries.items() if s.client.stalled_s is not None and s.duration_s]
+    bad = [r for r in rows if r[1] > CLIENT_STALL_SHARE * r[3]]
+    if not bad:
+        return None
+    stalled, duration = sum(r[1] for r in rows), sum(r[3] for r in rows)
+    worst = max(bad, key=lambda r: r[1] / r[3])
+    return ((f"The replay client was held up (its event loop woke over 0.1 s late) in {len(bad)} of {len(rows)} "
+             f"cell(s): {stalled:.1f} s of {duration:.0f} s in all, up to {_pct(worst[1] / worst[3])} of "
+             f"{worst[0]} (longest {worst[2]:.1f} s). In those windows sessions started late and tokens were read "
+             "late, in bursts: latencies there measure the host, not the server."),
+            {"client_stalled_s": stalled, "client_stalled_share": stalled / duration})
+
+
 _CAVEATS = {"block_size": _caveat_block_size, "min_cacheable": _caveat_min_cacheable, "eviction": _caveat_eviction,
-            "tiny_model": _caveat_tiny_model, "burst": _caveat_burst, "sessions_below_concurrency": _caveat_sessions}
+            "tiny_model": _caveat_tiny_model, "burst": _caveat_burst, "sessions_below_concurrency": _caveat_sessions,
+            "client_stalls": _caveat_client_stalls}
 
 
 # ---- entry points ------------------------------------------------------------------------------------------

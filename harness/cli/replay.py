@@ -149,6 +149,10 @@ def format_console_summary(s: dict) -> str:
     client = s.get("client") or {}
     if client.get("saturated"):
         lines.append(f"warning: {client['note']} (client CPU {client['cpu_utilization']:.0%})")
+    if client.get("stalls"):
+        lines.append(f"warning: the replay client was held up {client['stalls']} time(s) for over 0.1 s (longest "
+                     f"{client['stall_max_s']:.2f} s, {client['stalled_s']:.1f} s in all): sessions started late "
+                     "and tokens of those windows arrived in bursts; a busy or paused host (summary.json: client)")
     lines.append(f"prefix-cache hit rate: server per-request {_pct(hit['server_per_request'])}, "
                  f"/metrics counters {_pct(hit['metrics_counters'])}, predicted {_pct(hit['predicted'])} "
                  f"({hit['requests_predicted_exactly']}/{hit['requests_compared']} requests predicted exactly)")

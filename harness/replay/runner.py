@@ -16,7 +16,7 @@ import os
 import platform
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -70,6 +70,8 @@ class _State:
     last_done_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time during the run (all threads)
     event_loop: str = ""
+    #: Client stalls (see _StallProbe): (start s from t0, length s), longest first after the run.
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
     def may_send(self) -> bool:
         if self.stop:
@@ -79,6 +81,53 @@ class _State:
         if self.max_requests is not None and self.sent >= self.max_requests:
             return False
         return True
+
+
+#: The event loop woke up this much later than asked: the replay client was held up (its own work, or a host
+#: that did not run the process), so sessions waited, and tokens that arrived meanwhile were timestamped late.
+CLIENT_STALL_S = 0.1
+_STALL_PROBE_S = 0.01
+#: summary.json keeps the longest this many stall windows.
+MAX_STALL_WINDOWS = 50
+
+
+class _StallProbe:
+    """A timer on the replay's event loop every 10 ms that records how late it fired, when later than
+    :data:`CLIENT_STALL_S`.
+
+    Why: on the 2-vCPU validation host (a Firecracker VM) the client sometimes slept 0.1-3.7 s with a 10 ms
+    timer due and tokens waiting in its sockets: 1-4 ms of CPU in the window, no run-queue delay, and under
+    strace an ``epoll_wait`` with a 4 ms timeout that returned after 149 ms.  Closed-loop sessions then started
+    late (one concurrency-8 run averaged 7.0 sessions in flight, others 7.3-7.5) and the window's tokens were
+    read in one burst.  The records only show it as event-free gaps, so the run measures it
+    (``summary.json: client.stalls``, the data-quality flag ``client_stalls``; benchmarks/README.md has the
+    figures: 22-28 s of a 60-70 s run at concurrency 1, 1.5 s at 32).  Cost: 100 timer callbacks a second.
+    """
+
+    def __init__(self, st: _State) -> None:
+        self.st = st
+        self.handle: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.due = 0.0
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._arm()
+
+    def _arm(self) -> None:
+        self.due = time.perf_counter() + _STALL_PROBE_S
+        self.handle = self.loop.call_later(_STALL_PROBE_S, self._fire)  # type: ignore[union-attr]
+
+    def _fire(self) -> None:
+        late = time.perf_counter() - self.due
+        if late > CLIENT_STALL_S:
+            self.st.stalls.append((self.due - self.st.t0, late))
+        self._arm()
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.st.stalls.sort(key=lambda w: -w[1])
 
 
 # Failures that may mean the server is gone: each is followed by a /health check of every endpoint.
@@ -387,6 +436,8 @@ class Replayer:
             self.watcher = watcher
             await watcher.scrape_once(session)  # the "before" snapshot
             watcher.start(session)
+            probe = _StallProbe(st)
+            probe.start()
             progress_task = None
             if opts.progress:
                 progress_task = asyncio.create_task(self._progress_loop(st, watcher))
@@ -398,6 +449,7 @@ class Replayer:
             finally:
                 st.end_s = time.perf_counter() - t0
                 st.cpu_s = time.process_time() - cpu0
+                probe.stop()
                 loop = asyncio.get_running_loop()
                 st.event_loop = f"{type(loop).__module__}.{type(loop).__name__}"
                 self.writer.flush()
@@ -555,7 +607,12 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
         "saturated": bool(util is not None and util > CLIENT_SATURATED_CPU_SHARE),
         "note": ("the replay client used > 90 % of a core: latencies may include client queuing; use fewer "
                  "sessions per process or several processes") if util is not None and util > CLIENT_SATURATED_CPU_SHARE else None,
+        "stalls": len(st.stalls), "stall_max_s": st.stalls[0][1] if st.stalls else 0.0,
+        "stalled_s": float(sum(w[1] for w in st.stalls)),
+        "stall_windows_s": [[round(a, 4), round(b, 4)] for a, b in st.stalls[:MAX_STALL_WINDOWS]],
     }
+    if st.stalls and "data_quality" in summary:
+        summary["data_quality"]["flags"].append("client_stalls")
     summary["server_facts"] = facts
     return summary
 

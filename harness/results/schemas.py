@@ -128,6 +128,14 @@ class ClientStats(_Block):
     stale_connection_resends: int
     saturated: bool
     note: str | None
+    #: Times the event loop woke > 0.1 s late (the client was held up: sessions waited, tokens of the window
+    #: were timestamped late), the longest, and their sum.  Absent in summaries written before it existed.
+    stalls: int | None = None
+    stall_max_s: float | None = None
+    stalled_s: float | None = None
+    #: The longest stalls (at most 50) as [start s from the run's start, length s]: windows whose send times,
+    #: token times and done times are late by up to the length.
+    stall_windows_s: list[tuple[float, float]] | None = None
 
 
 class DataQuality(_Block):
