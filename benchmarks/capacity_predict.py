@@ -45,10 +45,11 @@ def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: i
 
 
 def _stalled_s(run_dir: Path | None) -> float:
-    summary = Path(run_dir or "-") / "summary.json"
-    if not summary.exists():
+    from kvscope.harness.results.loaders import load_summary
+
+    if run_dir is None or not (Path(run_dir) / "summary.json").exists():
         return math.nan
-    stalled = (json.loads(summary.read_text()).get("client") or {}).get("stalled_s")
+    stalled = load_summary(run_dir).client.stalled_s
     return math.nan if stalled is None else float(stalled)
 
 

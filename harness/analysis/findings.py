@@ -34,6 +34,7 @@ from kvscope.harness.results.findings_file import (
     write_findings_file,
 )
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import CLIENT_STALL_S
 
 __all__ = [
     "PAGE_QUESTIONS",
@@ -593,7 +594,7 @@ def _caveat_client_stalls(res: ExperimentResults):
         return None
     stalled, duration = sum(r[1] for r in rows), sum(r[3] for r in rows)
     worst = max(bad, key=lambda r: r[1] / r[3])
-    return ((f"The replay client was held up (its event loop woke over 0.1 s late) in {len(bad)} of {len(rows)} "
+    return ((f"The replay client was held up (its event loop woke over {CLIENT_STALL_S:g} s late) in {len(bad)} of {len(rows)} "
              f"cell(s): {stalled:.1f} s of {duration:.0f} s in all, up to {_pct(worst[1] / worst[3])} of "
              f"{worst[0]} (longest {worst[2]:.1f} s). In those windows sessions started late and tokens were read "
              "late, in bursts: latencies there measure the host, not the server."),

@@ -10,6 +10,7 @@ import typing
 from typing import Any, Literal
 
 from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.results.schemas import CLIENT_STALL_S
 
 def _option(parser: Any, flag: str, field: str, **overrides: Any) -> None:
     """Add one flag whose default, type, choices and help come from the ReplayOptions field; a ``--no-…`` flag
@@ -150,8 +151,8 @@ def format_console_summary(s: dict) -> str:
     if client.get("saturated"):
         lines.append(f"warning: {client['note']} (client CPU {client['cpu_utilization']:.0%})")
     if client.get("stalls"):
-        lines.append(f"warning: the replay client was held up {client['stalls']} time(s) for over 0.1 s (longest "
-                     f"{client['stall_max_s']:.2f} s, {client['stalled_s']:.1f} s in all): sessions started late "
+        lines.append(f"warning: the replay client was held up {client['stalls']} time(s) for over "
+                     f"{CLIENT_STALL_S:g} s (longest {client['stall_max_s']:.2f} s, {client['stalled_s']:.1f} s in all): sessions started late "
                      "and tokens of those windows arrived in bursts; a busy or paused host (summary.json: client)")
     lines.append(f"prefix-cache hit rate: server per-request {_pct(hit['server_per_request'])}, "
                  f"/metrics counters {_pct(hit['metrics_counters'])}, predicted {_pct(hit['predicted'])} "

@@ -36,6 +36,7 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.predict import OnlinePredictor
 from kvscope.harness.results.records import RecordWriter, RequestRecord, compact, read_records
+from kvscope.harness.results.schemas import CLIENT_STALL_S
 from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.harness.replay.watch import MetricsWatcher
@@ -83,9 +84,6 @@ class _State:
         return True
 
 
-#: The event loop woke up this much later than asked: the replay client was held up (its own work, or a host
-#: that did not run the process), so sessions waited, and tokens that arrived meanwhile were timestamped late.
-CLIENT_STALL_S = 0.1
 _STALL_PROBE_S = 0.01
 #: summary.json keeps the longest this many stall windows.
 MAX_STALL_WINDOWS = 50
@@ -597,7 +595,8 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     util = st.cpu_s / duration if duration else None
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
                         weights_random=weights_are_random(model_dir) if model_dir else None,
-                        client_cpu_utilization=util, scrape_interval_s=opts.scrape_interval_s,
+                        client_cpu_utilization=util, client_stalls=len(st.stalls),
+                        scrape_interval_s=opts.scrape_interval_s,
                         scrape_times_s=tuple(series["t_s"]) if "t_s" in series else ())
     summary["aborted"] = st.abort_reason
     summary["client"] = {
@@ -611,8 +610,6 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
         "stalled_s": float(sum(w[1] for w in st.stalls)),
         "stall_windows_s": [[round(a, 4), round(b, 4)] for a, b in st.stalls[:MAX_STALL_WINDOWS]],
     }
-    if st.stalls and "data_quality" in summary:
-        summary["data_quality"]["flags"].append("client_stalls")
     summary["server_facts"] = facts
     return summary
 

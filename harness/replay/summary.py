@@ -87,6 +87,7 @@ class RunView:
     slo_tpot_ms: float | None
     weights_random: bool | None
     client_cpu_utilization: float | None = None  # the replay client's CPU seconds per wall second
+    client_stalls: int | None = None  # times the client's event loop woke > CLIENT_STALL_S late (None: not probed)
     scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
     scrape_interval_s: float | None = None  # the scrape period asked for
 
@@ -282,6 +283,8 @@ class DataQuality(SummaryMetric):
             flags.append("zero_gap_itls")
         if out["client_saturated"]:
             flags.append("client_saturated")
+        if run.client_stalls:
+            flags.append("client_stalls")  # the client was held up: see summary.json client.stall_windows_s
         if run.duration_s and (scrape_gap_s is None or run.duration_s / scrape_gap_s < 5):
             flags.append("coarse_metrics_scrapes")  # fewer than 5 scrapes over the run: no time series to read
         out["flags"] = flags
@@ -299,6 +302,7 @@ class ServerDeltas(SummaryMetric):
 def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
               weights_random: bool | None = None, client_cpu_utilization: float | None = None,
+              client_stalls: int | None = None,
               scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None) -> dict[str, Any]:
     """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
     requests inside the window."""
@@ -307,6 +311,7 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
                   failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
                   prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                   weights_random=weights_random, client_cpu_utilization=client_cpu_utilization,
+                  client_stalls=client_stalls,
                   scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s)
     summary: dict[str, Any] = {}
     for tag, metric in _METRICS.items():

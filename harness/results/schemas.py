@@ -118,6 +118,12 @@ class Speculative(_Block):
     note: str | None
 
 
+#: A client stall: the replay's event loop woke up this much later than asked (its own work, or a host that did
+#: not run the process), so sessions waited and tokens that arrived meanwhile were timestamped late.  The replay
+#: measures it (``harness/replay/runner._StallProbe``), the console and the report caveat quote it.
+CLIENT_STALL_S = 0.1
+
+
 class ClientStats(_Block):
     """The replay client's own cost: a saturated client inflates latencies."""
 
@@ -128,7 +134,7 @@ class ClientStats(_Block):
     stale_connection_resends: int
     saturated: bool
     note: str | None
-    #: Times the event loop woke > 0.1 s late (the client was held up: sessions waited, tokens of the window
+    #: Times the event loop woke > CLIENT_STALL_S late (the client was held up: sessions waited, tokens of the window
     #: were timestamped late), the longest, and their sum.  Absent in summaries written before it existed.
     stalls: int | None = None
     stall_max_s: float | None = None
