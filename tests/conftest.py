@@ -65,3 +65,25 @@ def vllm_server(require_vllm, tiny_model_dir, tmp_path_factory):
     server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_apc"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def _ngram_server_holder(require_vllm, tiny_model_dir, tmp_path_factory):
+    holder: dict = {"log_dir": tmp_path_factory.mktemp("vllm_ngram")}
+    yield holder
+    if holder.get("server") is not None:
+        holder["server"].stop()
+
+
+@pytest.fixture()
+def ngram_server(_ngram_server_holder, tiny_model_dir):
+    """A shared server with prefix caching off and n-gram speculative decoding on (test_vllm_integration's
+    speculation and no-cache tests, test_replay_integration's no-cache replay: one start instead of two).
+    A test may stop it (test_stopping_the_manager_leaves_no_vllm_process); the next user gets a new one."""
+    server = _ngram_server_holder.get("server")
+    if server is None or not server.is_running():
+        server = start_server(tiny_model_dir, _ngram_server_holder["log_dir"], enable_prefix_caching=False,
+                              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                  "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+        _ngram_server_holder["server"] = server
+    return server

@@ -82,15 +82,9 @@ def test_live_mode_carries_the_models_output_and_still_predicts_exactly(vllm_ser
     assert out.summary["hit_rate"]["server_per_request"] >= rec.summary["hit_rate"]["server_per_request"]
 
 
-@pytest.fixture(scope="module")
-def no_cache_server(require_vllm, tiny_model_dir, tmp_path_factory):
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_nocache"), enable_prefix_caching=False)
-    yield server
-    server.stop()
-
-
-def test_prefix_caching_off_measures_zero_and_reports_would_hit(no_cache_server, traces, tmp_path):
-    out = replay(traces["append"], tmp_path / "run", _opts(), endpoints=[no_cache_server.endpoint])
+def test_prefix_caching_off_measures_zero_and_reports_would_hit(ngram_server, traces, tmp_path):
+    """On the shared no-cache server (n-gram speculation on too, which changes nothing the cache sees)."""
+    out = replay(traces["append"], tmp_path / "run", _opts(), endpoints=[ngram_server.endpoint])
     df = read_records(tmp_path / "run")
     assert (df["cached_tokens"] == 0).all()
     hit = out.summary["hit_rate"]

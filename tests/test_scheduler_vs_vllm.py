@@ -3,11 +3,10 @@
 One server (64 blocks of 128 tokens: a few agent sessions' worth, so higher levels evict and preempt) is
 calibrated, then an agent-coding trace sized to max_model_len 2048 is replayed closed-loop at each level.
 Replay-informed, the model gets each request's send and done times and its token times from the run and must
-reproduce the server's ``cached_tokens`` exactly for at least 97 % of the requests at every level without
-preemption.  Where the pool thrashes (preemptions) the issue's 97 % target is not always met: 95-96 / 99 / 99 %
-at 8 / 16 / 32 on quiet-machine runs, 84 / 98 / 98 % on runs at load 23-38 (benchmarks/README.md; before
-pinned departures and pacing CI saw 72 / 62 / 58 %); those levels are held to a 70 % floor so that a regression
-(a model that stops tracking evictions predicts far less) still fails.  The predictive figures (hit rate,
+reproduce the server's ``cached_tokens`` exactly for at least 97 % of the requests at every level, the ones
+that preempt included.  Before the replay client ran real-time (replay/priority.py) the host held it up for
+10-25 s of each run and the levels that preempt reached only 92-97 %, so they had a 70 % floor; with it, 99.1 %
+at 8 and 100 % elsewhere (benchmarks/README.md); a host where it may not keeps the 70 % floor there.  The predictive figures (hit rate,
 TTFT, preemptions, cliff) are printed by benchmarks/capacity_predict.py, not asserted: they depend on timing.
 The trace has 16 sessions, so a closed loop of 32 would hold the same 16 at once as the level of 16: the
 benchmark measures 32 on its 24-session trace.
@@ -18,11 +17,13 @@ from __future__ import annotations
 import pytest
 
 from kvscope.harness.replay.calibrate import calibrate_server, measure_level, replay_informed_match
+from kvscope.harness.results.loaders import load_summary
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
 
-LEVELS = (1, 2, 4, 8, 16)
+# 2 is left out: it is 100 % like 1 and 4 on every run so far, and costs 40 s of CI.
+LEVELS = (1, 4, 8, 16)
 
 
 def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(require_vllm, tiny_model_dir,
@@ -36,15 +37,17 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
         cal = calibrate_server(server.endpoint, tmp_path / "calibration.json")
         assert cal.server.num_gpu_blocks == 64 and cal.server.block_size > 0
         results = {}
+        realtime = True
         for c in LEVELS:
             df, preempted, load = measure_level(trace, server.endpoint, c, tmp_path / f"run-c{c}")
             exact, n, _ = replay_informed_match(trace, df, cal)
             results[c] = (exact / n, n, preempted, load)
+            realtime &= load_summary(tmp_path / f"run-c{c}").client.priority == "realtime"
     finally:
         server.stop()
     print("\nreplay-informed exact share per level (share, requests, preemptions, load):", results)
     assert all(n >= 100 for _, n, _, _ in results.values())
     assert results[16][2] > 0 or results[8][2] > 0  # the pool is small enough that the top levels preempt
-    bad = {c: r for c, r in results.items() if r[0] < (0.97 if r[2] == 0 else 0.70)}
-    assert not bad, f"levels below target (97 % without preemption, 70 % with): {bad}"
-    assert results[1][0] >= 0.97
+    # A host that may not run the client real-time (not root, no CAP_SYS_NICE) keeps the old floor where it preempts.
+    bad = {c: r for c, r in results.items() if r[0] < (0.97 if realtime or r[2] == 0 else 0.70)}
+    assert not bad, f"levels below 97 % exact (real-time client: {realtime}): {bad}"

@@ -90,13 +90,7 @@ def test_dead_endpoint_is_a_clear_error():
 
 # ---- a second server: prefix caching off, n-gram speculative decoding on ---------------------------------
 
-@pytest.fixture(scope="module")
-def ngram_server(require_vllm, tiny_model_dir, tmp_path_factory):
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_ngram"), enable_prefix_caching=False,
-                          speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                              "prompt_lookup_min": 2, "prompt_lookup_max": 4})
-    yield server
-    server.stop()
+# ngram_server: the shared session fixture in conftest.py.
 
 
 def test_prefix_caching_off_reports_zero_and_facts_say_so(ngram_server):

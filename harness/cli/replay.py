@@ -75,6 +75,7 @@ def add_subcommands(sub) -> None:
     _option(p, "--retry-backoff", "retry_backoff_s", metavar="S")
     _option(p, "--client", "client")
     _option(p, "--event-loop", "event_loop")
+    _option(p, "--client-priority", "client_priority")
     _option(p, "--records-flush", "records_flush_s", metavar="S")
     _option(p, "--max-error-share", "max_error_share", metavar="X")
     _option(p, "--request-timeout", "total_timeout_s", metavar="S")

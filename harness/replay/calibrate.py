@@ -29,6 +29,7 @@ from typing import Sequence
 
 from kvscope.harness.cachemodel.calibration import TimingSample, batch_sample, fit_cost_model, prefill_sample
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
 from kvscope.workloads.versioned_file import write_versioned
 
@@ -143,11 +144,14 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
                                max_num_batched_tokens=max_num_batched_tokens or 2048,
                                max_model_len=facts.max_model_len)
     load = os.getloadavg()[0]
-    samples = measure_samples(endpoint, facts.model or "default", server, seed=seed)
+    # The requests go out from real-time threads where permitted, so the times are the server's and not this
+    # host's wake-up delays (replay/priority.py).
+    with client_priority("auto", threads_inherit=True) as priority:
+        samples = measure_samples(endpoint, facts.model or "default", server, seed=seed)
     fit = fit_cost_model(samples)
     cal = CalibrationFile(created_at=time.time(), server=server, cost=CalibrationCost(**fit.model.as_dict()),
                           fit_r2=fit.r2, fit_median_rel_error=fit.median_rel_error,
-                          load_average_1m=max(load, os.getloadavg()[0]),
+                          load_average_1m=max(load, os.getloadavg()[0]), client_priority=priority,
                           samples=[CalibrationSample(kind=s.kind, steps=s.steps, tokens=s.tokens,  # type: ignore[arg-type]
                                                      seq_steps=s.seq_steps, context_tokens=s.context_tokens,
                                                      seconds=s.seconds, requests=s.requests) for s in samples])

@@ -35,6 +35,7 @@ from kvscope.harness.serving.client import (
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.predict import OnlinePredictor
+from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.results.records import RecordWriter, RequestRecord, compact, read_records
 from kvscope.harness.results.schemas import CLIENT_STALL_S
 from kvscope.harness.replay.routing import EndpointRouter
@@ -100,6 +101,9 @@ class _StallProbe:
     read in one burst.  The records only show it as event-free gaps, so the run measures it
     (``summary.json: client.stalls``, the data-quality flag ``client_stalls``; benchmarks/README.md has the
     figures: 22-28 s of a 60-70 s run at concurrency 1, 1.5 s at 32).  Cost: 100 timer callbacks a second.
+    The cause was the guest's scheduler, not the client: a separate sleeper process was held up the same way,
+    and not at all under ``SCHED_FIFO``, which the replay now runs under where permitted (replay/priority.py);
+    the probe stays, because a host without the privilege (or with another cause) still shows it.
     """
 
     def __init__(self, st: _State) -> None:
@@ -187,6 +191,7 @@ class Replayer:
                 self.predictors.append(None)
         self.writer = RecordWriter(self.run_dir, flush_interval_s=opts.records_flush_s)
         self.progress = None
+        self.priority = "normal"  # the event loop's scheduling during the run (replay/priority.py)
         self.watcher: MetricsWatcher | None = None
         # Per-request columns as plain lists: the hot path never touches the DataFrame.
         df = trace.requests
@@ -564,7 +569,10 @@ def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
 
         replayer.progress = tqdm(total=total, unit="req", desc="replay", dynamic_ncols=True)
     try:
-        return run_event_loop(replayer.run(), opts.event_loop)
+        # Threads too: the /metrics parser's executor thread holds the GIL while it parses, and held up there
+        # it holds up the loop (replay/priority.py).  Nothing in the run starts a process.
+        with client_priority(opts.client_priority, threads_inherit=True) as replayer.priority:
+            return run_event_loop(replayer.run(), opts.event_loop)
     finally:
         replayer.writer.close()
         if replayer.progress is not None:
@@ -609,6 +617,7 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
         "stalls": len(st.stalls), "stall_max_s": st.stalls[0][1] if st.stalls else 0.0,
         "stalled_s": float(sum(w[1] for w in st.stalls)),
         "stall_windows_s": [[round(a, 4), round(b, 4)] for a, b in st.stalls[:MAX_STALL_WINDOWS]],
+        "priority": replayer.priority,
     }
     summary["server_facts"] = facts
     return summary

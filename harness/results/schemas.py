@@ -142,6 +142,8 @@ class ClientStats(_Block):
     #: The longest stalls (at most 50) as [start s from the run's start, length s]: windows whose send times,
     #: token times and done times are late by up to the length.
     stall_windows_s: list[tuple[float, float]] | None = None
+    #: The event loop's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
+    priority: str | None = None
 
 
 class DataQuality(_Block):
@@ -477,6 +479,8 @@ class CalibrationFile(VersionedFile):
     fit_r2: float
     fit_median_rel_error: float
     load_average_1m: float | None = None  # machine load while measuring (timings on a shared host are noisy)
+    #: The measuring client's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
+    client_priority: str | None = None
     samples: list[CalibrationSample] = Field(default_factory=list)
 
     def cost_model(self) -> StepCostModel:

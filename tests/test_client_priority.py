@@ -1,0 +1,98 @@
+"""The replay client runs its event loop under SCHED_FIFO where permitted (replay/priority.py): the thread is
+real-time inside and as before afterwards, threads it starts are not (unless asked), a process that may not
+falls back (auto) or gets a one-line error (realtime), and a replay records what it ran under."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.replay import priority
+from kvscope.harness.replay.priority import client_priority
+
+needs_sched = pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="no POSIX scheduling API here")
+
+
+def _policy() -> int:
+    return os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+
+
+def _may_realtime() -> bool:
+    try:
+        with client_priority("realtime"):
+            return True
+    except KvscopeError:
+        return False
+
+
+def _policy_of_a_new_thread() -> int:
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: seen.append(_policy()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+@needs_sched
+def test_realtime_inside_normal_after_and_threads_started_inside_stay_normal():
+    if not _may_realtime():
+        pytest.skip("this process may not use SCHED_FIFO (not root, no CAP_SYS_NICE)")
+    before = _policy()
+    with client_priority("auto") as got:
+        assert got == "realtime"
+        assert _policy() == os.SCHED_FIFO
+        assert os.sched_getparam(0).sched_priority == priority.REALTIME_PRIORITY
+        assert _policy_of_a_new_thread() == os.SCHED_OTHER  # the /metrics parser's threads
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+                               capture_output=True, text=True, check=True)
+        assert int(child.stdout) == os.SCHED_OTHER  # a server launched from the run
+    assert _policy() == before
+    with client_priority("auto", threads_inherit=True):
+        assert _policy_of_a_new_thread() == os.SCHED_FIFO  # the calibration's request threads
+    assert _policy() == before
+
+
+@needs_sched
+def test_the_old_policy_comes_back_when_the_block_raises():
+    before = (_policy(), os.sched_getparam(0).sched_priority)
+    with pytest.raises(RuntimeError), client_priority("auto"):
+        raise RuntimeError("boom")
+    assert (_policy(), os.sched_getparam(0).sched_priority) == before
+
+
+@needs_sched
+def test_without_permission_auto_runs_normal_and_realtime_is_a_one_line_error(monkeypatch):
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    with client_priority("auto") as got:
+        assert got == "normal"
+    with pytest.raises(KvscopeError, match=r"may not use SCHED_FIFO .*root or CAP_SYS_NICE") as exc, \
+            client_priority("realtime"):
+        pass
+    assert "\n" not in str(exc.value)
+    with client_priority("normal") as got:
+        assert got == "normal"
+
+
+def test_a_replay_records_the_priority_it_ran_under(tmp_path):
+    from kvscope.harness.replay import runner
+    from kvscope.harness.replay.options import ReplayOptions
+    from kvscope.harness.results.schemas import SummaryFile
+    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.workloads.versioned_file import read_versioned
+
+    trace_dir = synthetic_trace(1, steps=2, prompt_tokens=16, output_tokens=2).write(tmp_path / "trace")
+    expected = "realtime" if hasattr(os, "sched_setscheduler") and _may_realtime() else "normal"
+    with FaultServer(FaultConfig(model="tiny")) as server:
+        for mode, want in (("auto", expected), ("normal", "normal")):
+            out = runner.replay(trace_dir, tmp_path / mode, ReplayOptions(concurrency=1, progress=False,
+                                                                          client_priority=mode),
+                                endpoints=[server.endpoint])
+            assert out.summary["client"]["priority"] == want
+            assert read_versioned(out.run_dir / "summary.json", SummaryFile).client.priority == want
