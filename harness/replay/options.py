@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, policy_name
+from kvscope.harness.replay.priority import ClientPriority
 
 from kvscope.harness.serving.request import Timeouts
 
@@ -67,9 +68,9 @@ class ReplayOptions(BaseModel):
         "auto", description="streaming client: the built-in HTTP/1.1 keep-alive client for http:// endpoints "
                             "(auto, fast) or aiohttp (https, proxies)")
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="asyncio event loop implementation (auto: uvloop when installed)")
-    client_priority: Literal["auto", "realtime", "normal"] = Field(
-        "auto", description="the client's event loop under SCHED_FIFO, so a busy server on the same host does not "
-                            "hold it up (auto: when permitted, i.e. root or CAP_SYS_NICE; see replay/priority.py)")
+    client_priority: ClientPriority = Field(
+        "auto", description="the client's threads under SCHED_FIFO, so a busy server on the same host does not "
+                            "hold them up (auto: when permitted, i.e. root or CAP_SYS_NICE; see replay/priority.py)")
     max_error_share: float = Field(0.05, ge=0, le=1, description="the run counts as failed (exit 1, cell "
                                                                "'failed') when more of its requests fail")
     records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "

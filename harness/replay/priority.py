@@ -41,8 +41,8 @@ def client_priority(mode: ClientPriority = "auto", *, threads_inherit: bool = Fa
     """Run the block with the calling thread under ``SCHED_FIFO`` (``mode`` realtime, or auto where
     permitted); yields what is in effect: ``"realtime"`` or ``"normal"``.
 
-    ``threads_inherit``: threads started inside run real-time too (the calibration's request threads, which
-    only wait on sockets); otherwise they start with the normal policy.  ``realtime`` where the process may not
+    ``threads_inherit``: threads started inside run real-time too (the replay's executor threads, the
+    calibration's request threads); otherwise they start with the normal policy.  ``realtime`` where the process may not
     raises :class:`KvscopeError`; ``auto`` then runs the block as it is.
     """
     if mode == "normal" or not hasattr(os, "sched_setscheduler"):
