@@ -64,7 +64,7 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
     reqs = load_trace(trace, cfg.block_size).requests
     rows = []
     for c, rs in sorted(runs.items()):
-        pred = predict_levels(reqs, cfg, cal.cost_model(), [c], time_scale=0.0)[0]
+        pred = predict_levels(reqs, cfg, cal.cost_model(), [c], time_scale=0.0, timing_cv=cal.timing_cv)[0]
 
         def stat(key: str) -> tuple[float, float, float]:
             v = [r.get(key, math.nan) for r in rs]
@@ -75,6 +75,9 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cal) -> list[dict]:
                      "hit_measured": stat("hit"), "hit_predicted": pred.token_hit_rate,
                      "ttft_p50_measured_s": stat("ttft_p50_s"), "ttft_p50_predicted_s": pred.ttft_p50_s,
                      "preemptions_measured": stat("preemptions"), "preemptions_predicted": pred.preemptions,
+                     "preemptions_predicted_p10_p90": (pred.preemptions_p10, pred.preemptions_p90),
+                     "preemptions_measured_runs": [r.get("preemptions", math.nan) for r in rs],
+                     "runs_predicted": pred.runs,
                      "load_average_1m": stat("load_average_1m"), "client_stalled_s": stat("client_stalled_s")})
     _table(rows, cfg, trace)
     return rows
@@ -114,6 +117,8 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
 
 
 def _table(rows: list[dict], cfg, trace: str) -> None:
+    import numpy as np
+
     from kvscope.harness.cachemodel.capacity_model import find_cliff
 
     class _R:
@@ -136,8 +141,8 @@ def _table(rows: list[dict], cfg, trace: str) -> None:
         exact = " / ".join(f"{x:.1%}" for x in r["replay_informed_exact"])
         print(f"| {r['concurrency']} | {exact} | {rng(r['hit_measured'], 100, '.1f')} % | "
               f"{r['hit_predicted']:.1%} | {rng(r['ttft_p50_measured_s'], 1e3)} ms | "
-              f"{r['ttft_p50_predicted_s'] * 1e3:.0f} ms | {rng(r['preemptions_measured'])} | "
-              f"{r['preemptions_predicted']} | {rng(r['load_average_1m'], 1, '.1f')} | "
+              f"{r['ttft_p50_predicted_s'] * 1e3:.0f} ms | {rng(r['preemptions_measured'], 1, '.1f')} | "
+              f"{_pred_preemptions(r)} | {rng(r['load_average_1m'], 1, '.1f')} | "
               f"{rng(r.get('client_stalled_s', (math.nan,) * 3), 1, '.1f')} s |")
     print("against the issue's tolerances (prediction vs the runs' mean):")
     for r in rows:
@@ -145,7 +150,10 @@ def _table(rows: list[dict], cfg, trace: str) -> None:
         ttft = r["ttft_p50_predicted_s"] / r["ttft_p50_measured_s"][0] - 1
         m = r["preemptions_measured"][0]
         pre = (abs(r["preemptions_predicted"] - m) / m) if m else (0.0 if r["preemptions_predicted"] == 0 else math.inf)
-        pre_txt = "?" if math.isnan(m) else f"{pre:.0%} {'ok' if pre <= 0.2 else 'MISS'}"
+        runs_m = [x for x in r.get("preemptions_measured_runs", []) if not math.isnan(x)]
+        se = (float(np.std(runs_m, ddof=1)) / math.sqrt(len(runs_m))) if len(runs_m) > 1 else math.nan
+        pre_txt = "?" if math.isnan(m) else (f"{pre:.0%} {'ok' if pre <= 0.2 else 'MISS'} (runs' mean {m:.1f}, "
+                                            f"standard error {se:.1f})")
         print(f"  c{r['concurrency']}: hit {hit_pp:.1f} pp {'ok' if hit_pp <= 2 else 'MISS'}; TTFT p50 {ttft:+.0%} "
               f"{'ok' if abs(ttft) <= 0.25 else 'MISS'}; preemptions {pre_txt}; "
               f"replay-informed min {min(r['replay_informed_exact']):.1%} "
@@ -153,6 +161,13 @@ def _table(rows: list[dict], cfg, trace: str) -> None:
     cliff_m = find_cliff([_R(r["concurrency"], r["hit_measured"][0]) for r in rows])
     cliff_p = find_cliff([_R(r["concurrency"], r["hit_predicted"]) for r in rows])
     print(f"cliff (hit > 5 pp below level {rows[0]['concurrency']}): measured {cliff_m}, predicted {cliff_p}")
+
+
+def _pred_preemptions(r: dict) -> str:
+    """The predicted mean, with the ensemble's 10th-90th percentile when the level was an ensemble."""
+    lo, hi = r.get("preemptions_predicted_p10_p90", (None, None))
+    mean = f"{r['preemptions_predicted']:.1f}"
+    return f"{mean} ({lo:.0f}-{hi:.0f})" if r.get("runs_predicted", 1) > 1 and hi > lo else mean
 
 
 def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict]:
@@ -169,8 +184,8 @@ def reanalyze(trace: str, run_root: str, measured_json: str | None) -> list[dict
 
     root = Path(run_root)
     cal = load_calibration(root / "calibration.json")
-    samples = [TimingSample(x.steps, x.tokens, x.seq_steps, x.context_tokens, x.seconds, x.kind,
-                            1.0 if x.kind == "prefill" else x.requests) for x in cal.samples]
+    samples = [TimingSample(x.steps, x.tokens, x.seq_steps, x.context_tokens, x.seconds, x.kind, x.requests,
+                            x.prefill_pairs) for x in cal.samples]
     fit = fit_cost_model(samples)
     cal = cal.model_copy(update={"cost": CalibrationCost(**fit.model.as_dict()), "fit_r2": fit.r2})
     print(f"refit: {fit.model}, R2 {fit.r2:.3f}, median rel. error {fit.median_rel_error:.1%}")

@@ -1,12 +1,17 @@
-"""Shared fixtures: the locally built tiny model and real vLLM servers on loopback.
+"""Shared fixtures: the locally built tiny model, real vLLM servers on loopback and one real experiment.
 
 vLLM integration tests are marked `vllm`; they start real servers (≈20–35 s each on 2 cores), so servers are
-module- or session-scoped and shared by every test that can use the same configuration.
+module- or session-scoped and shared by every test that can use the same configuration: the default server
+(`vllm_server`), the n-gram server without prefix caching (`ngram_server`), the 64-block server of the
+scheduler and simulator validations (`small_pool_server`), and the integration experiment, whose servers
+require an API key so the authentication tests read the same run (`integration_experiment`).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -87,3 +92,89 @@ def ngram_server(_ngram_server_holder, tiny_model_dir):
                                                   "prompt_lookup_min": 2, "prompt_lookup_max": 4})
         _ngram_server_holder["server"] = server
     return server
+
+
+@pytest.fixture(scope="session")
+def small_pool_server(require_vllm, tiny_model_dir, tmp_path_factory):
+    """64 blocks of 128 tokens at max_model_len 2048: a few agent sessions' worth, so concurrent replays evict
+    and preempt (test_scheduler_vs_vllm) and a sequential workload evicts (test_simulator_vs_vllm)."""
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_small_pool"), num_gpu_blocks_override=64,
+                          max_model_len=2048)
+    yield server
+    server.stop()
+
+
+#: The variable the integration experiment's `apc` server takes its API key from (`api_key_env`).
+INTEGRATION_KEY_VAR = "KVSCOPE_ACCEPTANCE_API_KEY"
+
+INTEGRATION_SPEC = """\
+name: itest
+description: small real experiment for the test suite
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
+servers:
+  apc: {{api_key_env: {var}}}
+  no-apc: {{enable_prefix_caching: false, env: {{VLLM_API_KEY: {key}}}}}
+workloads:
+  agent: {{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
+  agent-ts: {{spec: agent-coding-timestamped, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
+loads: [{{concurrency: 1}}]
+repeats: 2
+replay: {{warmup_pass: true, time_scale: 0}}
+slo: {{ttft_ms: 500}}
+cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
+"""
+
+
+@dataclass
+class IntegrationExperiment:
+    """The integration experiment's directory, its API key, and what each server answered without the key."""
+
+    dir: Path
+    api_key: str
+    #: server -> (status of /v1/models without the key, with it), probed after each cell
+    refused: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="session")
+def integration_experiment(require_vllm, tiny_model_dir, tmp_path_factory):
+    """2 server configurations (prefix caching on/off) x 2 workloads (append-only agent, timestamped agent) x
+    1 load x 2 repeats on real vLLM, run once for the session (test_experiment_integration, test_auth).
+
+    Both servers require an API key, given the two ways a config can: `api_key_env` naming a variable of
+    kvscope's environment (`apc`) and `VLLM_API_KEY` in the config's `env:` (`no-apc`); the third,
+    `--api-key` in `extra_args`, is test_auth's `kvscope replay --server`.  The variable stays set for the
+    session, so the `kvscope ... --resume` subprocesses of the tests find it."""
+    import httpx
+
+    from kvscope.harness.experiment.runner import run_experiment
+
+    key = "sk-kvscope-" + secrets.token_hex(12)
+    previous = os.environ.get(INTEGRATION_KEY_VAR)
+    os.environ[INTEGRATION_KEY_VAR] = key
+    root = tmp_path_factory.mktemp("exp")
+    spec = root / "itest.yaml"
+    spec.write_text(INTEGRATION_SPEC.format(model=tiny_model_dir, var=INTEGRATION_KEY_VAR, key=key))
+    found = IntegrationExperiment(root, key)
+
+    def probe(cell, server) -> None:  # the server really requires the key: without it /v1 answers 401
+        url = server.endpoint + "/v1/models"
+        found.refused[cell.server] = (httpx.get(url, timeout=10).status_code,
+                                      httpx.get(url, timeout=10, headers={"Authorization": f"Bearer {key}"}).status_code)
+
+    try:
+        found.dir = run_experiment(spec, out=root / "results", run_id="r1", after_cell=probe)
+        yield found
+    finally:
+        if previous is None:
+            os.environ.pop(INTEGRATION_KEY_VAR, None)
+        else:
+            os.environ[INTEGRATION_KEY_VAR] = previous
+
+
+@pytest.fixture(scope="session")
+def integration_report(integration_experiment) -> Path:
+    """The integration experiment's full report (every notebook): its index.html."""
+    from kvscope.harness.report.render import render_report
+
+    return render_report(integration_experiment.dir, progress=False)

@@ -76,3 +76,18 @@ def test_mean_in_flight_and_under_driven_levels_are_flagged():
     assert mean_in_flight(["a", "b"], [0, 0], [4, 4]) == pytest.approx(2.0)
     pts = [LoadPoint(2, 0.05, mean_sessions_in_flight=1.0), LoadPoint(4, 0.05, mean_sessions_in_flight=3.9)]
     assert capacity_from_points("s", "w", "concurrency", pts, 250).under_driven == [2]
+
+
+def test_a_predicted_level_is_read_by_its_median_run_not_its_worst():
+    from kvscope.harness.analysis.capacity import predicted_points
+    from kvscope.harness.cachemodel.capacity_model import LevelPrediction
+
+    def level(c: int, p50: float, p90: float, ttft_p90_s: float = 0.1) -> LevelPrediction:
+        return LevelPrediction(c, 100, 0.8, 0.05, ttft_p90_s, 0.2, 1.0, 2.0, p90 / 4, 0.5, 0.9, 10.0, 0.1,
+                               runs=16, preemptions_p10=0.0, preemptions_p50=p50, preemptions_p90=p90)
+
+    rows = [level(2, 0, 0), level(4, 0, 2), level(6, 3, 9), level(8, 0, 0, ttft_p90_s=float("nan"))]
+    points = predicted_points(rows)
+    assert [p.preemptions for p in points] == [0, 0, 3, 0] and points[3].ttft_p90_s is None
+    cap = capacity_from_points("s", "w", "concurrency", points, slo_ttft_p90_ms=250)
+    assert cap.capacity == 4 and cap.ceiling == "preemption"  # a few runs preempting at 4 do not fail it

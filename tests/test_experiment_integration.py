@@ -1,7 +1,8 @@
 """Experiments and reports on a small real experiment (vLLM CPU server, the tiny model).
 
-One experiment is run for the whole module: 2 server configurations (prefix caching on/off) x 2 workloads
-(append-only agent, timestamped agent) x 1 load x 2 repeats. Every notebook is then executed on it.
+One experiment is run for the whole session (conftest's `integration_experiment`): 2 server configurations
+(prefix caching on/off) x 2 workloads (append-only agent, timestamped agent) x 1 load x 2 repeats. Every
+notebook is then executed on it.
 """
 
 from __future__ import annotations
@@ -14,30 +15,12 @@ from pathlib import Path
 import pytest
 
 from kvscope.harness.common.errors import ConfigError
-from kvscope.harness.report.render import ALL_NOTEBOOKS, notebook_has_error_cells, render_report
+from kvscope.harness.report.render import ALL_NOTEBOOKS, notebook_has_error_cells
 from kvscope.harness.results.loaders import load_results
 from kvscope.harness.experiment.runner import run_experiment
 from tests.test_report_browser import assert_report_renders, require_chromium
 
 pytestmark = pytest.mark.vllm
-
-SPEC = """\
-name: itest
-description: small real experiment for the test suite
-model: {{source: path, path: {model}, served_model_name: tiny}}
-server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
-servers:
-  apc: {{}}
-  no-apc: {{enable_prefix_caching: false}}
-workloads:
-  agent: {{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
-  agent-ts: {{spec: agent-coding-timestamped, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
-loads: [{{concurrency: 1}}]
-repeats: 2
-replay: {{warmup_pass: true, time_scale: 0}}
-slo: {{ttft_ms: 500}}
-cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
-"""
 
 # Figures each notebook must produce on this experiment (no speculative server here: that one shows tables).
 EXPECTED_FIGURES = {
@@ -53,17 +36,14 @@ EXPECTED_FIGURES = {
 
 
 @pytest.fixture(scope="module")
-def experiment(require_vllm, tiny_model_dir, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("exp")
-    spec = root / "itest.yaml"
-    spec.write_text(SPEC.format(model=tiny_model_dir))
-    run_dir = run_experiment(spec, out=root / "results", run_id="r1")
-    return run_dir
+def experiment(integration_experiment) -> Path:
+    """conftest's session experiment (its servers require an API key: test_auth reads the same run)."""
+    return integration_experiment.dir
 
 
 @pytest.fixture(scope="module")
-def report(experiment) -> Path:
-    return render_report(experiment, progress=False)
+def report(integration_report) -> Path:
+    return integration_report
 
 
 def test_every_cell_ran_and_results_load_as_tidy_frames(experiment):

@@ -18,7 +18,6 @@ import pytest
 
 from kvscope.harness.replay.calibrate import calibrate_server, measure_level, replay_informed_match
 from kvscope.harness.results.loaders import load_summary
-from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
 
@@ -26,25 +25,23 @@ pytestmark = pytest.mark.vllm
 LEVELS = (1, 4, 8, 16)
 
 
-def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(require_vllm, tiny_model_dir,
+def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(small_pool_server, tiny_model_dir,
                                                                                tmp_path):
     from kvscope.workloads.generate import generate_from_file
 
     trace = generate_from_file("agent-coding", tiny_model_dir, seed=5, scale=0.02, sessions=16,
                                max_context=1900, output_scale=0.1).write(tmp_path / "trace")
-    server = start_server(tiny_model_dir, tmp_path, num_gpu_blocks_override=64, max_model_len=2048)
-    try:
-        cal = calibrate_server(server.endpoint, tmp_path / "calibration.json")
-        assert cal.server.num_gpu_blocks == 64 and cal.server.block_size > 0
-        results = {}
-        realtime = True
-        for c in LEVELS:
-            df, preempted, load = measure_level(trace, server.endpoint, c, tmp_path / f"run-c{c}")
-            exact, n, _ = replay_informed_match(trace, df, cal)
-            results[c] = (exact / n, n, preempted, load)
-            realtime &= load_summary(tmp_path / f"run-c{c}").client.priority == "realtime"
-    finally:
-        server.stop()
+    server = small_pool_server
+    cal = calibrate_server(server.endpoint, tmp_path / "calibration.json")
+    assert cal.server.num_gpu_blocks == 64 and cal.server.block_size > 0
+    assert cal.timing_cv is not None and 0 < cal.timing_cv < 1  # three rounds of every shape: their spread
+    results = {}
+    realtime = True
+    for c in LEVELS:
+        df, preempted, load = measure_level(trace, server.endpoint, c, tmp_path / f"run-c{c}")
+        exact, n, _ = replay_informed_match(trace, df, cal)
+        results[c] = (exact / n, n, preempted, load)
+        realtime &= load_summary(tmp_path / f"run-c{c}").client.priority == "realtime"
     print("\nreplay-informed exact share per level (share, requests, preemptions, load):", results)
     assert all(n >= 100 for _, n, _, _ in results.values())
     assert results[16][2] > 0 or results[8][2] > 0  # the pool is small enough that the top levels preempt

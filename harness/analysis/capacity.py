@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from kvscope.harness.cachemodel.capacity_model import LevelPrediction
+
 __all__ = ["Capacity", "LoadPoint", "capacity_from_points", "interpolated_crossing", "mean_in_flight",
-           "next_bisection_load", "point_meets_slo"]
+           "next_bisection_load", "point_meets_slo", "predicted_point", "predicted_points"]
 
 SweepKind = Literal["concurrency", "session_rate"]
 SHORTFALL_TOLERANCE = 0.9
@@ -37,6 +40,20 @@ class LoadPoint:
     preemptions: float = 0.0
     mean_sessions_in_flight: float | None = None
     cell: str | None = None
+
+
+def predicted_points(rows: "Sequence[LevelPrediction]") -> list[LoadPoint]:
+    """The scheduler model's levels (`cachemodel.capacity_model`) as load points for the live rule, so a
+    predicted capacity is read exactly as a measured one.  A level's TTFT p90 is its runs' mean and its
+    preemptions those of its *median* run: the prediction is what one live sweep most likely reports, not
+    the worst of an ensemble (a level where 3 of 16 runs preempt once passes in most live sweeps)."""
+    return [predicted_point(r.concurrency, None if math.isnan(r.ttft_p90_s) else r.ttft_p90_s, r.preemptions_p50)
+            for r in rows]
+
+
+def predicted_point(load: float, ttft_p90_s: float | None, median_run_preemptions: float) -> LoadPoint:
+    """One predicted level as the live rule reads it (see :func:`predicted_points`)."""
+    return LoadPoint(float(load), None if ttft_p90_s is None else float(ttft_p90_s), float(median_run_preemptions))
 
 
 def point_meets_slo(point: LoadPoint, slo_ttft_p90_ms: float) -> bool:

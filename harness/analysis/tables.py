@@ -202,10 +202,12 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
     """Each sweep's curve twice, one row per level and ``source``: ``measured`` (the sweep's cells) and
     ``predicted`` (the scheduler model recorded beside it in experiment.json, from a calibration of the same
     server taken just before the sweep; ``sweep.predict``). ``meets_slo`` is the live rule for both
-    (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`). Empty without a sweep or a prediction."""
+    (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`); ``preempted`` is what it reads: the cell's
+    count for a measured level, the median run's for a predicted one (``preemptions`` is the runs' mean, with
+    their 10th-90th percentile beside it). Empty without a sweep or a prediction."""
     from pathlib import PurePath
 
-    from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
+    from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
 
     entries = getattr(res.experiment, "capacity", None) or []
     cells = res.experiment.cells if res.experiment is not None else {}
@@ -221,15 +223,18 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
                          "ttft_p50_ms": None if head is None or head.ttft_p50_s is None else head.ttft_p50_s * 1e3,
                          "ttft_p90_ms": None if p.ttft_p90_s is None else p.ttft_p90_s * 1e3,
                          "hit_rate": None if head is None else head.hit_rate, "preemptions": p.preemptions,
+                         "preempted": bool(p.preemptions), "preemptions_p10": None, "preemptions_p90": None,
                          "meets_slo": point_meets_slo(LoadPoint(p.load, p.ttft_p90_s, p.preemptions),
                                                       e.slo_ttft_p90_ms)})
         for lv in e.predicted.levels:
+            point = predicted_point(lv.load, lv.ttft_p90_s,
+                                    lv.preemptions if lv.preemptions_p50 is None else lv.preemptions_p50)
             rows.append({**key, "concurrency": lv.load, "source": "predicted",
                          "ttft_p50_ms": None if lv.ttft_p50_s is None else lv.ttft_p50_s * 1e3,
                          "ttft_p90_ms": None if lv.ttft_p90_s is None else lv.ttft_p90_s * 1e3,
-                         "hit_rate": lv.hit_rate, "preemptions": lv.preemptions,
-                         "meets_slo": point_meets_slo(LoadPoint(lv.load, lv.ttft_p90_s, lv.preemptions),
-                                                      e.slo_ttft_p90_ms)})
+                         "hit_rate": lv.hit_rate, "preemptions": lv.preemptions, "preempted": bool(point.preemptions),
+                         "preemptions_p10": lv.preemptions_p10, "preemptions_p90": lv.preemptions_p90,
+                         "meets_slo": point_meets_slo(point, e.slo_ttft_p90_ms)})
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame(rows)

@@ -1,19 +1,31 @@
 """Per-step time of a vLLM engine as a linear cost model, fitted by least squares from timed requests.
 
 Why linear: one engine step's wall time is, to first order, a fixed overhead (scheduling, sampling, Python),
-plus a cost per scheduled token (the GEMMs), plus a cost per sequence in the batch, plus a cost per token of
-context attended (attention reads every cached token of every scheduled sequence).  Those four features are
-what the scheduler model knows about a step, so a model in them is all it can use; and a handful of timed
-requests (prefills of several lengths, decodes at several batch sizes) determine four coefficients well.
+plus a cost per scheduled token (the GEMMs), plus a cost per sequence in the batch, plus the attention.
+Attention is two features, because it costs two different things:
 
-A fifth coefficient, ``request_overhead_s``, is the frontend's time per request (HTTP, tokenization): it is
+* a *decoding* sequence reads its whole context once per token: memory-bound, linear in the context
+  (``context_tokens``: the tokens attended by the step's decodes);
+* a *prefill* chunk of ``n`` tokens after ``c`` computed ones attends ``n*(c + (n+1)/2)`` (query, key) pairs:
+  compute-bound and quadratic in the chunk (``prefill_pairs``).
+
+One feature for both (the context length, as before) cannot tell one 2,000-token prefill from seven
+300-token ones: on the validation server (tiny model, vLLM CPU, 64 blocks) it gave both 83-85 ms, against
+123 ms and about 62 ms measured, and a fit of R² 0.960 (median error 9.5 %); with the two, the same samples
+fit with R² 0.994 (median error 2.6 %), and decode steps of 6 sequences at 1,000 tokens came out at 5.2 ms
+against 5.7-6 ms seen in a concurrency-32 run.  Those features are what the scheduler model knows about a
+step, so a model in them is all it can use; and a handful of timed requests (prefills of several lengths,
+decodes at several batch sizes and two context lengths) determine the coefficients well.
+
+One more coefficient, ``request_overhead_s``, is the frontend's time per request (HTTP, tokenization): it is
 in every timed request once, whatever its number of steps, which is what separates it from the per-step
 ``base_s``.
 
 A request's measured time is a *sum* of steps, and sums of linear steps are linear in summed features, so a
-sample is ``(steps, tokens, sequence-steps, context tokens) -> seconds`` and one fit takes prefill (TTFT)
-and batch (send to last token of requests decoding together) samples alike.  Coefficients are constrained non-negative (``scipy.optimize.nnls``):
-a negative per-token cost fitted from noisy timings would make long prompts cheaper than short ones.
+sample is ``(steps, tokens, sequence-steps, decode context, requests, prefill pairs) -> seconds`` and one fit
+takes prefill (TTFT) and batch (send to last token of requests decoding together) samples alike.
+Coefficients are constrained non-negative (``scipy.optimize.nnls``): a negative per-token cost fitted from
+noisy timings would make long prompts cheaper than short ones.
 
 This module knows no HTTP: the measurement against a server is ``kvscope.harness.replay.calibrate``, which
 writes the calibration file (``CalibrationFile`` in ``kvscope.harness.results.schemas``).
@@ -32,18 +44,23 @@ MIN_FIT_R2 = 0.5
 
 @dataclass(frozen=True)
 class StepCostModel:
-    """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens``."""
+    """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
+    + per_prefill_pair_s*prefill_pairs`` (context tokens: attended by the step's decodes; prefill pairs: the
+    (query, key) pairs of its prefill chunks)."""
 
     base_s: float = 0.01
     per_token_s: float = 2e-5
     per_seq_s: float = 5e-4
+    #: Per token of context read by a decoding sequence.
     per_context_token_s: float = 0.0
     #: Frontend time per request (HTTP, tokenization) before it reaches the scheduler; not a step cost.
     request_overhead_s: float = 0.0
+    #: Per (query, key) pair of a prefill chunk.
+    per_prefill_pair_s: float = 0.0
 
-    def step_s(self, tokens: int, seqs: int, context_tokens: int) -> float:
+    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
         return (self.base_s + self.per_token_s * tokens + self.per_seq_s * seqs
-                + self.per_context_token_s * context_tokens)
+                + self.per_context_token_s * context_tokens + self.per_prefill_pair_s * prefill_pairs)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -51,7 +68,8 @@ class StepCostModel:
     def scaled(self, factor: float) -> StepCostModel:
         """Every per-step cost times ``factor`` (the frontend's per-request overhead unchanged)."""
         return StepCostModel(self.base_s * factor, self.per_token_s * factor, self.per_seq_s * factor,
-                             self.per_context_token_s * factor, self.request_overhead_s)
+                             self.per_context_token_s * factor, self.request_overhead_s,
+                             self.per_prefill_pair_s * factor)
 
 
 @dataclass(frozen=True)
@@ -61,14 +79,18 @@ class TimingSample:
     steps: float
     tokens: float
     seq_steps: float
+    #: Context tokens attended by decoding sequences, summed over the steps.
     context_tokens: float
     seconds: float
     kind: str = "prefill"
     #: Requests whose frontend overhead the duration includes (1 for a TTFT or a batch's send-to-last-token).
     requests: float = 0.0
+    #: (query, key) pairs of the prefill chunks, summed over the steps.
+    prefill_pairs: float = 0.0
 
     def features(self) -> list[float]:
-        return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests]
+        """In the order of :class:`StepCostModel`'s coefficients."""
+        return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests, self.prefill_pairs]
 
 
 @dataclass(frozen=True)
@@ -80,13 +102,50 @@ class CostFit:
     samples: int
 
 
+def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
+    """One sample per measured shape (identical features), its time the median of the repeats: a single slow
+    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
+    from dataclasses import replace
+    from statistics import median
+
+    groups: dict[tuple, list[TimingSample]] = {}
+    for s in samples:
+        groups.setdefault((s.kind, *s.features()), []).append(s)
+    return [replace(g[0], seconds=median(x.seconds for x in g)) for g in groups.values()]
+
+
+def timing_cv(samples: Sequence[TimingSample]) -> float | None:
+    """The host's run-to-run timing noise, as a coefficient of variation: the robust spread (1.4826 x the
+    median absolute log ratio) of each repeated shape's timings about the shape's median, pooled over the
+    shapes, the median timing itself left out.  None when no shape was timed more than once.
+
+    It sizes the scheduler model's ensemble noise (``scheduler.TimingNoise``).  On the validation server
+    three rounds gave 0.11 for single prefills and 0.08 for decode batches; the ensemble's means moved
+    little between 0.1 and 0.5 (benchmarks/README.md), so a rough figure is enough."""
+    import numpy as np
+
+    groups: dict[tuple, list[float]] = {}
+    for s in samples:
+        groups.setdefault((s.kind, *s.features()), []).append(s.seconds)
+    devs: list[float] = []
+    for times in groups.values():
+        if len(times) < 2 or min(times) <= 0:
+            continue
+        t = np.asarray(times, float)
+        ratio = np.abs(np.log(t / np.median(t)))
+        if len(t) % 2:  # the median timing itself is 0 by construction
+            ratio = np.delete(ratio, int(np.argmin(ratio)))
+        devs.extend(ratio.tolist())
+    return float(1.4826 * np.median(devs)) if devs else None
+
+
 def fit_cost_model(samples: Sequence[TimingSample]) -> CostFit:
     """Non-negative least squares over the samples, each weighted by 1/seconds (relative error counts)."""
     import numpy as np
     from scipy.optimize import nnls
 
-    if len(samples) < 5:
-        raise ValueError(f"need at least 5 timing samples to fit 5 coefficients, got {len(samples)}")
+    if len(samples) < 6:
+        raise ValueError(f"need at least 6 timing samples to fit 6 coefficients, got {len(samples)}")
     X = np.array([s.features() for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples], dtype=float)
     w = 1.0 / np.maximum(y, 1e-6)
@@ -101,18 +160,24 @@ def fit_cost_model(samples: Sequence[TimingSample]) -> CostFit:
     return CostFit(model, 1.0 - ss_res / ss_tot, float(np.median(rel)), len(samples))
 
 
+def prefill_pairs(chunk_tokens: int, computed_tokens: int) -> float:
+    """(query, key) pairs a causal prefill chunk attends: each of its ``chunk_tokens`` queries sees the
+    ``computed_tokens`` before the chunk and the chunk's tokens up to itself."""
+    return chunk_tokens * (computed_tokens + (chunk_tokens + 1) / 2)
+
+
 def prefill_sample(prompt_tokens: int, ttft_s: float, max_num_batched_tokens: int,
                    cached_tokens: int = 0) -> TimingSample:
     """A request sent alone: its TTFT is the prefill's chunks (each a step of at most the token budget)."""
-    new = max(prompt_tokens - cached_tokens, 1)
+    done = min(cached_tokens, prompt_tokens - 1)
+    new = prompt_tokens - done
     steps = -(-new // max_num_batched_tokens)
-    ctx = 0.0
-    done = cached_tokens
+    pairs = 0.0
     for _ in range(steps):
         chunk = min(max_num_batched_tokens, prompt_tokens - done)
+        pairs += prefill_pairs(chunk, done)
         done += chunk
-        ctx += done
-    return TimingSample(steps, new, steps, ctx, ttft_s, "prefill", 1.0)
+    return TimingSample(steps, new, steps, 0.0, ttft_s, "prefill", 1.0, pairs)
 
 
 def batch_sample(batch: int, prompt_tokens: int, cached_tokens: int, output_tokens: int,
@@ -120,8 +185,10 @@ def batch_sample(batch: int, prompt_tokens: int, cached_tokens: int, output_toke
     """``batch`` identical-shape requests sent together, timed from send to the last token: one step prefills
     all their uncached tokens (and gives the first token), then ``output_tokens - 1`` decode steps; plus the
     frontend's time for one request."""
-    new = max(prompt_tokens - cached_tokens, 1)
+    cached = min(cached_tokens, prompt_tokens - 1)
+    new = prompt_tokens - cached
     decode_steps = output_tokens - 1
+    # decode step j (1..output_tokens-1) reads prompt_tokens + j tokens of context per sequence
+    context = decode_steps * prompt_tokens + decode_steps * output_tokens / 2
     return TimingSample(1 + decode_steps, batch * (new + decode_steps), batch * (1 + decode_steps),
-                        batch * (prompt_tokens + decode_steps * (prompt_tokens + output_tokens / 2)), seconds,
-                        "decode", 1.0)
+                        batch * context, seconds, "decode", 1.0, batch * prefill_pairs(new, cached))

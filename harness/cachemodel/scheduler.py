@@ -20,7 +20,9 @@ blocks survive depends on what the scheduler does step by step, so this module r
   request admitted later in the same step can hit them; finished requests free their blocks in reverse order;
 * ``cached_tokens`` is fixed the first time a request is scheduled (``num_cached_tokens``), as vLLM reports it.
 
-Time advances by a per-step cost (:class:`~.calibration.StepCostModel`).  Long runs of identical decode steps
+Time advances by a per-step cost (:class:`~.calibration.StepCostModel`: tokens, sequences, the context read
+by decodes and the (query, key) pairs of prefill chunks), optionally jittered (:class:`TimingNoise`: one
+member of an ensemble, ``capacity_model``).  Long runs of identical decode steps
 (no arrival, no admission possible, no new block, no finish) are advanced in one go: that is what keeps a
 620 M-token trace within seconds, and it is exact because nothing the cache sees changes in between.
 
@@ -36,12 +38,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder
-from kvscope.harness.cachemodel.calibration import StepCostModel
+from kvscope.harness.cachemodel.calibration import StepCostModel, prefill_pairs
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.workloads.prefix import leading_run
 
@@ -77,6 +80,27 @@ class SessionTiming:
     #: Replay-informed, with ``done_s``: when each of request i's output tokens reached the client (same clock;
     #: token 1 is the first token).  A decode step for token j+1 is not taken before token j was seen.
     token_times_s: Sequence[Sequence[float]] | None = None
+
+
+@dataclass(frozen=True)
+class TimingNoise:
+    """Random timing for one member of an ensemble of scheduler runs.
+
+    Why: under a full KV pool, *which* request is running when the pool runs dry decides who is preempted,
+    and that turns on step and arrival times a few milliseconds apart.  One deterministic run therefore
+    gives one draw of a chaotic count (preemptions moved from 9 to 20 at concurrency 16 when one cost
+    coefficient changed by 2x, with the hit rate unchanged); real runs of one configuration vary as much
+    (2-13 at concurrency 8).  An ensemble of runs with the host's timing noise gives the expected count
+    and its spread.
+
+    Each step's cost is multiplied by a lognormal factor of mean 1 and coefficient of variation about
+    ``step_cv`` (one factor for a fast-forwarded run of identical decode steps), and each request's lag
+    from client to scheduler by one with ``lag_cv``.
+    """
+
+    step_cv: float = 0.0
+    lag_cv: float = 0.0
+    seed: int = 0
 
 
 @dataclass(slots=True)
@@ -360,18 +384,17 @@ class _Clock:
         return self.heap[0][0] if self.heap else math.inf
 
 
-def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, lag: float
-                    ) -> tuple[_Clock, dict[int, int], deque[list[int]], set[int]]:
-    """The arrivals known at the start, plus what releases the rest: (clock, session successor of each
-    request, sessions not yet started (closed loop), last request of each session)."""
-    clock = _Clock()
+def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, send
+                    ) -> tuple[dict[int, int], deque[list[int]], set[int]]:
+    """Sends the arrivals known at the start (``send(t, idx)``) and returns what releases the rest: (session
+    successor of each request, sessions not yet started (closed loop), last request of each session)."""
     successor: dict[int, int] = {}
     session_queue: deque[list[int]] = deque()
     session_last: set[int] = set()
     if timing.arrivals_s is not None:
         for i, t in enumerate(timing.arrivals_s):
-            clock.push(float(t) + lag, i)
-        return clock, successor, session_queue, session_last
+            send(float(t), i)
+        return successor, session_queue, session_last
     groups = _sessions_in_order(reqs)
     for g in groups:
         successor.update(zip(g, g[1:]))
@@ -379,21 +402,22 @@ def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, lag: float
     if timing.concurrency is not None:
         session_queue.extend(groups)
         for _ in range(min(timing.concurrency, len(groups))):
-            clock.push(lag, session_queue.popleft()[0])
+            send(0.0, session_queue.popleft()[0])
     else:
         t0 = min((reqs[g[0]].arrival_s for g in groups), default=0.0)
         for g in groups:
-            clock.push((reqs[g[0]].arrival_s - t0) * timing.time_scale + lag, g[0])
-    return clock, successor, session_queue, session_last
+            send((reqs[g[0]].arrival_s - t0) * timing.time_scale, g[0])
+    return successor, session_queue, session_last
 
 
 def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
                   timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
-                  reference_pool: bool = False) -> ScheduleRun:
+                  reference_pool: bool = False, noise: "TimingNoise | None" = None) -> ScheduleRun:
     """Simulate the requests through one vLLM instance step by step; results are in input order.
 
     ``fast_forward=False`` takes every decode step one at a time and ``reference_pool=True`` uses
-    :class:`BlockPool` instead of the ring pool (for tests: the results must not change).
+    :class:`BlockPool` instead of the ring pool (for tests: the results must not change).  ``noise`` makes
+    this run one member of an ensemble (:class:`TimingNoise`).
     """
     reqs = list(requests)
     if reqs and reqs[0].block_size != config.block_size:
@@ -404,7 +428,17 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     results = [ScheduledResult(r.request_id, r.session_id, r.prompt_tokens, max(r.output_tokens, 1))
                for r in reqs]
     lag = cost.request_overhead_s  # a request reaches the scheduler this long after it was sent
-    clock, successor, session_queue, session_last = _first_arrivals(reqs, timing, lag)
+    rng = random.Random(noise.seed) if noise is not None else None
+    sent_s = [0.0] * len(reqs)
+    clock = _Clock()
+
+    def send(t: float, idx: int) -> None:
+        """Request idx leaves the client at t and reaches the scheduler ``lag`` later (jittered by noise)."""
+        sent_s[idx] = t
+        jitter = rng.lognormvariate(-noise.lag_cv ** 2 / 2, noise.lag_cv) if rng and noise.lag_cv else 1.0
+        clock.push(t + lag * jitter, idx)
+
+    successor, session_queue, session_last = _first_arrivals(reqs, timing, send)
     usable = (config.num_gpu_blocks - 1) if config.num_gpu_blocks is not None else None
 
     pinned = _Pinned(timing.done_s, model, timing.token_times_s) if timing.done_s is not None else None
@@ -413,9 +447,9 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     def on_done(idx: int, t: float) -> None:
         nxt = successor.get(idx)
         if nxt is not None:
-            clock.push(t + (reqs[nxt].gap_s or 0.0) * timing.time_scale + lag, nxt)
+            send(t + (reqs[nxt].gap_s or 0.0) * timing.time_scale, nxt)
         elif idx in session_last and session_queue:
-            clock.push(t + lag, session_queue.popleft()[0])
+            send(t, session_queue.popleft()[0])
 
     run = ScheduleRun(results, config)
     now = 0.0
@@ -426,7 +460,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
         while clock.heap and clock.heap[0][0] <= now:
             t, _, idx = heapq.heappop(clock.heap)
             r, res = reqs[idx], results[idx]
-            res.arrival_s = t - cost.request_overhead_s
+            res.arrival_s = sent_s[idx]
             if usable is not None and -(-(r.prompt_tokens + res.output_tokens - 1) // B) > usable:
                 res.fits = False
                 res.scheduled_s = res.first_token_s = res.done_s = res.arrival_s
@@ -448,7 +482,8 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
             continue
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
                   and len(batch) == len(model.running) and not_due is None)
-        k_steps, dt = _advance(model, batch, cost, now, next_event_s, steady and fast_forward)
+        scale = rng.lognormvariate(-noise.step_cv ** 2 / 2, noise.step_cv) if rng and noise.step_cv else 1.0
+        k_steps, dt = _advance(model, batch, cost, now, next_event_s, steady and fast_forward, scale)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
         run.max_running = max(run.max_running, len(model.running))
@@ -466,25 +501,32 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
 
 
 def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCostModel, now: float,
-             next_arrival_s: float, steady: bool) -> tuple[int, float]:
+             next_arrival_s: float, steady: bool, scale: float = 1.0) -> tuple[int, float]:
     """(steps, seconds) to advance: 1 step, or a run of decode steps that ends at the first finish, at the
     step that sees the next arrival, or before the step whose new blocks would not fit.
 
     Inside the run nothing the scheduler decides can differ from step-by-step: every running request decodes
     one token a step, waiting requests stay blocked (free blocks only shrink, and hits only shrink with
     them), and the decode blocks are popped from the free queue in vLLM's order (step, then running order).
+    ``scale`` multiplies every step's cost (a noise draw: one for the whole run of steps).
     """
     m = len(batch)
-    tokens = sum(n for _, n in batch)
-    ctx = sum(s.num_computed + n for s, n in batch)
-    dt = cost.step_s(tokens, m, ctx)
+    tokens = ctx = 0
+    pairs = 0.0
+    for s, n in batch:
+        tokens += n
+        if n == 1 and s.num_computed + 1 >= s.num_tokens:  # a decode: reads its whole context
+            ctx += s.num_computed + 1
+        else:
+            pairs += prefill_pairs(n, s.num_computed)
+    dt = cost.step_s(tokens, m, ctx, pairs) * scale
     if not steady or tokens != m or now + dt >= next_arrival_s:
         return 1, dt
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
     if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
         return 1, dt
-    c0 = cost.step_s(m, m, ctx)  # step j (j >= 1) costs c0 + c1*j: its context grows by m tokens a step
-    c1 = cost.per_context_token_s * m
+    c0 = cost.step_s(m, m, ctx) * scale  # step j (j >= 1) costs c0 + c1*j: its context grows by m a step
+    c1 = cost.per_context_token_s * m * scale
 
     def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1
         return dt + (k - 1) * c0 + c1 * (k - 1) * k / 2

@@ -8,6 +8,7 @@ import json
 import math
 
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
+from kvscope.harness.cachemodel.capacity_model import ENSEMBLE_RUNS, ENSEMBLE_TOKEN_BUDGET
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
 from kvscope.harness.common.errors import ConfigError, KvscopeError
@@ -49,6 +50,11 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                    help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
     p.add_argument("--cliff-drop-pp", type=float, default=5.0,
                    help="hit-rate drop (percentage points below the lowest level) that marks the cliff")
+    p.add_argument("--runs", type=argtypes.positive_int, default=None, metavar="N",
+                   help="runs of the model per level that comes near a full KV pool, each with the host's "
+                   "timing noise (the calibration's timing_cv); their means and the preemption spread are "
+                   f"reported (default {ENSEMBLE_RUNS}, fewer for traces over "
+                   f"{ENSEMBLE_TOKEN_BUDGET / ENSEMBLE_RUNS / 1e6:g} M prompt tokens; 1: one noise-free run)")
     p.add_argument("--min-fit-r2", type=float, default=MIN_FIT_R2,
                    help="refuse a calibration whose step-cost fit explains less than this share of the timing "
                    f"variance (default {MIN_FIT_R2:g}; a loaded host gives fits near or below 0)")
@@ -75,7 +81,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     import time
     from dataclasses import asdict
 
-    from kvscope.harness.cachemodel.capacity_model import find_capacity, find_cliff, predict_levels
+    from kvscope.harness.analysis.capacity import capacity_from_points, predicted_points
+    from kvscope.harness.cachemodel.capacity_model import DEFAULT_TIMING_CV, find_cliff, predict_levels
     from kvscope.harness.cachemodel.trace_io import load_trace
     from kvscope.harness.results.loaders import load_calibration
 
@@ -103,22 +110,28 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     tr = load_trace(args.trace, cfg.block_size)
     rows = predict_levels(tr.requests, cfg, cal.cost_model(), args.levels, time_scale=args.time_scale,
-                          mode=args.mode)
+                          mode=args.mode, timing_cv=cal.timing_cv, ensemble_runs=args.runs)
     cliff = find_cliff(rows, args.cliff_drop_pp)
-    capacity = find_capacity(rows, args.slo_ttft_ms)
-    print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preempt':>8} "
-          f"{'kv mean':>8} {'kv max':>7} {'sim s':>6}")
+    found = capacity_from_points("server", "trace", "concurrency", predicted_points(rows), args.slo_ttft_ms)
+    capacity = None if found.capacity is None else int(found.capacity)
+    print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preemptions':>16} "
+          f"{'kv mean':>8} {'kv max':>7} {'runs':>5} {'sim s':>6}")
     for r in rows:
+        spread = f" ({r.preemptions_p10:.0f}-{r.preemptions_p90:.0f})" if r.preemptions_p90 > r.preemptions_p10 else ""
         print(f"{r.concurrency:>5} {r.token_hit_rate:>7.1%} {r.ttft_p50_s * 1e3:>7.0f}ms {r.ttft_p90_s * 1e3:>7.0f}ms "
-              f"{r.e2e_p50_s:>8.2f}s {r.preemptions:>8} {r.kv_usage_mean:>8.0%} {r.kv_usage_max:>7.0%} "
-              f"{r.simulate_s:>6.2f}")
+              f"{r.e2e_p50_s:>8.2f}s {f'{r.preemptions:.1f}{spread}':>16} {r.kv_usage_mean:>8.0%} "
+              f"{r.kv_usage_max:>7.0%} {r.runs:>5} {r.simulate_s:>6.2f}")
     blocks = "infinite" if cfg.num_gpu_blocks is None else f"{cfg.num_gpu_blocks} blocks"
     print(f"server model: block size {cfg.block_size}, {blocks}, max_num_seqs {cfg.max_num_seqs}, "
           f"max_num_batched_tokens {cfg.max_num_batched_tokens}")
     print(f"eviction cliff (hit rate > {args.cliff_drop_pp:g} pp below level {rows[0].concurrency}): "
           + (f"at concurrency {cliff}" if cliff else "none within the levels"))
-    print(f"capacity (TTFT p90 <= {args.slo_ttft_ms:g} ms, no preemption): "
+    print(f"capacity (TTFT p90 <= {args.slo_ttft_ms:g} ms, no preemption in the median run): "
           + (f"{capacity} concurrent sessions" if capacity else f"below {rows[0].concurrency}"))
+    if any(r.runs > 1 for r in rows):
+        print(f"levels near a full pool: the mean of {max(r.runs for r in rows)} runs with timing noise (cv "
+              f"{cal.timing_cv if cal.timing_cv is not None else DEFAULT_TIMING_CV:.2f}); preemptions: mean "
+              "(10th-90th percentile of the runs)")
     print(f"predicted in {time.perf_counter() - t0:.1f} s")
     if args.json:
         def clean(d: dict) -> dict:

@@ -27,6 +27,7 @@ from kvscope.harness.analysis.capacity import (
     mean_in_flight,
     next_bisection_load,
     point_meets_slo,
+    predicted_points,
 )
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
@@ -146,14 +147,13 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
         levels = list(range(levels[0], levels[-1] + 1))  # predicted capacity then has the resolution of one
     cfg = cal.scheduler_config()
     rows = predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), levels,
-                          time_scale=time_scale, mode=mode)
+                          time_scale=time_scale, mode=mode, timing_cv=cal.timing_cv)
 
     def num(x: float) -> float | None:
         return None if math.isnan(x) else float(x)  # NaN (no request finished) -> null
 
     slo = state.spec.slo_ttft_p90_ms
-    points = [LoadPoint(r.concurrency, num(r.ttft_p90_s), float(r.preemptions)) for r in rows]
-    cap = capacity_from_points(state.server, state.workload, "concurrency", points, slo)
+    cap = capacity_from_points(state.server, state.workload, "concurrency", predicted_points(rows), slo)
     cliff = find_cliff(rows)
     measured = state.capacity().capacity
     held = "none of the levels" if cap.capacity is None else f"{int(cap.capacity)} concurrent sessions"
@@ -163,4 +163,7 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     return {**base, "capacity": cap.capacity, "cliff": cliff, "sentence": sentence,
             "levels": [{"load": float(r.concurrency), "hit_rate": r.token_hit_rate, "ttft_p50_s": num(r.ttft_p50_s),
                         "ttft_p90_s": num(r.ttft_p90_s), "e2e_p50_s": num(r.e2e_p50_s),
-                        "preemptions": float(r.preemptions), "kv_usage_max": r.kv_usage_max} for r in rows]}
+                        "preemptions": float(r.preemptions), "kv_usage_max": r.kv_usage_max, "runs": r.runs,
+                        "preemptions_p10": r.preemptions_p10, "preemptions_p50": r.preemptions_p50,
+                        "preemptions_p90": r.preemptions_p90}
+                       for r in rows]}

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from kvscope.harness.cachemodel.calibration import TimingSample, batch_sample, fit_cost_model, prefill_sample
+from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, fit_cost_model, median_of_repeats,
+                                                     prefill_sample, timing_cv)
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
@@ -62,22 +63,11 @@ def _timed_completion(client, url: str, model: str, prompt: list[int], max_token
     return first - t0, last - t0
 
 
-def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
-    """One sample per measured shape (identical features), its time the median of the repeats: a single slow
-    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
-    from dataclasses import replace
-    from statistics import median
-
-    groups: dict[tuple, list[TimingSample]] = {}
-    for s in samples:
-        groups.setdefault((s.kind, *s.features()), []).append(s)
-    return [replace(g[0], seconds=median(x.seconds for x in g)) for g in groups.values()]
-
-
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
                     prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24,
                     rounds: int = CALIBRATION_ROUNDS) -> list[TimingSample]:
-    """Every shape measured ``rounds`` times (interleaved, round by round), reduced to its median."""
+    """Every shape measured ``rounds`` times (interleaved, round by round): all the timings, unreduced
+    (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread)."""
     import httpx
 
     rng = random.Random(seed)
@@ -128,7 +118,7 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
                     cached = (prompt_len - 1) // server.block_size * server.block_size if prompt_len > short_len \
                         else 0
                     samples.append(batch_sample(batch, prompt_len, cached, decode_tokens, e2e_s))
-    return median_of_repeats(samples)
+    return samples
 
 
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
@@ -147,13 +137,16 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
     # The requests go out from real-time threads where permitted, so the times are the server's and not this
     # host's wake-up delays (replay/priority.py).
     with client_priority("auto", threads_inherit=True) as priority:
-        samples = measure_samples(endpoint, facts.model or "default", server, seed=seed)
+        timings = measure_samples(endpoint, facts.model or "default", server, seed=seed)
+    samples = median_of_repeats(timings)
     fit = fit_cost_model(samples)
     cal = CalibrationFile(created_at=time.time(), server=server, cost=CalibrationCost(**fit.model.as_dict()),
                           fit_r2=fit.r2, fit_median_rel_error=fit.median_rel_error,
                           load_average_1m=max(load, os.getloadavg()[0]), client_priority=priority,
+                          timing_cv=timing_cv(timings),
                           samples=[CalibrationSample(kind=s.kind, steps=s.steps, tokens=s.tokens,  # type: ignore[arg-type]
                                                      seq_steps=s.seq_steps, context_tokens=s.context_tokens,
+                                                     prefill_pairs=s.prefill_pairs,
                                                      seconds=s.seconds, requests=s.requests) for s in samples])
     write_versioned(out_path, cal)
     return cal

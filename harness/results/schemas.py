@@ -343,8 +343,14 @@ class PredictedLevel(_Block):
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     e2e_p50_s: float | None
-    preemptions: float
+    preemptions: float  # mean over the level's runs
     kv_usage_max: float
+    #: The level's runs (1, or an ensemble with timing noise) and the 10th / 50th / 90th percentile of their
+    #: preemption counts (absent in files written before the ensemble; the capacity rule reads the median).
+    runs: int = 1
+    preemptions_p10: float | None = None
+    preemptions_p50: float | None = None
+    preemptions_p90: float | None = None
 
 
 class PredictedCapacity(_Block):
@@ -446,33 +452,40 @@ class CalibrationServer(_Block):
 
 
 class CalibrationCost(_Block):
-    """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens``."""
+    """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
+    + per_prefill_pair_s*prefill_pairs`` (`cachemodel.calibration.StepCostModel`)."""
 
     base_s: float = Field(ge=0)
     per_token_s: float = Field(ge=0)
     per_seq_s: float = Field(ge=0)
     per_context_token_s: float = Field(ge=0)
     request_overhead_s: float = Field(0.0, ge=0)
+    per_prefill_pair_s: float = Field(ge=0)
 
 
 class CalibrationSample(_Block):
+    """One measured shape (`cachemodel.calibration.TimingSample`): its summed step features and seconds."""
+
     kind: Literal["prefill", "decode"]
     steps: float
     tokens: float
     seq_steps: float
-    context_tokens: float
+    context_tokens: float  # attended by decodes
     seconds: float
     requests: float = 0.0
+    prefill_pairs: float = 0.0
 
 
 class CalibrationFile(VersionedFile):
     """A step-cost calibration of one server (`kvscope.harness.replay.calibrate`), read by `kvscope capacity`."""
 
     FORMAT = "kvscope-calibration"
-    SUPPORTED_VERSIONS = (1,)
+    #: Version 2 split attention into decode context and prefill (query, key) pairs: a version-1 cost model
+    #: has one context coefficient for both, so it cannot be read as a version-2 one (calibrate again).
+    SUPPORTED_VERSIONS = (2,)
 
     format: Literal["kvscope-calibration"] = "kvscope-calibration"
-    version: int = 1
+    version: int = 2
     created_at: float
     server: CalibrationServer
     cost: CalibrationCost
@@ -481,6 +494,10 @@ class CalibrationFile(VersionedFile):
     load_average_1m: float | None = None  # machine load while measuring (timings on a shared host are noisy)
     #: The measuring client's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
     client_priority: str | None = None
+    #: Run-to-run timing noise of the repeated shapes (`calibration.timing_cv`): the scheduler model's
+    #: ensemble noise; None when nothing was repeated.
+    timing_cv: float | None = Field(None, ge=0)
+    #: The measured shapes, one per shape (the median of its repeats).
     samples: list[CalibrationSample] = Field(default_factory=list)
 
     def cost_model(self) -> StepCostModel:

@@ -209,43 +209,61 @@ def test_a_pinned_early_departure_still_takes_the_blocks_of_its_ungenerated_toke
     assert pinned.evictions == free.evictions > 0
 
 
+def _modelled(truth: StepCostModel, s) -> float:
+    """A sample's seconds under known costs: the coefficients in the order of ``TimingSample.features``."""
+    coef = [truth.base_s, truth.per_token_s, truth.per_seq_s, truth.per_context_token_s, truth.request_overhead_s,
+            truth.per_prefill_pair_s]
+    return sum(c * f for c, f in zip(coef, s.features()))
+
+
 def test_cost_fit_recovers_known_coefficients():
     from dataclasses import replace
 
-    truth = StepCostModel(0.02, 3e-5, 1e-3, 2e-7, 0.03)
-
-    def timed(s):
-        f = s.features()
-        return replace(s, seconds=truth.base_s * f[0] + truth.per_token_s * f[1] + truth.per_seq_s * f[2]
-                       + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
-
-    samples = [timed(prefill_sample(p, 0.0, 2048)) for p in (50, 200, 500, 1000, 1800, 3000)]
-    samples += [timed(batch_sample(b, p, 0, 20, 0.0)) for b in (1, 2, 4, 8) for p in (64, 1000)]
+    truth = StepCostModel(0.02, 3e-5, 1e-3, 2e-7, 0.03, 4e-8)
+    samples = [replace(s, seconds=_modelled(truth, s)) for s in
+               [prefill_sample(p, 0.0, 2048) for p in (50, 200, 500, 1000, 1800, 3000)]
+               + [prefill_sample(p, 0.0, 2048, cached_tokens=p - 20) for p in (500, 1800)]
+               + [batch_sample(b, p, c, 20, 0.0) for b in (1, 2, 4, 8) for p, c in ((64, 0), (1000, 896))]]
     fit = fit_cost_model(samples)
-    assert fit.model.base_s == pytest.approx(truth.base_s, rel=1e-3)
-    assert fit.model.per_token_s == pytest.approx(truth.per_token_s, rel=1e-3)
-    assert fit.model.per_context_token_s == pytest.approx(truth.per_context_token_s, rel=1e-3)
-    assert fit.model.request_overhead_s == pytest.approx(truth.request_overhead_s, rel=1e-3)
+    for name in ("base_s", "per_token_s", "per_seq_s", "per_context_token_s", "request_overhead_s",
+                 "per_prefill_pair_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
     assert fit.r2 > 0.999
-    with pytest.raises(ValueError, match="at least 5"):
+    with pytest.raises(ValueError, match="at least 6"):
         fit_cost_model(samples[:2])
+
+
+def test_prefill_attention_is_quadratic_in_the_chunk_and_decode_attention_linear_in_the_context():
+    """One 2,000-token prefill attends ~2 M pairs, seven 300-token ones ~0.3 M: with one context feature the
+    two cost the same (what made a concurrency-32 burst of short prefills too slow in the model)."""
+    from kvscope.harness.cachemodel.calibration import prefill_pairs
+
+    assert prefill_pairs(1, 99) == 100  # a decode-sized chunk: the whole context
+    assert prefill_pairs(4, 0) == 4 + 3 + 2 + 1
+    assert prefill_pairs(3, 10) == 11 + 12 + 13
+    one = prefill_sample(2100, 0.0, 4096)
+    assert one.prefill_pairs == prefill_pairs(2100, 0) and one.context_tokens == 0
+    assert one.prefill_pairs > 6 * 7 * prefill_pairs(300, 0)
+    chunked = prefill_sample(3000, 0.0, 1024)  # three chunks, each attending what came before it
+    assert chunked.steps == 3 and chunked.prefill_pairs == pytest.approx(prefill_pairs(3000, 0))
+    cached = prefill_sample(1000, 0.0, 2048, cached_tokens=900)  # the new tail attends the cached prefix
+    assert cached.tokens == 100 and cached.prefill_pairs == prefill_pairs(100, 900)
+    decode = batch_sample(2, 100, 0, 5, 0.0)  # 4 decode steps reading 101..104 tokens, twice
+    assert decode.context_tokens == 2 * (101 + 102 + 103 + 104)
 
 
 def test_a_batch_sample_times_what_the_scheduler_model_takes_for_that_batch():
     """The calibration's batch sample (send to last token of B requests sent together) counts the steps, tokens,
     sequences and context the scheduler model itself runs for that batch, so a fit of such samples gives back
     the costs the model then uses; a decode batch at a long context is what pins the per-context-token cost."""
-    truth = StepCostModel(0.004, 3e-5, 2e-4, 1.5e-7, 0.005)
+    truth = StepCostModel(0.004, 3e-5, 2e-4, 1.5e-7, 0.005, 3e-8)
     for batch, prompt, out in ((1, 64, 24), (4, 64, 24), (8, 1000, 24), (2, 300, 5)):
         reqs = requests_from_token_pairs([(toks(prompt, 100 + i), toks(out, 200 + i)) for i in range(batch)], B,
                                          session_ids=[f"s{i}" for i in range(batch)])
         run = run_scheduler(reqs, SchedulerConfig(B, 1000, max_num_batched_tokens=8192), truth, at_once(batch),
                             fast_forward=False)
         e2e = sorted(r.done_s - r.arrival_s for r in run.results)[batch // 2]
-        s = batch_sample(batch, prompt, 0, out, 0.0)
-        f = s.features()
-        modelled = (truth.base_s * f[0] + truth.per_token_s * f[1] + truth.per_seq_s * f[2]
-                    + truth.per_context_token_s * f[3] + truth.request_overhead_s * f[4])
+        modelled = _modelled(truth, batch_sample(batch, prompt, 0, out, 0.0))
         assert modelled == pytest.approx(e2e, rel=0.02), (batch, prompt, out, modelled, e2e)
 
 
@@ -258,7 +276,8 @@ def _calibration_file(path, num_gpu_blocks=None, fit_r2=1.0):
     cal = CalibrationFile(created_at=_time.time(), server=CalibrationServer(block_size=16, num_gpu_blocks=num_gpu_blocks,
                                                                            max_num_seqs=8, max_num_batched_tokens=256),
                           cost=CalibrationCost(base_s=0.005, per_token_s=2e-5, per_seq_s=1e-4,
-                                               per_context_token_s=0.0, request_overhead_s=0.002),
+                                               per_context_token_s=0.0, request_overhead_s=0.002,
+                                               per_prefill_pair_s=0.0),
                           fit_r2=fit_r2, fit_median_rel_error=0.0)
     write_versioned(path, cal)
     return path
@@ -338,3 +357,88 @@ def test_capacity_cli_refuses_a_poor_calibration_fit_in_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "R² -0.40" in err and "--min-fit-r2" in err
     assert main(["capacity", str(trace), "--calibration", str(cal), "--levels", "1,2", "--min-fit-r2", "-1"]) == 0
+
+
+def _agent_like(sessions: int = 8, turns: int = 6, seed: int = 11):
+    """Growing append-only sessions (each turn adds 40-120 tokens and asks 4-40 output tokens)."""
+    rng = random.Random(seed)
+    pairs, sids = [], []
+    for s in range(sessions):
+        prompt = toks(rng.randrange(60, 140), 1000 + s)
+        for t in range(turns):
+            out = toks(rng.randrange(4, 40), 5000 + 100 * s + t)
+            pairs.append((prompt, out))
+            sids.append(f"s{s}")
+            prompt = prompt + out + toks(rng.randrange(40, 120), 9000 + 100 * s + t)
+    return requests_from_token_pairs(pairs, B, session_ids=sids)
+
+
+def test_timing_noise_is_reproducible_and_zero_noise_is_the_noise_free_run():
+    from kvscope.harness.cachemodel.scheduler import TimingNoise
+
+    reqs = _agent_like()
+    cfg, cost = SchedulerConfig(B, 40), StepCostModel(0.004, 3e-5, 2e-4, 1e-7, 0.006, 2e-8)
+    timing = SessionTiming(concurrency=6, time_scale=0.0)
+    plain = run_scheduler(reqs, cfg, cost, timing)
+    silent = run_scheduler(reqs, cfg, cost, timing, noise=TimingNoise(0.0, 0.0, seed=3))
+    assert [r.done_s for r in silent.results] == [r.done_s for r in plain.results]
+    a = run_scheduler(reqs, cfg, cost, timing, noise=TimingNoise(0.3, 0.5, seed=3))
+    b = run_scheduler(reqs, cfg, cost, timing, noise=TimingNoise(0.3, 0.5, seed=3))
+    c = run_scheduler(reqs, cfg, cost, timing, noise=TimingNoise(0.3, 0.5, seed=4))
+    assert [r.done_s for r in a.results] == [r.done_s for r in b.results]
+    assert [r.done_s for r in a.results] != [r.done_s for r in c.results]
+    assert a.makespan_s != plain.makespan_s
+    # a request's arrival is when it was sent (its TTFT counts the lag), with or without lag noise
+    for run in (plain, a):
+        first = [r for r in run.results if r.request_id in {0}][0]
+        assert first.arrival_s == 0.0 and first.ttft_s >= cost.request_overhead_s * 0.1
+
+
+def test_timing_cv_reads_the_spread_of_repeated_shapes():
+    import math
+    from dataclasses import replace
+
+    from kvscope.harness.cachemodel.calibration import median_of_repeats, timing_cv
+
+    rng = random.Random(5)
+    shapes = [prefill_sample(p, 0.01 * (1 + p / 500), 2048) for p in (50, 100, 200, 400, 800, 1600)]
+    shapes += [batch_sample(b, 64, 0, 24, 0.05 * b) for b in (1, 2, 4, 8)]
+    timings = [replace(s, seconds=s.seconds * math.exp(rng.gauss(0.0, 0.2))) for s in shapes for _ in range(5)]
+    assert timing_cv(timings) == pytest.approx(0.2, rel=0.3)
+    assert len(median_of_repeats(timings)) == len(shapes)
+    assert timing_cv(shapes) is None  # nothing repeated: no estimate
+
+
+def test_a_level_near_a_full_pool_is_an_ensemble_and_one_far_from_it_a_single_run():
+    from dataclasses import replace
+
+    from kvscope.harness.cachemodel.capacity_model import ENSEMBLE_RUNS, predict_levels
+
+    reqs = _agent_like(sessions=10)
+    cost = StepCostModel(0.004, 3e-5, 2e-4, 1e-7, 0.006, 2e-8)
+    roomy, tight = predict_levels(reqs, SchedulerConfig(B, 100_000), cost, [8], time_scale=0.0, mode="live")[0], \
+        predict_levels(reqs, SchedulerConfig(B, 60), cost, [8], time_scale=0.0, mode="live", timing_cv=0.3)[0]
+    assert roomy.runs == 1 and roomy.preemptions == 0
+    assert tight.runs == ENSEMBLE_RUNS and tight.preemptions > 0
+    assert tight.preemptions_p10 <= tight.preemptions_p50 <= tight.preemptions_p90
+    assert tight.preemptions_p10 <= tight.preemptions <= tight.preemptions_p90
+    single = predict_levels(reqs, SchedulerConfig(B, 60), cost, [8], time_scale=0.0, mode="live",
+                            ensemble_runs=1)[0]
+    assert single.runs == 1 and single.preemptions == single.preemptions_p50 == int(single.preemptions)
+    again = predict_levels(reqs, SchedulerConfig(B, 60), cost, [8], time_scale=0.0, mode="live", timing_cv=0.3)[0]
+    assert again == replace(tight, simulate_s=again.simulate_s)  # seeded runs: the same prediction again
+
+
+def test_a_calibration_of_the_one_context_cost_model_is_refused_in_one_line(tmp_path, capsys):
+    import json
+
+    from kvscope.harness.cli.main import main
+
+    path = _calibration_file(tmp_path / "calibration.json")
+    data = json.loads(path.read_text())
+    data["version"] = 1
+    del data["cost"]["per_prefill_pair_s"]
+    path.write_text(json.dumps(data))
+    assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "version 1" in err and "version 2" in err
