@@ -24,11 +24,12 @@ server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 8M}}
 servers:
   small-kv: {{}}
 workloads:
-  agent: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 8, seed: 2, max_context: 1500}}
-loads: [{{concurrency: 1}}]
+  agent: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 8, seed: 2, max_context: 1500,
+           sweep_only: true}}
 repeats: 1
 replay: {{time_scale: 0, warmup_requests: 1}}
-sweep: {{kind: concurrency, levels: [1, 2, 4, 6, 8], slo_ttft_p90_ms: {slo}, adaptive: true, max_bisections: 2}}
+sweep: {{kind: concurrency, levels: [1, 2, 4, 6, 8], slo_ttft_p90_ms: {slo}, adaptive: true, max_bisections: 2,
+         workloads: [agent]}}
 """
 
 

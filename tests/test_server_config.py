@@ -330,3 +330,15 @@ def test_cli_serve_refuses_an_attach_only_backend_and_server_info_uses_the_backe
                  "openai", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["backend"] == "openai" and facts["model"] == "tiny" and facts["block_size"] is None
+
+
+def test_control_plane_http_shares_one_verifying_tls_context():
+    """kvscope's httpx calls share one context (httpx otherwise reads the CA bundle for every call, ~25 ms,
+    even for http URLs), and sharing it must not switch verification off."""
+    import ssl
+
+    from kvscope.harness.serving.tls import tls_context
+
+    ctx = tls_context()
+    assert tls_context() is ctx
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname

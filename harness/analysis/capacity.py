@@ -42,7 +42,7 @@ class LoadPoint:
     cell: str | None = None
 
 
-def predicted_points(rows: "Sequence[LevelPrediction]") -> list[LoadPoint]:
+def predicted_points(rows: Sequence[LevelPrediction]) -> list[LoadPoint]:
     """The scheduler model's levels (`cachemodel.capacity_model`) as load points for the live rule, so a
     predicted capacity is read exactly as a measured one.  A level's TTFT p90 is its runs' mean and its
     preemptions those of its *median* run: the prediction is what one live sweep most likely reports, not

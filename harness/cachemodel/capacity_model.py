@@ -36,7 +36,7 @@ PACED_COST_SCALE = 0.5
 #: Runs of a level's ensemble (seeds 0..N-1, so a prediction is reproducible) ...
 ENSEMBLE_RUNS = 16
 #: ... at most this many prompt tokens simulated a level, summed over the runs: a run of the full-size
-#: 100-session agent preset (621 M prompt tokens) takes 4-8 s on one core, so that trace gets one run and a
+#: 100-session agent preset (621 M prompt tokens) takes 4-6 s on one core, so that trace gets one run and a
 #: level stays within seconds; a 422-request validation trace (0.4 M) gets all 16.
 ENSEMBLE_TOKEN_BUDGET = 600_000_000
 #: A level whose noise-free run preempted nothing and never held more than this share of the pool is one run.
@@ -64,7 +64,7 @@ class LevelPrediction:
     kv_usage_max: float
     makespan_s: float
     simulate_s: float
-    #: Runs behind the means: 1 (noise-free) or :data:`ENSEMBLE_RUNS`.
+    #: Runs behind the means: 1 (noise-free) or the ensemble (:func:`ensemble_size`).
     runs: int = 1
     #: 10th / 50th / 90th percentile of the runs' preemption counts: where one measured run may land.
     preemptions_p10: float = 0.0

@@ -412,7 +412,7 @@ def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, send
 
 def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
                   timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
-                  reference_pool: bool = False, noise: "TimingNoise | None" = None) -> ScheduleRun:
+                  reference_pool: bool = False, noise: TimingNoise | None = None) -> ScheduleRun:
     """Simulate the requests through one vLLM instance step by step; results are in input order.
 
     ``fast_forward=False`` takes every decode step one at a time and ``reference_pool=True`` uses

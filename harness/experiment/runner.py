@@ -42,6 +42,7 @@ from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+from kvscope.harness.serving.tls import tls_context
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
@@ -182,7 +183,7 @@ def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, s
     prompt_len = max(16, min(int(facts.get("max_model_len") or 2048) - 16, 2048))
     n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
     sent = 0
-    with httpx.Client(timeout=300, headers=backend.auth_headers()) as client:
+    with httpx.Client(timeout=300, headers=backend.auth_headers(), verify=tls_context()) as client:
         for _ in range(n):
             prompt = rng.integers(1000, 4000, size=prompt_len).tolist()
             body = {"model": model, "prompt": prompt, "max_tokens": 4, **backend.request_extras(None)}

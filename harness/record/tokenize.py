@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.serving.tls import tls_context
 
 # Request fields that change how vLLM renders a chat prompt (sent along to /tokenize).
 _CHAT_RENDER_FIELDS = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
@@ -44,7 +45,7 @@ class UpstreamTokenize:
         import httpx
 
         self.url = upstream.rstrip("/") + "/tokenize"
-        self.client = httpx.Client(headers=headers or {}, timeout=timeout_s)
+        self.client = httpx.Client(headers=headers or {}, timeout=timeout_s, verify=tls_context())
 
     def _post(self, payload: dict[str, Any]) -> list[int]:
         import httpx

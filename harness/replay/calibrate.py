@@ -32,6 +32,7 @@ from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, 
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
+from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.versioned_file import write_versioned
 
 DECODE_BATCHES = (1, 2, 4, 8, 16)
@@ -82,7 +83,7 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
         return [rng.randrange(10, 8000) for _ in range(n)]
 
     samples: list[TimingSample] = []
-    with httpx.Client(timeout=300.0) as client:
+    with httpx.Client(timeout=300.0, verify=tls_context()) as client:
         _timed_completion(client, url, model, ids(16), 2)  # warm-up, not recorded
         short_len = min(64, limit)
         long_len = max(short_len, min(limit, 1024))
@@ -163,7 +164,7 @@ def preemptions_total(endpoint: str) -> float:
 
     import httpx
 
-    text = httpx.get(endpoint.rstrip("/") + "/metrics", timeout=10.0).text
+    text = httpx.get(endpoint.rstrip("/") + "/metrics", timeout=10.0, verify=tls_context()).text
     return sum(float(m.group(1)) for m in re.finditer(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", text,
                                                       re.M))
 

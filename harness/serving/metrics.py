@@ -13,6 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from kvscope.harness.serving.tls import tls_context
+
 Labels = tuple[tuple[str, str], ...]
 
 # current name -> older names that carried the same value
@@ -300,6 +302,6 @@ def fetch_metrics(endpoint: str, timeout_s: float = 10.0, headers: Mapping[str, 
     import httpx
 
     url = endpoint.rstrip("/") + "/metrics"
-    resp = httpx.get(url, timeout=timeout_s, headers=dict(headers or {}))
+    resp = httpx.get(url, timeout=timeout_s, headers=dict(headers or {}), verify=tls_context())
     resp.raise_for_status()
     return parse_metrics(resp.text, scraped_at=time.time())

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvscope.harness.common.errors import ServerError
 from kvscope.harness.serving.backend import Backend, ResetOutcome, ServerFacts
+from kvscope.harness.serving.tls import tls_context
 
 
 class OpenAIEndpointConfig(BaseModel):
@@ -65,7 +66,8 @@ class OpenAIBackend(Backend):
     def _models(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         import httpx
 
-        r = httpx.get(self.endpoint + "/v1/models", headers=self.auth_headers(), timeout=timeout_s)
+        r = httpx.get(self.endpoint + "/v1/models", headers=self.auth_headers(), timeout=timeout_s,
+                      verify=tls_context())
         r.raise_for_status()
         data = r.json().get("data") or []
         return [d for d in data if isinstance(d, dict)]

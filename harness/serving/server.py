@@ -37,6 +37,7 @@ from kvscope.harness.common.errors import (
 from kvscope.harness.common.secrets import redact_argv, redact_config, redact_text, secret_argv_values
 from kvscope.harness.serving import lifecycle
 from kvscope.harness.serving.backend import ServerFacts
+from kvscope.harness.serving.tls import tls_context
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
 
@@ -393,7 +394,7 @@ class VllmServer:
         assert self.process is not None and self.started_at is not None
         deadline = self.started_at + timeout_s
         url = self.endpoint + "/health"
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, verify=tls_context()) as client:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -527,7 +528,7 @@ def read_server_facts(
     facts = ServerFacts(endpoint=endpoint, launched_by_kvscope=config is not None)
     hdrs = dict(headers or {})
     try:
-        with httpx.Client(timeout=timeout_s, headers=hdrs) as client:
+        with httpx.Client(timeout=timeout_s, headers=hdrs, verify=tls_context()) as client:
             r = client.get(endpoint + "/version")
             if r.status_code == 200:
                 facts.vllm_version = facts.engine_version = r.json().get("version")
@@ -590,7 +591,7 @@ def wait_for_endpoint(endpoint: str, timeout_s: float = 30.0) -> None:
     last: str = ""
     while time.time() < deadline:
         try:
-            r = httpx.get(endpoint.rstrip("/") + "/health", timeout=2.0)
+            r = httpx.get(endpoint.rstrip("/") + "/health", timeout=2.0, verify=tls_context())
             if r.status_code == 200:
                 return
             last = f"HTTP {r.status_code}"

@@ -16,6 +16,7 @@ from kvscope.harness.common.errors import ServerError
 from kvscope.harness.serving.backend import Backend, ResetOutcome, ServerFacts
 from kvscope.harness.serving.client import vllm_request_extras
 from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
+from kvscope.harness.serving.tls import tls_context
 
 
 @Backend.register("vllm")
@@ -116,7 +117,7 @@ class VllmBackend(Backend):
 
         try:
             r = httpx.post(self.endpoint + "/reset_prefix_cache", headers=self.auth_headers(),
-                           timeout=timeout_s)
+                           timeout=timeout_s, verify=tls_context())
         except httpx.HTTPError as exc:
             return ResetOutcome(False, f"not reset ({exc.__class__.__name__})")
         if r.status_code == 200:

@@ -390,7 +390,7 @@ def test_timing_noise_is_reproducible_and_zero_noise_is_the_noise_free_run():
     assert a.makespan_s != plain.makespan_s
     # a request's arrival is when it was sent (its TTFT counts the lag), with or without lag noise
     for run in (plain, a):
-        first = [r for r in run.results if r.request_id in {0}][0]
+        first = next(r for r in run.results if r.request_id == 0)
         assert first.arrival_s == 0.0 and first.ttft_s >= cost.request_overhead_s * 0.1
 
 
