@@ -67,8 +67,10 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cals: list) -> list[dic
     reqs = load_trace(trace, cfg.block_size).requests
     rows = []
     for c, rs in sorted(runs.items()):
-        preds = [predict_levels(reqs, cfg, cals[r.get("calibration", 0)].cost_model(), [c], time_scale=0.0,
-                                timing_cv=cals[r.get("calibration", 0)].timing_cv)[0] for r in rs]
+        used = [r.get("calibration", 0) for r in rs]
+        by_cal = {i: predict_levels(reqs, cfg, cals[i].cost_model(), [c], time_scale=0.0,
+                                    timing_cv=cals[i].timing_cv)[0] for i in set(used)}
+        preds = [by_cal[i] for i in used]  # one per run, so a calibration counts as often as its runs
 
         def stat(key: str, rs: list[dict] = rs) -> tuple[float, float, float]:
             v = [r.get(key, math.nan) for r in rs]
@@ -86,8 +88,7 @@ def _level_rows(runs: dict[int, list[dict]], trace: str, cals: list) -> list[dic
                      "preemptions_measured": stat("preemptions"), "preemptions_predicted": mean("preemptions"),
                      "preemptions_predicted_p10_p90": (mean("preemptions_p10"), mean("preemptions_p90")),
                      "preemptions_measured_runs": [r.get("preemptions", math.nan) for r in rs],
-                     "runs_predicted": max(p.runs for p in preds), "calibrations": len({r.get("calibration", 0)
-                                                                                         for r in rs}),
+                     "runs_predicted": max(p.runs for p in preds), "calibrations": len(by_cal),
                      "load_average_1m": stat("load_average_1m"), "client_stalled_s": stat("client_stalled_s")})
     _table(rows, cfg, trace)
     return rows
