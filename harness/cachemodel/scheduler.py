@@ -43,12 +43,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder
+from kvscope.harness.cachemodel.block_pool import FreeOrder
 from kvscope.harness.cachemodel.calibration import StepCostModel, prefill_pairs
+from kvscope.harness.cachemodel.pool import Pool
+from kvscope.harness.cachemodel.pool import make_pool as _make_pool
 from kvscope.harness.cachemodel.sim_types import SimRequest
-from kvscope.workloads.prefix import leading_run
 
-_unique = itertools.count(-(1 << 62), 1)  # hashes that never hit (output tokens of unknown content)
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,7 @@ class _Seq:
         self.req = req
         out = max(req.output_tokens, 1)
         n_full = (req.prompt_tokens + out - 1) // B
-        h = req.hashes
-        self.hashes = h[:n_full] if len(h) >= n_full else h + [next(_unique) for _ in range(n_full - len(h))]
+        self.hashes = req.full_hashes(n_full)
         self.num_tokens = req.prompt_tokens
         self.num_computed = 0
         self.blocks: list[int] = []
@@ -173,76 +172,9 @@ class _Seq:
         self.first_scheduled = False
 
 
-class _InfinitePool:
-    """Unbounded pool with the scheduler's pool interface (no eviction, never full)."""
-
-    num_free = 1 << 62
-    evictions = 0
-
-    def __init__(self) -> None:
-        self.cached: set[int] = set()
-
-    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, int]:
-        k = leading_run(hashes[:cap], self.cached) if cap > 0 else 0
-        return k, k
-
-    def evictable(self, hits: int) -> int:
-        return 0
-
-    def take(self, hits: int) -> list[int]:
-        return [0] * hits
-
-    def allocate(self, n: int) -> list[int]:
-        return [0] * n if n > 0 else []
-
-    def cache_blocks(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
-        self.cached.update(hashes)
-
-    def free(self, blocks: Sequence[int], n_hashed: int) -> None:
-        pass
-
-    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
-        pass
-
-    def usage(self) -> float:
-        return 0.0
-
-
-class _DictPool(BlockPool):
-    """:class:`BlockPool` behind the scheduler's pool interface: the reference implementation, and the one
-    for ``free_order="append"`` (vLLM 0.11), where the ring's two-part queue does not hold."""
-
-    def find_hits(self, hashes: Sequence[int], cap: int, session: object = None) -> tuple[int, list[int]]:
-        k = self.lookup(hashes, cap)
-        return k, list(map(self.cached.__getitem__, hashes[:k]))
-
-    def evictable(self, hits: list[int]) -> int:
-        return list(map(self.ref_cnt.__getitem__, hits)).count(0)
-
-    def take(self, hits: list[int]) -> list[int]:
-        ref, fq = self.ref_cnt, self.free_queue
-        for b in hits:
-            if ref[b] == 0:
-                del fq[b]
-            ref[b] += 1
-        return list(hits)
-
-    def free(self, blocks: Sequence[int], n_hashed: int = 0) -> None:  # type: ignore[override]
-        super().free(blocks)
-
-    def remember(self, session: object, hashes: Sequence[int], blocks: Sequence[int]) -> None:
-        pass
-
-
-def make_pool(config: "SchedulerConfig", reference: bool = False):
-    """The pool for ``config``: infinite, the fast ring pool, or (``reference`` / append order) the dict pool."""
-    if config.num_gpu_blocks is None:
-        return _InfinitePool()
-    if reference or config.free_order != "split":
-        return _DictPool(config.num_gpu_blocks, config.free_order)
-    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
-
-    return RingBlockPool(config.num_gpu_blocks)
+def make_pool(config: "SchedulerConfig", reference: bool = False) -> Pool:
+    """The pool for ``config`` (:func:`~.pool.make_pool`): unbounded, the ring pool, or the reference pool."""
+    return _make_pool(config.num_gpu_blocks, config.free_order, reference=reference)
 
 
 class SchedulerModel:
@@ -251,7 +183,7 @@ class SchedulerModel:
     def __init__(self, config: SchedulerConfig, cost: StepCostModel, *, reference_pool: bool = False) -> None:
         self.cfg = config
         self.cost = cost
-        self.pool = make_pool(config, reference_pool)
+        self.pool: Pool = make_pool(config, reference_pool)
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self.preemptions = 0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+
+#: Hashes that can never hit (output blocks of unknown content): negative, where real hashes are unsigned.
+_unique = itertools.count(-1, -1)
 
 
 @dataclass(slots=True)
@@ -30,6 +34,13 @@ class SimRequest:
     tail_id: int | None = None
     #: Explicit provider cache breakpoints (token positions), for the provider prompt-cache model.
     breakpoints: list[int] | None = None
+
+    def full_hashes(self, n_full: int) -> list[int]:
+        """The hashes of the first ``n_full`` blocks, missing ones (unknown output) unique so they never hit."""
+        h = self.hashes
+        if len(h) >= n_full:
+            return h if len(h) == n_full else h[:n_full]
+        return h + [next(_unique) for _ in range(n_full - len(h))]
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder, InfinitePool, SequentialBlockPool
-from kvscope.workloads.prefix import common_prefix_len
+from kvscope.harness.cachemodel.block_pool import FreeOrder
+from kvscope.harness.cachemodel.pool import Pool, make_pool
 from kvscope.harness.cachemodel.routing import Router
 from kvscope.harness.cachemodel.sim_types import RequestResult, SimRequest, SimResult
 
@@ -61,16 +61,6 @@ class ServiceModel:
         return uncached_tokens / self.prefill_tokens_per_s + output_tokens / self.decode_tokens_per_s
 
 
-_unique = itertools.count(-1, -1)  # hashes that can never hit (unknown output content)
-
-
-def _full_hashes(req: SimRequest, n_full: int) -> list[int]:
-    h = req.hashes
-    if len(h) >= n_full:
-        return h if len(h) == n_full else h[:n_full]
-    return h + [next(_unique) for _ in range(n_full - len(h))]
-
-
 def _shape(req: SimRequest, B: int) -> tuple[int, int, int]:
     """(hit cap in blocks, blocks held at the end, full blocks cached at the end)."""
     P = req.prompt_tokens
@@ -83,13 +73,9 @@ class Replica:
 
     def __init__(self, cfg: SimConfig, mode: str = "sequential") -> None:
         self.cfg = cfg
-        self.pool: BlockPool | SequentialBlockPool | InfinitePool
-        if cfg.num_gpu_blocks is None:
-            self.pool = InfinitePool()
-        elif mode == "sequential" and cfg.free_order == "split":
-            self.pool = SequentialBlockPool(cfg.num_gpu_blocks)  # same results, no per-hit queue moves
-        else:
-            self.pool = BlockPool(cfg.num_gpu_blocks, cfg.free_order)
+        # Sequential mode takes the ring pool's idle fast path (same results, no per-hit queue moves); timed
+        # mode holds blocks of several running requests at once and runs on the reference pool.
+        self.pool: Pool = make_pool(cfg.num_gpu_blocks, cfg.free_order, reference=mode != "sequential")
         self.in_flight = 0
         self.routed_tokens = 0
         self.running = 0
@@ -104,46 +90,29 @@ class Replica:
         B = self.cfg.block_size
         cap, total, full = _shape(req, B)
         pool = self.pool
-        if isinstance(pool, InfinitePool):
-            k = pool.lookup(req.hashes, cap)
-            pool.add(req.hashes[:full])
-            return k * B, True
         if total > pool.usable_blocks:
             return 0, False
-        hashes = _full_hashes(req, full)
-        if isinstance(pool, SequentialBlockPool):
-            return pool.run(hashes, cap, total, full, req.session_id) * B, True
-        hit, k = pool.take_leading_hits_idle(hashes, cap)
-        new = pool.allocate(total - k, set_ref=False)
-        pool.cache_blocks(new, hashes[k:full])
-        hit.extend(new)
-        pool.free_idle(hit, total - full)
-        return k * B, True
+        return pool.run_idle(req.full_hashes(full), cap, total, full, req.session_id) * B, True
 
     # Timed mode: ref-counted admission; returns None if it must wait for free blocks.
     def try_admit(self, req: SimRequest) -> tuple[int, list[int] | None, bool]:
         B = self.cfg.block_size
         cap, total, full = _shape(req, B)
         pool = self.pool
-        k = pool.lookup(req.hashes, cap)
-        if isinstance(pool, InfinitePool):
-            pool.add(req.hashes[:full])
-            return k, [], True
         if total > pool.usable_blocks:
             return 0, None, False
-        hashes = _full_hashes(req, full)
-        hit_blocks = list(map(pool.cached.__getitem__, hashes[:k]))
-        evictable_hits = sum(1 for b in hit_blocks if pool.ref_cnt[b] == 0)
-        if (total - k) + evictable_hits > pool.num_free:
+        hashes = req.full_hashes(full)
+        k, hits = pool.find_hits(hashes, cap)
+        if (total - k) + (pool.evictable(hits) if k else 0) > pool.num_free:
             return k, None, True
-        blocks = pool.take_hits(hashes, k)
+        blocks = pool.take(hits) if k else []
         new = pool.allocate(total - k)
         pool.cache_blocks(new, hashes[k:full])
         blocks.extend(new)
         return k, blocks, True
 
     def release(self, blocks: list[int]) -> None:
-        if isinstance(self.pool, BlockPool) and blocks:
+        if blocks:
             self.pool.free(blocks)
 
 
@@ -181,8 +150,6 @@ def simulate(
 
 
 def _run_sequential(reqs: list[SimRequest], reps: list[Replica], router: Router, B: int) -> list[RequestResult]:
-    if len(reps) == 1 and isinstance(reps[0].pool, InfinitePool):
-        return _run_infinite_sessions(reqs, reps[0].pool, B)
     out = []
     single = len(reps) == 1
     rep0 = reps[0]
@@ -196,31 +163,6 @@ def _run_sequential(reqs: list[SimRequest], reps: list[Replica], router: Router,
         cached, fits = rep.run_sequential(req)
         out.append(RequestResult(req.request_id, req.session_id, req.prompt_tokens, req.output_tokens, cached, i,
                                  fits=fits))
-    return out
-
-
-def _run_infinite_sessions(reqs: list[SimRequest], pool: InfinitePool, B: int) -> list[RequestResult]:
-    """Infinite cache, one replica: the session predecessor's blocks are cached for good, so only the
-    part of each prompt beyond the common prefix with it needs a lookup (agent prompts mostly extend)."""
-    out = []
-    last: dict[str | None, list[int]] = {}
-    contains = pool.cached.__contains__
-    for req in reqs:
-        cap, _total, full = _shape(req, B)
-        h = req.hashes
-        prev = last.get(req.session_id) if req.session_id is not None else None
-        shared = min(common_prefix_len(prev, h), cap) if prev else 0
-        k = shared
-        if k < cap:
-            flags = list(map(contains, h[k:cap]))
-            try:
-                k += flags.index(False)
-            except ValueError:
-                k += len(flags)
-        pool.cached.update(h[shared:full])
-        if req.session_id is not None:
-            last[req.session_id] = h
-        out.append(RequestResult(req.request_id, req.session_id, req.prompt_tokens, req.output_tokens, k * B))
     return out
 
 

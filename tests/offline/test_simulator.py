@@ -243,7 +243,7 @@ def test_pool_that_never_evicts_equals_infinite(wl):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10_000), st.integers(2, 40), st.sampled_from([1, 2, 4]), st.booleans())
 def test_sequential_pool_equals_general_pool_block_for_block(seed, nblocks, B, sessions):
-    from kvscope.harness.cachemodel.block_pool import SequentialBlockPool
+    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
     from kvscope.harness.cachemodel.simulator import Replica
 
     rng = random.Random(seed)
@@ -268,7 +268,7 @@ def test_sequential_pool_equals_general_pool_block_for_block(seed, nblocks, B, s
     sids = [rng.choice("abc") for _ in pairs] if sessions else None
     reqs = requests_from_token_pairs(pairs, B, session_ids=sids)
     fast, general = Replica(SimConfig(B, nblocks)), Replica(SimConfig(B, nblocks), mode="timed")
-    assert isinstance(fast.pool, SequentialBlockPool) and isinstance(general.pool, BlockPool)
+    assert isinstance(fast.pool, RingBlockPool) and isinstance(general.pool, BlockPool)
     fast.pool.ring = fast.pool.ring[:8]  # force frequent compaction and growth
     for req in reqs:
         assert fast.run_sequential(req) == general.run_sequential(req)
@@ -276,3 +276,39 @@ def test_sequential_pool_equals_general_pool_block_for_block(seed, nblocks, B, s
     assert fast.pool.block_hash == general.pool.block_hash
     assert fast.pool.cached == general.pool.cached and fast.pool.extra_copies == general.pool.extra_copies
     assert fast.pool.evictions == general.pool.evictions and fast.pool.num_free == general.pool.num_free
+
+
+# ---- one pool interface ----------------------------------------------------------------------------------
+def test_every_pool_implements_the_pool_protocol_and_the_unbounded_pool_never_fills():
+    from kvscope.harness.cachemodel.pool import InfinitePool, Pool, make_pool
+    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
+
+    pools = [make_pool(None), make_pool(8), make_pool(8, "append"), make_pool(8, reference=True)]
+    assert [type(p) for p in pools] == [InfinitePool, RingBlockPool, BlockPool, BlockPool]
+    assert all(isinstance(p, Pool) for p in pools)
+    inf = pools[0]
+    assert inf.run_idle([1, 2, 3], 2, 4, 3, "s") == 0
+    assert inf.run_idle([1, 2, 3, 4], 3, 5, 4, "s") == 3  # the session's previous blocks stay cached for good
+    assert inf.run_idle([1, 9, 3, 4], 3, 5, 4, "t") == 1
+    k, hits = inf.find_hits([1, 2, 3, 4, 5], 5)
+    assert k == 4 and inf.evictable(hits) == 0 and len(inf.take(hits)) == 4 and inf.num_free > 10**9
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(4, 30))
+def test_unbounded_pool_equals_a_pool_too_large_to_evict(seed, n_requests):
+    """The unbounded pool's hits, in both simulator modes, are those of a finite pool that never evicts."""
+    rng = random.Random(seed)
+    pairs, sids, prev = [], [], {}
+    for _ in range(n_requests):
+        sid = rng.choice("abc")
+        p = prev.get(sid, []) + [rng.randrange(3) for _ in range(rng.randrange(1, 10))]
+        o = [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
+        pairs.append((p, o))
+        sids.append(sid)
+        prev[sid] = p + o[:-1] if rng.random() < 0.7 else p[: len(p) // 2]
+    reqs = requests_from_token_pairs(pairs, 2, session_ids=sids)
+    for mode in ("sequential", "timed"):
+        unbounded = simulate(reqs, SimConfig(2, None), mode=mode, replicas=2, routing="session-affinity")
+        huge = simulate(reqs, SimConfig(2, 100_000), mode=mode, replicas=2, routing="session-affinity")
+        assert unbounded.cached_tokens == huge.cached_tokens
