@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -380,7 +382,7 @@ def main() -> None:
     s = sub.add_parser("speed")
     s.add_argument("--trace", required=True)
     s.add_argument("--capacity-tokens", type=float, default=4e6)
-    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     s.add_argument("--levels", default="1,8,32")
     args = ap.parse_args()
     levels = [int(x) for x in getattr(args, "levels", "1").split(",")]

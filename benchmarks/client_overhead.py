@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/client_overhead.py [--concurrency 1,16,64,256] [--requests 5000] [--no-vllm]
 
-The mock (`python -m kvscope.harness.testing.faultserver --uvloop`) runs pinned to core 1; each client runs pinned to core 0
+The mock (`python -m tests.doubles.faultserver --uvloop`) runs pinned to core 1; each client runs pinned to core 0
 in its own process. kvscope runs the real `replay()` path (trace read, /metrics watch, prediction, a record per
 request with every inter-token gap, Parquet compaction, summary) over a synthetic trace of sessions with
 128-token prompts and 16 output tokens, zero think time, closed loop at each concurrency. `vllm bench serve`
@@ -128,7 +128,7 @@ def main() -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     client_pin, server_pin = cores()
 
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-bench-trace-"))
     n_sessions = max(args.requests // STEPS, max(levels))
@@ -159,7 +159,7 @@ def main() -> int:
             print(_line(row), flush=True)
     result = {"machine": machine(), "pinning": {"client": client_pin, "server": server_pin},
               "workload": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT, "requests": args.requests,
-                           "steps_per_session": STEPS, "streaming": True, "mock": "kvscope.harness.testing.faultserver --uvloop"},
+                           "steps_per_session": STEPS, "streaming": True, "mock": "tests.doubles.faultserver --uvloop"},
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "repeat": args.repeat,
               "load_average": os.getloadavg(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

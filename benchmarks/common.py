@@ -23,7 +23,7 @@ def cores() -> tuple[list[str], list[str]]:
 
 
 class MockServer:
-    """`python -m kvscope.harness.testing.faultserver --uvloop` in its own process, pinned to the server core."""
+    """`python -m tests.doubles.faultserver --uvloop` in its own process, pinned to the server core."""
 
     def __init__(self, *args: str, pin: list[str] | None = None) -> None:
         self.args = list(args)
@@ -34,7 +34,7 @@ class MockServer:
     def __enter__(self) -> "MockServer":
         d = tempfile.mkdtemp(prefix="kvscope-mock-")
         port_file = Path(d) / "port"
-        self.proc = subprocess.Popen([*self.pin, PY, "-m", "kvscope.harness.testing.faultserver", "--uvloop", "--port-file",
+        self.proc = subprocess.Popen([*self.pin, PY, "-m", "tests.doubles.faultserver", "--uvloop", "--port-file",
                                       str(port_file), *self.args], cwd=REPO, stdout=subprocess.DEVNULL)
         deadline = time.time() + 30
         while not port_file.exists():

@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "longrun_memory.json"))
     args = ap.parse_args()
 
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
 

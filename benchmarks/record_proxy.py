@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/record_proxy.py [--rate 100] [--requests 1000] [--rounds 3] [--tokenizer DIR]
 
-The mock (`python -m kvscope.harness.testing.faultserver --uvloop`) and the proxy (`kvscope record`, its own
+The mock (`python -m tests.doubles.faultserver --uvloop`) and the proxy (`kvscope record`, its own
 process) run pinned to core 1, the load generator to core 0. Open loop: streaming chat requests (a 3-message
 history of ~2 KB, tools, 16 output tokens, `stream_options.include_usage`) at `--rate` per second on each path,
 interleaved (direct, proxy, direct, …) so that noise on a shared machine hits both paths alike. TTFT = send to the first content chunk. Prints p50/p99 per path and p99(proxy) - p99(direct);

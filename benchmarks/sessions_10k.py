@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sessions_10k.json"))
     args = ap.parse_args()
 
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.results.records import read_records
     from kvscope.harness.replay.runner import replay

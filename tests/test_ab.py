@@ -201,7 +201,8 @@ def test_block_percentile_search_equals_one_cumulative_sum_per_draw(n, draws, me
 def _mock_runs(root: Path, n: int, ttft_s: float, name: str) -> list[Path]:
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
+    from tests.doubles.faultserver import FaultConfig, FaultServer
 
     trace_dir = root / "trace"
     if not trace_dir.exists():

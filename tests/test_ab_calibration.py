@@ -20,9 +20,10 @@ import pytest
 from kvscope.harness.analysis.ab import compare, runs_from_dirs
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.runner import replay
-from kvscope.harness.testing.faultserver import LatencyNoise, _NoiseState
+from tests.doubles.faultserver import LatencyNoise, _NoiseState
 from kvscope.workloads.trace import TraceBuilder
 
+REPO = Path(__file__).resolve().parents[1]
 COMPARISONS = 20
 RUNS_A_SIDE = 3
 NOISE = ["--ttft-ms", "40", "--itl-ms", "8", "--run-noise", "0.04", "--session-noise", "0.06",
@@ -49,8 +50,9 @@ def _trace(root: Path, sessions: int = 12, steps: int = 3) -> Path:
 
 def _one_run(trace_dir: Path, run_dir: Path, seed: int, extra: list[str]) -> Path:
     port_file = run_dir.parent / f"{run_dir.name}.port"
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.testing.faultserver", "--port-file",
-                             str(port_file), *NOISE, *extra, "--noise-seed", str(seed)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.faultserver", "--port-file",
+                             str(port_file), *NOISE, *extra, "--noise-seed", str(seed)], stdout=subprocess.DEVNULL,
+                            cwd=REPO)
     try:
         deadline = time.monotonic() + 30
         while not port_file.exists():
@@ -144,7 +146,7 @@ def test_noise_draws_one_run_factor_per_start_and_one_factor_per_session():
 
 
 def test_bad_noise_option_is_a_one_line_error():
-    r = subprocess.run([sys.executable, "-m", "kvscope.harness.testing.faultserver", "--run-noise", "-1"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-m", "tests.doubles.faultserver", "--run-noise", "-1"],
+                       capture_output=True, text=True, timeout=30, cwd=REPO)
     assert r.returncode == 2
     assert "--run-noise" in r.stderr and "Traceback" not in r.stderr

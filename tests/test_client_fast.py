@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from kvscope.harness.serving.client import FastStreamClient, Timeouts, completion_payload, stream_request
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 TOKEN = b'data: {"choices":[{"index":0,"text":"x","token_ids":[%d],"finish_reason":null}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n'

@@ -84,7 +84,8 @@ def test_a_replay_records_the_priority_it_ran_under(tmp_path):
     from kvscope.harness.replay import runner
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.results.schemas import SummaryFile
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
+    from tests.doubles.faultserver import FaultConfig, FaultServer
     from kvscope.workloads.versioned_file import read_versioned
 
     trace_dir = synthetic_trace(1, steps=2, prompt_tokens=16, output_tokens=2).write(tmp_path / "trace")

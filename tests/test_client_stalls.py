@@ -10,7 +10,8 @@ from kvscope.harness.cli.replay import format_console_summary
 from kvscope.harness.replay import runner
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import SummaryFile
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 from kvscope.workloads.versioned_file import read_versioned
 
 HOLD_S = 0.35

@@ -175,7 +175,7 @@ def test_unrelated_prompts_are_not_cache_breaks(tmp_path):
     """Prompts of random, unrelated ids share nothing with any predecessor: nothing was there to reuse, so
     nothing is recomputed and the page names no cause (before, a diverging first segment counted the whole
     prompt as recomputed)."""
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     trace_dir = synthetic_trace(3, steps=3).write(tmp_path / "traces" / "random")
     ex = explain_trace(trace_dir, B)

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.records import read_records
 from kvscope.harness.replay.runner import replay
@@ -238,7 +239,7 @@ def test_sigkill_of_kvscope_mid_replay_keeps_every_record_written(tmp_path):
 
 def test_fault_server_command_line_and_die_exits(tmp_path):
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.testing.faultserver", "--port-file", str(port_file),
+    proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.faultserver", "--port-file", str(port_file),
                              "--schedule", "1=die"], cwd=REPO, stdout=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30

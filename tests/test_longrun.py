@@ -6,7 +6,8 @@ import gc
 
 import pandas as pd
 
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.records import read_records
 from kvscope.harness.replay.runner import Replayer, replay

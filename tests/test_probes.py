@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 
 def kvscope(*args: str, cwd: Path | None = None, preexec=None) -> subprocess.CompletedProcess:

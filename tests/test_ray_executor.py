@@ -31,7 +31,7 @@ from kvscope.harness.experiment.ray_executor import (
 from kvscope.harness.experiment.runner import run_experiment
 from kvscope.harness.experiment.spec import load_experiment_spec, server_backend
 from kvscope.harness.results.loaders import load_experiment_file, load_results
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 WORKLOAD = "{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}"
 

@@ -23,7 +23,7 @@ from kvscope.harness.record.build import SessionAssigner, build_trace, finalize,
 from kvscope.harness.record.proxy import EXCHANGES_LOG, RecordingProxy
 from kvscope.harness.record.tokenize import LocalTokenize, RequestTokenizer
 from kvscope.harness.results.exchanges import read_exchanges
-from kvscope.harness.testing.scripted_agent import SYSTEM, TOOLS, TOOLS_TEMPLATE, source_file
+from tests.doubles.scripted_agent import SYSTEM, TOOLS, TOOLS_TEMPLATE, source_file
 from kvscope.workloads.trace import Trace
 
 B = 16
@@ -222,7 +222,7 @@ class _ProxyThread:
 
 def test_proxy_forwards_streams_records_and_never_writes_the_key(tmp_path):
     import httpx
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+    from tests.doubles.faultserver import FaultConfig, FaultServer
 
     key = "sk-secret-value-123"
     with FaultServer(FaultConfig()) as srv:
@@ -308,7 +308,7 @@ def test_record_cli_records_until_sigint_then_writes_the_trace(tmp_path, tiny_mo
 
     import httpx
 
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+    from tests.doubles.faultserver import FaultConfig, FaultServer
 
     out = tmp_path / "rec"
     with FaultServer(FaultConfig()) as srv:
@@ -343,7 +343,7 @@ def test_record_cli_rejects_bad_flags():
 def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model_dir, template_file, tmp_path):
     import httpx
     from kvscope.harness.results.records import read_records
-    from kvscope.harness.testing.scripted_agent import ScriptedAgent
+    from tests.doubles.scripted_agent import ScriptedAgent
 
     from tests.conftest import start_server
 

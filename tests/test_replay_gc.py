@@ -19,7 +19,8 @@ if sys.argv[2] == "triton":
     import triton  # noqa: F401 - what torch's optimizer pulls into the kvscope process
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.runner import replay
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 tmp = Path(sys.argv[1])
 trace_dir = synthetic_trace(2, steps=2, prompt_tokens=32, output_tokens=4).write(tmp / "trace")

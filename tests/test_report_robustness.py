@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 
 def kvscope(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

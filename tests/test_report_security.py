@@ -75,7 +75,8 @@ def replay_report(tmp_path_factory):
     """A replay whose server generates script payloads (a script tag and an event handler that would set
     `window.__pwned`), and the HTML report of that run."""
     from kvscope.harness.report.render import render_report
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
+    from tests.doubles.faultserver import FaultConfig, FaultServer
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
 

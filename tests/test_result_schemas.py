@@ -28,7 +28,8 @@ def run_dir(tmp_path_factory) -> Path:
     """A real small replay against the fault server: the runner writes summary.json and manifest.json."""
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
+    from tests.doubles.faultserver import FaultConfig, FaultServer
 
     root = tmp_path_factory.mktemp("schemas")
     trace_dir = synthetic_trace(3, steps=2, prompt_tokens=64, output_tokens=8).write(root / "trace")
@@ -94,7 +95,7 @@ def test_load_results_reads_the_run_through_the_loaders(run_dir):
 
 
 def test_trace_json_round_trips(tmp_path):
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     trace = synthetic_trace(2, steps=2)
     d = trace.write(tmp_path / "t")
@@ -108,7 +109,7 @@ def test_trace_json_round_trips(tmp_path):
 
 
 def test_trace_metadata_with_an_unknown_field_is_refused_at_write(tmp_path):
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     trace = synthetic_trace(1, steps=1)
     trace.meta["tokeniser"] = {}
@@ -182,7 +183,7 @@ def test_experiment_spec_file_with_bad_cost_names_the_field(tmp_path):
 
 def _valid_files(run_dir: Path, tmp_path: Path) -> dict[str, tuple[Path, object]]:
     """file kind -> (a valid file of that kind, its loader)."""
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     exp = tmp_path / "exp"
     exp.mkdir()

@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 GONE_WITHIN_S = 15.0
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvscope.harness.serving.client import AiohttpStreamClient, FastStreamClient, Timeouts, open_stream_client
 from kvscope.harness.serving.request import CompletionResult, completion_payload
 from kvscope.harness.serving.sse import SseDecoder
-from kvscope.harness.testing.faultserver import FAULT_MODES, FaultServer
+from tests.doubles.faultserver import FAULT_MODES, FaultServer
 
 CHUNK = b'data: {"choices":[{"index":0,"text":"ab","token_ids":[%d, %d],"finish_reason":%s}]}\n\n'
 CHAT = b'data:{"choices":[{"index":0,"delta":{"content":"hi"}}]}\r\n\r\n'

@@ -487,3 +487,32 @@ def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed
     return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,
                     max_context=max_context, text=text, output_scale=output_scale, max_tokens=max_tokens,
                     budget_hint=budget_hint)
+
+
+def synthetic_trace(n_sessions: int, steps: int = 1, prompt_tokens: int = 128, output_tokens: int = 16,
+                    think_time_s: float = 0.0, vocab_size: int = 8192, seed: int = 0, last_tokens=None,
+                    session_gap_s: float = 0.0) -> Trace:
+    """A trace of `n_sessions` x `steps` requests, each prompt its own `prompt_tokens` random ids: no two share
+    a prefix, so no request hits the prefix cache and every one costs the same (the load shape of the client
+    overhead, sessions and long-run benchmarks, and of tests that need traffic, not a workload).  Ids below 100
+    are never drawn, so they can mark requests: `last_tokens(session, step)` may return an id to put last in
+    that prompt (the test fault server's `token_faults` key)."""
+    rng = np.random.default_rng(seed)
+    b = TraceBuilder()
+    for s in range(n_sessions):
+        parent = -1
+        start = s * session_gap_s
+        for k in range(steps):
+            toks = rng.integers(100, vocab_size, size=prompt_tokens, dtype=np.int32)
+            if last_tokens is not None:
+                mark = last_tokens(s, k)
+                if mark is not None:
+                    toks[-1] = mark
+            seg = b.add_segment(toks, "user")
+            parent = b.add_request(session_id=f"s{s:06d}", step=k, parent_request_id=parent,
+                                   arrival_s=start + k * think_time_s, session_start_s=start,
+                                   think_time_s=think_time_s if k else 0.0, prompt_segment_ids=[seg],
+                                   output_tokens=output_tokens, max_tokens=output_tokens,
+                                   transition="first" if k == 0 else "reset", tenant=0)
+    return b.build({"name": f"synthetic-{n_sessions}x{steps}", "seed": seed,
+                    "tokenizer": {"path": None, "sha256": None, "vocab_size": vocab_size}, "spec": {"synthetic": True}})

@@ -20,6 +20,11 @@ from typing import Collection, Literal, Sequence
 
 import numpy as np
 
+#: vLLM's default KV block size in tokens (GPU): the granularity prefixes are hashed, cached and compared at
+#: wherever neither the server nor the trace says another.  Here, in the lowest layer, because the trace
+#: statistics need it as much as the cache model does.
+DEFAULT_BLOCK_SIZE = 16
+
 Transition = Literal["first", "append", "edit", "reset", "compaction"]
 TRANSITIONS: tuple[str, ...] = ("append", "edit", "reset", "compaction")
 

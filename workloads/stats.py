@@ -24,6 +24,7 @@ from kvscope.workloads.importers.blocks import BlockRequest, block_transition
 from kvscope.workloads.ideal import ideal_block_hit
 from kvscope.workloads.prefix import TRANSITIONS, leading_run
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 _W_SEED = 0x6B7673636F7065
 
@@ -189,7 +190,7 @@ def trace_stats(trace: Trace, block_size: int | None = None, hit: bool = True) -
     out = summarize(_frame_from_trace(trace))
     out["name"] = trace.meta.get("name")
     if hit:
-        bs = block_size or trace.meta.get("block_size_hint") or 16
+        bs = block_size or trace.meta.get("block_size_hint") or DEFAULT_BLOCK_SIZE
         g, ps = ideal_hit_ratios(trace, int(bs))
         out["ideal_hit"] = {"block_size": int(bs), "global": g, "per_session": ps}
     return out

@@ -9,6 +9,8 @@ context (vLLM's ``SlidingWindowSpec``).  vLLM's own block count is
 
 from __future__ import annotations
 
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
+
 import json
 import math
 from pathlib import Path
@@ -156,7 +158,7 @@ def max_concurrent_sequences(memory_bytes: float, per_sequence_bytes: float) -> 
     return int(memory_bytes // per_sequence_bytes) if per_sequence_bytes > 0 else 0
 
 
-def num_gpu_blocks(available_bytes: float, shape: ModelShape, block_size: int = 16, kv_dtype: str | None = None,
+def num_gpu_blocks(available_bytes: float, shape: ModelShape, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str | None = None,
                    tp: int = 1) -> int:
     """vLLM's block count for full-attention models: ``available // (block_size * bytes_per_token)``."""
     return int(available_bytes // (block_size * kv_bytes_per_token(shape, kv_dtype, tp)))
@@ -164,7 +166,7 @@ def num_gpu_blocks(available_bytes: float, shape: ModelShape, block_size: int = 
 
 def kv_memory_report(*, config: str | dict | None = None, preset: str | None = None, context: int = 8192,
                      kv_dtype: str | None = None, tp: int = 1, memory_gib: float | None = None,
-                     block_size: int = 16) -> dict:
+                     block_size: int = DEFAULT_BLOCK_SIZE) -> dict:
     """JSON-able answer of ``kvscope kv-memory``."""
     if (config is None) == (preset is None):
         raise ValueError("give exactly one of config or preset")

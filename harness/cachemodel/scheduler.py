@@ -48,6 +48,7 @@ from kvscope.harness.cachemodel.calibration import StepCostModel, prefill_pairs
 from kvscope.harness.cachemodel.pool import Pool
 from kvscope.harness.cachemodel.pool import make_pool as _make_pool
 from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 
@@ -55,7 +56,7 @@ from kvscope.harness.cachemodel.sim_types import SimRequest
 class SchedulerConfig:
     """The server settings that decide scheduling, in vLLM's terms (CPU server defaults)."""
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     #: vLLM's ``num_gpu_blocks`` (null block included); None = infinite cache.
     num_gpu_blocks: int | None = None
     max_num_seqs: int = 128

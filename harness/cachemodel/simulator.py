@@ -28,6 +28,7 @@ from kvscope.harness.cachemodel.block_pool import FreeOrder
 from kvscope.harness.cachemodel.pool import Pool, make_pool
 from kvscope.harness.cachemodel.routing import Router
 from kvscope.harness.cachemodel.sim_types import RequestResult, SimRequest, SimResult
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class SimConfig:
     means an infinite cache.  ``capacity_tokens`` (vLLM's logged "KV cache size: T tokens") is ``N*B``.
     """
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_gpu_blocks: int | None = None
     free_order: FreeOrder = "split"
 

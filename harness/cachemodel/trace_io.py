@@ -27,6 +27,7 @@ from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.workloads.prefix import common_prefix_len
 from kvscope.workloads.readers import KVCACHE_TESTER_BLOCK_SIZE as KVTESTER_BLOCK
 from kvscope.workloads.readers import MOONCAKE_BLOCK_SIZE as MOONCAKE_BLOCK
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 @dataclass
@@ -73,16 +74,17 @@ def detect_kind(path: str | os.PathLike) -> str:
 
 
 def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order: str = "time") -> LoadedTrace:
-    """Read any supported trace.  ``block_size`` defaults to the native size (16 for token traces)."""
+    """Read any supported trace.  ``block_size`` defaults to the native size (``DEFAULT_BLOCK_SIZE`` for token
+    traces)."""
     kind = detect_kind(path)
     if kind == "mooncake":
         return read_mooncake(path, block_size or MOONCAKE_BLOCK)
     if kind == "kvtester":
         return read_kvtester(path, block_size or KVTESTER_BLOCK, order=order)
     if kind == "jsonl":
-        return read_token_jsonl(path, block_size or 16)
+        return read_token_jsonl(path, block_size or DEFAULT_BLOCK_SIZE)
     if kind == "kvscope":
-        return read_kvscope_trace(path, block_size or 16)
+        return read_kvscope_trace(path, block_size or DEFAULT_BLOCK_SIZE)
     from kvscope.workloads.errors import TraceFileError
 
     if (Path(path) / "trace.json").exists():
@@ -152,7 +154,7 @@ def _token_request(hasher: IncrementalHasher, i: int, prompt: np.ndarray, output
     return SimRequest(i, P, out_len, hashes, B, session_id=sid, arrival_s=arrival, gap_s=gap, cache_salt=salt)
 
 
-def read_token_jsonl(path: str | os.PathLike, block_size: int = 16) -> LoadedTrace:
+def read_token_jsonl(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE) -> LoadedTrace:
     """Token JSONL in file order, hashed per session (session ids of any JSON type are strings)."""
     from kvscope.workloads import readers
 
@@ -163,7 +165,7 @@ def read_token_jsonl(path: str | os.PathLike, block_size: int = 16) -> LoadedTra
     return LoadedTrace("jsonl", str(path), block_size, None, reqs)
 
 
-def read_kvscope_trace(path: str | os.PathLike, block_size: int = 16) -> LoadedTrace:
+def read_kvscope_trace(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE) -> LoadedTrace:
     """A kvscope trace dir, read with :class:`kvscope.workloads.trace.Trace`."""
     from kvscope.workloads.trace import Trace
 

@@ -17,6 +17,8 @@ def _floats(s: str) -> list[float]:
 
 
 def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
+    from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
+
     from kvscope.harness.cachemodel.routing import POLICIES
 
     p = subparsers.add_parser(
@@ -60,7 +62,7 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     k.add_argument("--kv-dtype", default=None, help="KV cache dtype: bf16, fp16, fp8, ... (default: model dtype)")
     k.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     k.add_argument("--memory-gib", type=float, default=None, help="KV memory budget per GPU in GiB")
-    k.add_argument("--block-size", type=int, default=16, help="block size for the vLLM block count")
+    k.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="block size for the vLLM block count")
     k.add_argument("--json", action="store_true", help="print JSON instead of a table")
     k.set_defaults(func=_cmd_kv_memory)
 

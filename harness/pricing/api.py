@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvscope.harness.cachemodel.trace_io import detect_kind, load_trace
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 def cost_report(path: str, pricing: str) -> dict:
@@ -18,7 +19,7 @@ def cost_report(path: str, pricing: str) -> dict:
         return out
     # Unit of the hashes: the native block of block-id traces, else the granularity (at most 64 tokens).
     native = {"mooncake": 512, "kvtester": 64}.get(kind)
-    unit = native or (min(cfg.granularity_tokens, 64) if cfg.granularity_tokens > 1 else 16)
+    unit = native or (min(cfg.granularity_tokens, 64) if cfg.granularity_tokens > 1 else DEFAULT_BLOCK_SIZE)
     tr = load_trace(path, unit)
     _, summary = simulate_provider(tr.requests, cfg)
     summary.update(source="trace", trace_kind=kind, unit_tokens=unit, as_of=cfg.as_of, source_url=cfg.source)

@@ -15,6 +15,7 @@ import numpy as np
 from kvscope.harness.cachemodel.hashing import hash_token_blocks
 from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, Router, policy_name
 from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 @dataclass
@@ -29,7 +30,7 @@ class _EndpointLoad:
 class EndpointRouter:
     """Picks the endpoint for each request (see :mod:`kvscope.harness.cachemodel.routing`)."""
 
-    def __init__(self, n: int, policy: str = "session-affinity", block_size: int = 16) -> None:
+    def __init__(self, n: int, policy: str = "session-affinity", block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if n < 1:
             raise ValueError("at least one endpoint is needed")
         self.n = n

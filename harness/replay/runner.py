@@ -42,6 +42,7 @@ from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.harness.replay.watch import MetricsWatcher
 from kvscope.harness.serving.tls import tls_context
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
@@ -183,7 +184,7 @@ class Replayer:
         self.headers = headers if headers is not None else (backends[0].auth_headers() if backends else {})
         self.model = opts.model or facts[0].get("model") or "default"
         self.router = EndpointRouter(len(self.endpoints), opts.routing,
-                                     block_size=facts[0].get("block_size") or 16)
+                                     block_size=facts[0].get("block_size") or DEFAULT_BLOCK_SIZE)
         self.predictors: list[OnlinePredictor | None] = []
         for f in facts:
             if opts.predict and f.get("block_size"):

@@ -40,7 +40,7 @@ on the configured TTFT and token gap, and fixed TTFT / throughput effects (`--ru
 `--request-noise`, `--ttft-effect`, `--throughput-effect`, `--noise-seed`). A run factor is drawn once per server
 start, so every process start is a fresh "run".
 
-Run: `python -m kvscope.harness.testing.faultserver --port 8100 --ttft-ms 0 --itl-ms 0 [--fault-rates reset_mid=0.01,...]`.
+Run: `python -m tests.doubles.faultserver --port 8100 --ttft-ms 0 --itl-ms 0 [--fault-rates reset_mid=0.01,...]`.
 In tests: `with FaultServer(FaultConfig(...)) as srv: srv.endpoint`.
 """
 
@@ -58,6 +58,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 import orjson
 
@@ -78,7 +80,7 @@ class FaultConfig:
     model: str = "mock"
     vocab_size: int | None = 8192  # exposed as `vocab_size` in /v1/models (None: not exposed)
     max_model_len: int = 1 << 20
-    block_size: int = 16  # vllm:cache_config_info
+    block_size: int = DEFAULT_BLOCK_SIZE  # vllm:cache_config_info
     num_gpu_blocks: int = 1 << 16
     prefix_caching: bool = False
     schedule: dict[int, str] = field(default_factory=dict)
@@ -648,38 +650,6 @@ class FaultServer:
         return out
 
 
-# ---- synthetic traces for tests and benchmarks -----------------------------------------------------------
-def synthetic_trace(n_sessions: int, steps: int = 1, prompt_tokens: int = 128, output_tokens: int = 16,
-                    think_time_s: float = 0.0, vocab_size: int = 8192, seed: int = 0, last_tokens=None,
-                    session_gap_s: float = 0.0):
-    """A trace of `n_sessions` x `steps` requests, each prompt its own `prompt_tokens` random ids (ids below 100
-    are never drawn, so they can mark fault-injecting requests). `last_tokens(session, step)` may return an id to
-    put last in that prompt (the fault server's `token_faults` key). Requires the `workloads` package."""
-    import numpy as np
-
-    from kvscope.workloads.trace import TraceBuilder
-
-    rng = np.random.default_rng(seed)
-    b = TraceBuilder()
-    for s in range(n_sessions):
-        parent = -1
-        start = s * session_gap_s
-        for k in range(steps):
-            toks = rng.integers(100, vocab_size, size=prompt_tokens, dtype=np.int32)
-            if last_tokens is not None:
-                mark = last_tokens(s, k)
-                if mark is not None:
-                    toks[-1] = mark
-            seg = b.add_segment(toks, "user")
-            parent = b.add_request(session_id=f"s{s:06d}", step=k, parent_request_id=parent,
-                                   arrival_s=start + k * think_time_s, session_start_s=start,
-                                   think_time_s=think_time_s if k else 0.0, prompt_segment_ids=[seg],
-                                   output_tokens=output_tokens, max_tokens=output_tokens,
-                                   transition="first" if k == 0 else "reset", tenant=0)
-    return b.build({"name": f"synthetic-{n_sessions}x{steps}", "seed": seed,
-                    "tokenizer": {"path": None, "sha256": None, "vocab_size": vocab_size}, "spec": {"synthetic": True}})
-
-
 # ---- command line ---------------------------------------------------------------------------------------
 def _pairs(text: str | None, key_type, value_type) -> dict:
     out = {}
@@ -721,7 +691,7 @@ def _noise_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> La
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvscope.harness.testing.faultserver", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.doubles.faultserver", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed, and written to --port-file)")
     p.add_argument("--port-file", help="write the bound port here once listening")
@@ -730,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, help="tokens per response (default: the request's max_tokens)")
     p.add_argument("--model", default="mock")
     p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--fault-rates", metavar="MODE=P,…", help="random faults, e.g. reset_mid=0.01,http_503=0.02")
     p.add_argument("--schedule", metavar="N=MODE,…", help="fault for the N-th completion request (0-based)")
     p.add_argument("--seed", type=int, default=0)

@@ -1,1 +1,0 @@
-"""Test doubles: a loopback OpenAI-compatible server that fails on purpose, for tests and benchmarks."""
