@@ -1,7 +1,10 @@
-"""The house rules that CI enforces: layer contracts, no import cycles, every package installed."""
+"""The house rules that CI enforces: layer contracts, no import cycles, every package installed, engine names
+behind the serving seam, test doubles outside the installed package."""
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -92,3 +95,43 @@ def test_every_package_folder_is_installed():
             rel = init.parent.relative_to(REPO / folder).parts
             found.add(".".join((root, *rel)))
     assert found == listed
+
+
+#: The vLLM modules of the serving layer: the only source that may name vLLM's metrics (and read its facts).
+VLLM_MODULES = {"harness/serving/server.py", "harness/serving/metrics.py", "harness/serving/vllm_backend.py"}
+_VLLM_METRIC = re.compile(r"vllm:[a-z]")
+
+
+def _installed_sources() -> list[Path]:
+    return sorted(p for folder in ("harness", "workloads") for p in (REPO / folder).rglob("*.py"))
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string literal (docstrings and f-string parts included; comments are not code)."""
+    return [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_vllm_metric_names_appear_only_in_the_vllm_backend_modules():
+    """Engine specifics stay behind `Backend`: a layer that matched `vllm:num_preemptions_total` itself would
+    silently read nothing from another engine (and from a vLLM that renames the metric)."""
+    leaks = [f"{p.relative_to(REPO)}:{line}: {text[:60]!r}"
+             for p in _installed_sources() if p.relative_to(REPO).as_posix() not in VLLM_MODULES
+             for line, text in _strings(ast.parse(p.read_text())) if _VLLM_METRIC.search(text)]
+    assert leaks == []
+
+
+def test_the_scan_finds_a_planted_vllm_metric_name():
+    planted = ast.parse('def f(text):\n    return re.findall(r"^vllm:num_preemptions_total (\\S+)$", text)\n')
+    assert any(_VLLM_METRIC.search(text) for _, text in _strings(planted))
+
+
+def test_installed_package_imports_no_test_doubles():
+    """Test doubles live in tests/doubles, outside the wheel; nothing installed may import them."""
+    offenders = []
+    for p in _installed_sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{p.relative_to(REPO)}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert offenders == []
+    assert not (REPO / "harness" / "testing").exists()

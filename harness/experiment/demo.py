@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.harness.serving.backend import Backend
+from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
 from kvscope.harness.serving.client import CompletionResult, completion_payload, stream_completion
-from kvscope.harness.serving.server import ServerConfig
 
 
 @dataclass
@@ -68,10 +67,10 @@ def run_demo(model_dir: Path, log_path: Path, turns: int = 6, seed: int = 0) -> 
         print(f"building the tiny model in {model_dir} …", flush=True)
         build_tiny_model(model_dir, seed=0)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    config = ServerConfig(model=str(model_dir), served_model_name="tiny", max_model_len=4096,
-                          kv_cache_memory_bytes="64M", enable_prefix_caching=True)
+    config = {"model": str(model_dir), "served_model_name": "tiny", "max_model_len": 4096,
+              "kv_cache_memory_bytes": "64M", "enable_prefix_caching": True}
     print(f"starting vLLM (log: {log_path}) …", flush=True)
-    with Backend.create("vllm", config).start(log_path) as server:
+    with Backend.create(DEFAULT_BACKEND, config, source="demo server").start(log_path) as server:
         facts = server.facts()
         print(f"vLLM {facts.engine_version} ready in {server.ready_after_s:.0f} s: block_size={facts.block_size}, "
               f"num_blocks={facts.num_blocks}, kv_capacity_tokens={facts.kv_capacity_tokens}, "

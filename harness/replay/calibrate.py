@@ -32,6 +32,7 @@ from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, 
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
+from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend, endpoint_facts
 from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.versioned_file import write_versioned
 
@@ -123,13 +124,12 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
 
 
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
-                     max_num_batched_tokens: int | None = None, seed: int = 0) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its /metrics."""
-    from kvscope.harness.serving.server import read_server_facts
-
-    facts = read_server_facts(endpoint)
+                     max_num_batched_tokens: int | None = None, seed: int = 0,
+                     backend: str = DEFAULT_BACKEND) -> CalibrationFile:
+    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend."""
+    facts = endpoint_facts(endpoint, backend=backend)
     if not facts.block_size:
-        raise KvscopeError(f"{endpoint}: the server does not report its block size (vllm:cache_config_info)")
+        raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
     server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=facts.block_size,
                                num_gpu_blocks=facts.num_blocks, max_num_seqs=max_num_seqs or 128,
                                max_num_batched_tokens=max_num_batched_tokens or 2048,
@@ -158,19 +158,8 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
 # benchmarks/capacity_predict.py): one closed-loop replay per level, and what the model predicts for it.
 
 
-def preemptions_total(endpoint: str) -> float:
-    """vLLM's ``num_preemptions_total`` counter (summed over engines)."""
-    import re
-
-    import httpx
-
-    text = httpx.get(endpoint.rstrip("/") + "/metrics", timeout=10.0, verify=tls_context()).text
-    return sum(float(m.group(1)) for m in re.finditer(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", text,
-                                                      re.M))
-
-
 def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_dir: str | Path,
-                  time_scale: float = 0.0):
+                  time_scale: float = 0.0, backend: str = DEFAULT_BACKEND):
     """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
     (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
     import pandas as pd
@@ -178,12 +167,15 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
     from kvscope.harness.replay.options import ReplayOptions
     from kvscope.harness.replay.runner import replay
 
-    before = preemptions_total(endpoint)
+    server = Backend.create(backend, endpoint=endpoint)
+    before = server.preemptions_total()
     opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
                          reset_prefix_cache=True)
-    out = replay(trace_dir, run_dir, opts, endpoints=[endpoint])
+    out = replay(trace_dir, run_dir, opts, backends=[server])
     df = pd.read_parquet(Path(out.run_dir) / "requests.parquet")
-    return df, preemptions_total(endpoint) - before, os.getloadavg()[0]
+    after = server.preemptions_total()
+    preempted = after - before if after is not None and before is not None else float("nan")
+    return df, preempted, os.getloadavg()[0]
 
 
 def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile, *, pace: bool = True

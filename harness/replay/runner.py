@@ -487,7 +487,8 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     """Run a replay end to end and write the run directory.
 
     The servers are `backends` (started by the caller), or launched from `server_config_path` for this run
-    and stopped after it, or the `endpoints` as vLLM endpoints kvscope attaches to (key: `opts.api_key_env`).
+    and stopped after it, or the `endpoints` as servers of the default backend that kvscope attaches to (key:
+    `opts.api_key_env`).
     """
     from kvscope.workloads.trace import Trace
 
@@ -540,14 +541,14 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
 
 def _backends_for(opts: ReplayOptions, endpoints: Sequence[str] | None,
                   server_config_path: str | Path | None) -> "list[Backend]":
-    """The backend of a server config file (launched by `replay`), or one vLLM backend per given endpoint."""
-    from kvscope.harness.serving.backend import Backend, load_backend
+    """The backend of a server config file (launched by `replay`), or one default backend per given endpoint."""
+    from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend, load_backend
 
     if server_config_path is not None:
         return [load_backend(server_config_path)]
     if not endpoints:
         raise KvscopeError("give --endpoint URL (repeatable) or --server CONFIG.yaml")
-    backends = [Backend.create("vllm", endpoint=ep, api_key_env=opts.api_key_env) for ep in endpoints]
+    backends = [Backend.create(DEFAULT_BACKEND, endpoint=ep, api_key_env=opts.api_key_env) for ep in endpoints]
     try:
         backends[0].auth_headers()  # a missing key fails here, before anything is sent
     except KvscopeError as exc:
@@ -604,8 +605,7 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     assert replayer.watcher is not None
     series = pd.read_parquet(replayer.watcher.write(run_dir))
     deltas = replayer.watcher.deltas()
-    config = backends[0].config
-    model_dir = getattr(config, "model", None) if backends[0].name == "vllm" else None
+    model_dir = backends[0].model_path()
     prefix_on = facts[0].get("prefix_caching")
     util = st.cpu_s / duration if duration else None
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,

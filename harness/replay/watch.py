@@ -101,8 +101,7 @@ class MetricsWatcher:
             if w.first is None:
                 w.first = snap
             w.last = snap
-            row = {"t_s": t, "endpoint_index": i, **snap.gauges(),
-                   **{k.removeprefix("vllm:").removesuffix("_total"): v for k, v in snap.counters().items()}}
+            row = {"t_s": t, "endpoint_index": i, **snap.gauges(), **snap.counter_columns()}
             self._add_row(row)
 
     async def _run(self, session) -> None:

@@ -5,8 +5,11 @@ Everything above the serving layer (replay, experiments, the demo, `kvscope serv
 A backend answers for one endpoint (one server): it may launch and stop that server (`managed`), reports
 what it knows about it (`facts`: a fact it cannot know is `None`, meaning unknown), empties its prefix cache
 where the engine allows, gives the auth headers every kvscope request to it carries (warm-up, replay, scrape,
-reset, facts), turns two `/metrics` scrapes into the counter delta kvscope reconciles, and adds the engine's
-own request-body fields. An ABC with a name registry (GuideLLM's `Backend.register` / `Backend.create`) was
+reset, facts), turns two `/metrics` scrapes into the counter delta kvscope reconciles, counts the engine's
+preemptions, names the local model it serves, and adds the engine's own request-body fields.  Nothing above
+this layer knows an engine's metric names, log lines or facts endpoints: `tests/test_architecture.py` keeps
+vLLM's metric names inside the vLLM modules of this package (`server.py`, `metrics.py`, `vllm_backend.py`),
+and an import contract keeps every other layer off those modules. An ABC with a name registry (GuideLLM's `Backend.register` / `Backend.create`) was
 chosen over a bare Protocol because the shared behaviour (auth from `api_key_env`, the redacted config, the
 attach-only lifecycle) is written once here and engines override only what differs.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,26 @@ if TYPE_CHECKING:
 # Modules that register the built-in backends; a new engine adds its module here (its one registration).
 BACKEND_MODULES = ("kvscope.harness.serving.vllm_backend", "kvscope.harness.serving.openai_backend")
 DEFAULT_BACKEND = "vllm"
+
+
+def resolve_api_key(env_name: str | None, option: str = "api_key_env") -> str | None:
+    """The API key held by the environment variable ``env_name`` (None: no key configured).
+
+    The one place a key is read from the environment: backends, the vLLM launcher and the recording proxy's
+    CLI all call it; an unset or empty variable is a ConfigError naming ``option`` (the field or flag that
+    named the variable), so the user sees which setting to fix.
+    """
+    if not env_name:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise ConfigError(f"{option}: environment variable {env_name} is not set")
+    return key
+
+
+def bearer_headers(key: str | None) -> dict[str, str]:
+    """The auth headers carrying ``key`` (none without a key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class ServerFacts(BaseModel):
@@ -175,21 +199,20 @@ class Backend(ABC):
     # ---- auth, facts, cache, metrics, requests ------------------------------------------------------------
     def api_key(self) -> str | None:
         """The key requests must carry, from the environment variable named by `api_key_env`."""
-        if not self._api_key_env:
-            return None
-        key = os.environ.get(self._api_key_env)
-        if not key:
-            raise ConfigError(f"api_key_env: environment variable {self._api_key_env} is not set")
-        return key
+        return resolve_api_key(self._api_key_env)
 
     def auth_headers(self) -> dict[str, str]:
         """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts."""
-        key = self.api_key()
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return bearer_headers(self.api_key())
 
     @abstractmethod
-    def facts(self) -> ServerFacts:
-        """What the server says about itself; unknown facts are None."""
+    def facts(self, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
+        """What the server says about itself; unknown facts are None. ``headers`` replace the backend's own
+        auth headers (a caller that holds a client's credentials, such as the recording proxy)."""
+
+    def model_path(self) -> str | None:
+        """The model directory (or hub id) this backend launches the server with; None when it did not."""
+        return None
 
     @abstractmethod
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
@@ -205,6 +228,23 @@ class Backend(ABC):
         from kvscope.harness.serving.metrics import metrics_delta
 
         return metrics_delta(before, after)
+
+    def scrape_metrics(self, timeout_s: float = 10.0) -> "MetricsSnapshot | None":
+        """One synchronous scrape of the engine's metrics (None: the engine exports none)."""
+        if self.metrics_path is None:
+            return None
+        import httpx
+
+        from kvscope.harness.serving.tls import tls_context
+
+        r = httpx.get(self.endpoint + self.metrics_path, headers=self.auth_headers(), timeout=timeout_s,
+                      verify=tls_context())
+        r.raise_for_status()
+        return self.parse_metrics(r.text, scraped_at=time.time())
+
+    def preemptions_total(self, timeout_s: float = 10.0) -> float | None:
+        """The engine's cumulative count of preempted requests (None: the engine does not say)."""
+        return None
 
     def request_extras(self, cache_salt: str | None) -> dict[str, Any]:
         """Engine-specific request-body fields on top of the standard OpenAI streaming ones."""
@@ -230,6 +270,14 @@ def backend_names() -> list[str]:
 def _load_builtin_backends() -> None:
     for module in BACKEND_MODULES:
         importlib.import_module(module)
+
+
+def endpoint_facts(endpoint: str, *, backend: str = DEFAULT_BACKEND, headers: Mapping[str, str] | None = None,
+                   api_key_env: str | None = None, timeout_s: float = 10.0) -> ServerFacts:
+    """What a server kvscope did not start says about itself, read by its backend (the default engine unless
+    ``backend`` names another)."""
+    return Backend.create(backend, endpoint=endpoint, api_key_env=api_key_env).facts(headers=headers,
+                                                                                     timeout_s=timeout_s)
 
 
 def split_backend(data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

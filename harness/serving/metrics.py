@@ -25,6 +25,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vllm:inter_token_latency_seconds": ("vllm:time_per_output_token_seconds",),
 }
 
+#: vLLM's cumulative count of preempted requests (a preempting server is past its KV ceiling).
+PREEMPTIONS_COUNTER = "vllm:num_preemptions_total"
+
 # The counters whose run-level deltas kvscope reports (sample names, `_total` included).
 DELTA_COUNTERS = (
     "vllm:prefix_cache_queries_total",
@@ -34,7 +37,7 @@ DELTA_COUNTERS = (
     "vllm:prompt_tokens_total",
     "vllm:prompt_tokens_cached_total",
     "vllm:generation_tokens_total",
-    "vllm:num_preemptions_total",
+    PREEMPTIONS_COUNTER,
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
@@ -116,6 +119,11 @@ class MetricsSnapshot:
 
     def counters(self) -> dict[str, float]:
         return {name: self.value(name) for name in DELTA_COUNTERS}
+
+    def counter_columns(self) -> dict[str, float]:
+        """:meth:`counters` under engine-neutral column names (``num_preemptions``, ``prefix_cache_hits``, …):
+        the columns of ``server_metrics.parquet``."""
+        return {_column(k): v for k, v in self.counters().items()}
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ class MetricsDelta:
         return [a / n if n else math.nan for a in self.accepted_per_position]
 
     def to_dict(self) -> dict:
-        short = {k.removeprefix("vllm:").removesuffix("_total"): v for k, v in self.counters.items()}
+        short = {_column(k): v for k, v in self.counters.items()}
         return {
             **short,
             "prompt_tokens_by_source": self.prompt_tokens_by_source,
@@ -241,6 +249,11 @@ class MetricsDelta:
             "spec_acceptance_by_position": [_nan_to_none(x) for x in self.spec_acceptance_by_position],
             "reset_detected": self.reset_detected,
         }
+
+
+def _column(name: str) -> str:
+    """A vLLM sample name as a result column: ``vllm:num_preemptions_total`` -> ``num_preemptions``."""
+    return name.removeprefix("vllm:").removesuffix("_total")
 
 
 def _nan_to_none(x: float) -> float | None:

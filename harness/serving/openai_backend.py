@@ -11,7 +11,7 @@ states in the config, since the server will not tell.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,11 +63,11 @@ class OpenAIBackend(Backend):
         self.wait_ready(self.endpoint_config.ready_timeout_s)
         return self
 
-    def _models(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    def _models(self, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         import httpx
 
-        r = httpx.get(self.endpoint + "/v1/models", headers=self.auth_headers(), timeout=timeout_s,
-                      verify=tls_context())
+        r = httpx.get(self.endpoint + "/v1/models", headers=dict(self.auth_headers() if headers is None else headers),
+                      timeout=timeout_s, verify=tls_context())
         r.raise_for_status()
         data = r.json().get("data") or []
         return [d for d in data if isinstance(d, dict)]
@@ -88,12 +88,12 @@ class OpenAIBackend(Backend):
         raise ServerError(f"no OpenAI-compatible server answering {self.endpoint}/v1/models within "
                           f"{timeout_s:.0f} s ({last})")
 
-    def facts(self) -> ServerFacts:
+    def facts(self, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
         import httpx
 
         cfg = self.endpoint_config
         try:
-            models = self._models()
+            models = self._models(timeout_s, headers)
         except (httpx.HTTPError, ValueError) as exc:
             raise ServerError(f"cannot read /v1/models from {self.endpoint}: "
                               f"{exc.__class__.__name__}: {exc}") from exc

@@ -36,7 +36,7 @@ from kvscope.harness.common.errors import (
 )
 from kvscope.harness.common.secrets import redact_argv, redact_config, redact_text, secret_argv_values
 from kvscope.harness.serving import lifecycle
-from kvscope.harness.serving.backend import ServerFacts
+from kvscope.harness.serving.backend import ServerFacts, resolve_api_key
 from kvscope.harness.serving.tls import tls_context
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
@@ -161,10 +161,7 @@ class ServerConfig(BaseModel):
         if cli_keys:
             return cli_keys[0]
         if self.api_key_env:
-            key = os.environ.get(self.api_key_env)
-            if not key:
-                raise ConfigError(f"api_key_env: environment variable {self.api_key_env} is not set")
-            return key
+            return resolve_api_key(self.api_key_env)
         return self.env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
     def _api_key_args(self) -> list[str]:
@@ -313,10 +310,8 @@ class VllmServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.config.kv_cache_memory_bytes is not None and "VLLM_CPU_KVCACHE_SPACE" not in self.config.env:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would silently override --kv-cache-memory-bytes
-        if self.config.api_key_env:
-            key = os.environ.get(self.config.api_key_env)
-            if not key:
-                raise ConfigError(f"api_key_env: environment variable {self.config.api_key_env} is not set")
+        key = resolve_api_key(self.config.api_key_env)
+        if key:
             env["VLLM_API_KEY"] = key
         return env
 

@@ -1,20 +1,22 @@
 """The vLLM backend: a server kvscope launches (`ServerConfig`) or an endpoint it attaches to.
 
-It wraps what the serving layer already knew about vLLM: the launcher and facts reader in `server.py`, the
-metric names in `metrics.py` and the request fields in `client.vllm_request_extras`. The one cache reset
+It wraps what the serving layer knows about vLLM: the launcher and facts reader in `server.py`, the metric
+names in `metrics.py` (the preemption counter included) and the request fields in `request.vllm_request_extras`.
+These three modules and this one are the only places that name vLLM's metrics (tests/test_architecture.py). The one cache reset
 (`POST /reset_prefix_cache`, vLLM dev mode) lives here; every caller goes through `reset_prefix_cache`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel
 
 from kvscope.harness.common.errors import ServerError
 from kvscope.harness.serving.backend import Backend, ResetOutcome, ServerFacts
-from kvscope.harness.serving.client import vllm_request_extras
+from kvscope.harness.serving.metrics import PREEMPTIONS_COUNTER
+from kvscope.harness.serving.request import vllm_request_extras
 from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
 from kvscope.harness.serving.tls import tls_context
 
@@ -103,14 +105,22 @@ class VllmBackend(Backend):
     def _api_key_env_overrides(self, cfg: ServerConfig) -> bool:
         return bool(self._api_key_env) and self._api_key_env != cfg.api_key_env
 
-    def facts(self) -> ServerFacts:
+    def facts(self, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
         cfg = self.server_config if self.server is not None else None
-        facts = read_server_facts(self.endpoint, log_text=self.log_text() or None, config=cfg,
-                                  headers=self.auth_headers())
+        facts = read_server_facts(self.endpoint, log_text=self.log_text() or None, config=cfg, timeout_s=timeout_s,
+                                  headers=dict(self.auth_headers() if headers is None else headers))
         facts.backend = self.name
         if facts.config is not None:
             facts.config = {"backend": self.name, **facts.config}
         return facts
+
+    def model_path(self) -> str | None:
+        cfg = self.server_config
+        return cfg.model if cfg is not None else None
+
+    def preemptions_total(self, timeout_s: float = 10.0) -> float | None:
+        snap = self.scrape_metrics(timeout_s)
+        return None if snap is None else snap.value(PREEMPTIONS_COUNTER)
 
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
         import httpx
