@@ -183,6 +183,9 @@ METRICS_TEXT = """\
 vllm:prefix_cache_queries_total{engine="0"} 10.0
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0"} 4.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0"} 3.0
+vllm:num_preemptions_total{engine="1"} 4.0
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",num_gpu_blocks="100",enable_prefix_caching="True"} 1.0
 """
@@ -285,6 +288,40 @@ def test_openai_backend_knows_only_what_models_and_the_config_say(auth_server, m
     assert not reset.ok and "no cache-reset endpoint" in reset.detail
     assert backend.request_extras("salt") == {} and backend.metrics_path is None and not backend.managed
     assert [p for _, p, _, _ in auth_server.seen] == ["/v1/models", "/v1/models"]  # nothing vLLM-specific asked
+
+
+def test_engine_specifics_come_through_the_backend(auth_server, monkeypatch):
+    """Preemptions, facts for a caller holding its own credentials, and the launched model: each a Backend
+    method, so no layer above serving reads vLLM's metric names or facts endpoints itself."""
+    from kvscope.harness.serving.backend import endpoint_facts
+
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    vllm = Backend.create("vllm", endpoint=auth_server.endpoint, api_key_env="UNIT_KEY")
+    assert vllm.preemptions_total() == 7.0  # summed over engines
+    assert vllm.scrape_metrics().counter_columns()["num_preemptions"] == 7.0
+    assert vllm.model_path() is None  # attached, not launched
+    assert Backend.create("vllm", {"model": "/models/x"}).model_path() == "/models/x"
+    facts = endpoint_facts(auth_server.endpoint, headers={"Authorization": "Bearer sk-unit-key-777"})
+    assert (facts.backend, facts.block_size, facts.num_blocks, facts.launched_by_kvscope) == ("vllm", 16, 100, False)
+    with pytest.raises(ServerError, match="cannot read server facts"):
+        endpoint_facts(auth_server.endpoint)  # no key: the server answers 401
+    openai = Backend.create("openai", {"endpoint": auth_server.endpoint, "api_key_env": "UNIT_KEY"})
+    assert openai.preemptions_total() is None and openai.scrape_metrics() is None and openai.model_path() is None
+
+
+def test_one_api_key_resolver_names_the_setting_that_named_the_variable(monkeypatch):
+    from kvscope.harness.serving.backend import bearer_headers, resolve_api_key
+
+    monkeypatch.delenv("KVSCOPE_UNSET_KEY", raising=False)
+    monkeypatch.setenv("KVSCOPE_SET_KEY", "sk-1")
+    assert resolve_api_key(None) is None and bearer_headers(None) == {}
+    assert bearer_headers(resolve_api_key("KVSCOPE_SET_KEY")) == {"Authorization": "Bearer sk-1"}
+    with pytest.raises(ConfigError, match="^--api-key-env: environment variable KVSCOPE_UNSET_KEY is not set$"):
+        resolve_api_key("KVSCOPE_UNSET_KEY", "--api-key-env")
+    with pytest.raises(ConfigError, match="^api_key_env: environment variable KVSCOPE_UNSET_KEY is not set$"):
+        ServerConfig(model="/m", api_key_env="KVSCOPE_UNSET_KEY").api_key()
+    with pytest.raises(ConfigError, match="^api_key_env: environment variable KVSCOPE_UNSET_KEY"):
+        Backend.create("openai", {"endpoint": "http://127.0.0.1:1", "api_key_env": "KVSCOPE_UNSET_KEY"}).auth_headers()
 
 
 def test_unknown_backend_and_bad_backend_config_are_named():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvscope.harness.cachemodel.simulator import SimConfig, predict_cached_tokens, requests_from_token_pairs, simulate
-from kvscope.harness.serving.server import read_server_facts
+from kvscope.harness.serving.backend import endpoint_facts
 
 pytestmark = pytest.mark.vllm
 
@@ -183,7 +183,7 @@ def reset_prefix_cache(endpoint: str) -> None:
 
 
 def compare(endpoint: str, sessions_for, seed: int, label: str) -> dict:
-    facts = read_server_facts(endpoint)
+    facts = endpoint_facts(endpoint)
     B, N = facts.block_size, facts.num_blocks
     assert B and N, facts
     rng = random.Random(seed)
@@ -236,7 +236,7 @@ def test_simulator_predicts_every_request_on_the_shared_server(vllm_server):
 def test_simulator_predicts_every_request_with_forced_small_kv_capacity(small_pool_server):
     """The 64-block server (`num_gpu_blocks_override`, shared with test_scheduler_vs_vllm): a pool a few
     sessions deep, so eviction decides many hits."""
-    assert read_server_facts(small_pool_server.endpoint).num_blocks == 64
+    assert endpoint_facts(small_pool_server.endpoint).num_blocks == 64
     s = compare(small_pool_server.endpoint, small_sessions, seed=40, label="64 blocks")
     assert s["requests"] >= 100
     assert s["evictions"] > 0 and s["eviction_changed"] > 0

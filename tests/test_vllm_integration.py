@@ -14,10 +14,15 @@ import pytest
 
 from kvscope.harness.serving.client import completion_payload, stream_completion
 from kvscope.harness.common.errors import ServerError
-from kvscope.harness.serving.metrics import fetch_metrics, metrics_delta
+from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
+from kvscope.harness.serving.metrics import metrics_delta
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
+
+
+def _scrape(endpoint: str):
+    return Backend.create(DEFAULT_BACKEND, endpoint=endpoint).scrape_metrics()
 
 
 def _send_all(endpoint: str, prompts: list[list[int]], max_tokens: int = 1):
@@ -59,9 +64,9 @@ def test_prefix_cache_counters_equal_the_sum_of_per_request_hits(vllm_server):
     rng = np.random.default_rng(11)
     base = _prompt(rng, 700)
     prompts = [base, base + _prompt(rng, 90), base[:400] + _prompt(rng, 300), base]
-    before = fetch_metrics(vllm_server.endpoint)
+    before = _scrape(vllm_server.endpoint)
     results = _send_all(vllm_server.endpoint, prompts, max_tokens=4)
-    after = fetch_metrics(vllm_server.endpoint)
+    after = _scrape(vllm_server.endpoint)
     d = metrics_delta(before, after)
     assert d.prefix_cache_hits == sum(r.cached_tokens for r in results)
     assert d.prefix_cache_queries == sum(r.prompt_tokens for r in results)
@@ -97,9 +102,9 @@ def test_prefix_caching_off_reports_zero_and_facts_say_so(ngram_server):
     facts = ngram_server.facts()
     assert facts.prefix_caching is False
     p = _prompt(np.random.default_rng(3), 600)
-    before = fetch_metrics(ngram_server.endpoint)
+    before = _scrape(ngram_server.endpoint)
     results = _send_all(ngram_server.endpoint, [p, p, p])
-    after = fetch_metrics(ngram_server.endpoint)
+    after = _scrape(ngram_server.endpoint)
     assert [r.cached_tokens for r in results] == [0, 0, 0]
     assert metrics_delta(before, after).prefix_cache_hits == 0
 
@@ -108,9 +113,9 @@ def test_ngram_speculation_shows_drafts_and_accepted_tokens(ngram_server):
     facts = ngram_server.facts()
     assert facts.speculative_enabled and facts.speculative["num_speculative_tokens"] == 3
     pattern = _prompt(np.random.default_rng(5), 8)
-    before = fetch_metrics(ngram_server.endpoint)
+    before = _scrape(ngram_server.endpoint)
     results = _send_all(ngram_server.endpoint, [pattern * 40], max_tokens=64)
-    after = fetch_metrics(ngram_server.endpoint)
+    after = _scrape(ngram_server.endpoint)
     assert results[0].completion_tokens == 64  # ignore_eos + max_tokens: exact length even when speculating
     d = metrics_delta(before, after)
     assert d.spec_drafts > 0 and d.spec_draft_tokens > 0 and d.spec_accepted_tokens > 0

@@ -26,7 +26,6 @@ from kvscope.harness.serving.request import (
     Watchdog,
     chat_payload,
     completion_payload,
-    vllm_request_extras,
 )
 from kvscope.harness.serving.sse import (
     TEXT_HEAD_CHARS,
@@ -41,7 +40,7 @@ from kvscope.harness.common.limits import is_fd_exhaustion
 __all__ = [
     "TEXT_HEAD_CHARS", "AiohttpStreamClient", "CompletionResult", "FastStreamClient", "HttpProtocolError",
     "StreamClient", "Timeouts", "apply_chunk", "chat_payload", "check_sse_line", "completion_payload",
-    "open_stream_client", "parse_sse_payload", "stream_completion", "stream_request", "vllm_request_extras",
+    "open_stream_client", "parse_sse_payload", "stream_completion", "stream_request",
 ]
 
 

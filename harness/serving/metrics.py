@@ -13,8 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kvscope.harness.serving.tls import tls_context
-
 Labels = tuple[tuple[str, str], ...]
 
 # current name -> older names that carried the same value
@@ -306,15 +304,3 @@ def metrics_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> MetricsDel
         histograms=hists,
         reset_detected=reset or r1 or r2 or r3,
     )
-
-
-def fetch_metrics(endpoint: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> MetricsSnapshot:
-    """One synchronous scrape of ``{endpoint}/metrics``."""
-    import time
-
-    import httpx
-
-    url = endpoint.rstrip("/") + "/metrics"
-    resp = httpx.get(url, timeout=timeout_s, headers=dict(headers or {}), verify=tls_context())
-    resp.raise_for_status()
-    return parse_metrics(resp.text, scraped_at=time.time())
