@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvscope.harness.cachemodel.block_pool import BlockPool, FreeOrder
+from kvscope.harness.cachemodel.ring_pool import RingBlockPool
 from kvscope.workloads.prefix import common_prefix_len, leading_run
 
 #: ``num_free`` / ``usable_blocks`` of the unbounded pool: larger than any request.
@@ -153,6 +154,4 @@ def make_pool(num_gpu_blocks: int | None, free_order: FreeOrder = "split", *, re
         return InfinitePool()
     if reference or free_order != "split":
         return BlockPool(num_gpu_blocks, free_order)
-    from kvscope.harness.cachemodel.ring_pool import RingBlockPool
-
     return RingBlockPool(num_gpu_blocks)
