@@ -13,7 +13,7 @@ from kvscope.harness.analysis import findings as F
 from kvscope.harness.analysis import tables as T
 from kvscope.harness.results.findings_file import FINDINGS_NAME, load_findings_file
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.schemas import ExperimentSpecCore
+from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore, ModelEntry, ServerEntry
 
 SESSIONS = 6
 STEPS = 5
@@ -47,10 +47,10 @@ def _results(cells: list[tuple[dict, pd.DataFrame]], slo_ttft_ms: float = 250, p
              tmp: Path = Path("/nonexistent"), model: dict | None = None) -> ExperimentResults:
     spec = ExperimentSpecCore.model_validate({"name": "t", "slo": {"ttft_ms": slo_ttft_ms},
                                               "cost": {"pricing": pricing or ["anthropic-sonnet-5m"]}})
-    return ExperimentResults(root=tmp, manifest={"model": model or {}, "servers": {}},
-                             cells=pd.DataFrame([c for c, _ in cells]),
-                             requests=pd.concat([r for _, r in cells], ignore_index=True),
-                             metrics=pd.DataFrame(), experiment=SimpleNamespace(spec=spec))  # type: ignore[arg-type]
+    experiment = ExperimentFile(experiment="t", run_id="r", spec=spec, spec_path="t.yaml", created_at=0.0,
+                                model=ModelEntry.model_validate(model) if model else None)
+    return ExperimentResults(root=tmp, experiment=experiment, cells=pd.DataFrame([c for c, _ in cells]),
+                             requests=pd.concat([r for _, r in cells], ignore_index=True), metrics=pd.DataFrame())
 
 
 # ---- habits ------------------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_speculative_decoding_stops_paying_at_the_first_load_where_throughput_fa
 def test_caveats_appear_only_where_the_data_shows_them():
     gpu = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03, block_size=16)])
     cpu = _results([_cell("apc", "agent", "c4", hit=0.8, ttft_s=0.03, block_size=128, concurrency=8)],
-                   model={"weights_random": False, "card": {"train_steps": 50}})
+                   model={"path": "m", "tokenizer": "m", "weights_random": False, "card": {"train_steps": 50}})
     assert not [c for c in F.caveats(gpu) if "blocks" in c.sentence or "concurrency" in c.sentence]
     words = " ".join(c.sentence for c in F.caveats(cpu))
     assert "KV blocks are 128 tokens here" in words
@@ -244,7 +244,7 @@ def test_speculation_vs_primer_uses_the_primer_formula():
     row, rec = _cell("ngram", "agent", "c1", hit=0.5, ttft_s=0.03, speculative=True, acceptance=0.5)
     row["spec_mean_acceptance_length"] = 1.5
     res = _results([(row, rec)])
-    res.manifest["servers"] = {"ngram": {"config": {"speculative_config": {"num_speculative_tokens": 4}}}}
+    res.experiment.servers["ngram"] = ServerEntry(config={"speculative_config": {"num_speculative_tokens": 4}}, log="")
     [r] = T.speculation_vs_primer(res).to_dict("records")
     assert r["primer_tokens_per_pass"] == pytest.approx((1 - 0.5 ** 5) / 0.5)
     assert r["measured_minus_primer"] == pytest.approx(1.5 - 1.9375)

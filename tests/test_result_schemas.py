@@ -298,7 +298,7 @@ def test_writers_refuse_data_that_does_not_fit(tmp_path):
 
 def test_a_speculative_summary_validates(run_dir):
     """The speculative block (not produced by the fault server) from the real summariser fits the model."""
-    from kvscope.harness.replay.summary import summarize
+    from kvscope.harness.results.summary import summarize
     from kvscope.harness.results.records import read_records
 
     raw = json.loads((run_dir / "summary.json").read_text())

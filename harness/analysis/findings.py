@@ -34,6 +34,7 @@ from kvscope.harness.results.findings_file import (
     write_findings_file,
 )
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.workloads.policies import HistoryPolicy
 from kvscope.harness.results.schemas import CLIENT_STALL_S
 
 __all__ = [
@@ -147,33 +148,42 @@ def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
     return pairs
 
 
-def _trace_meta(res: ExperimentResults, workload: str) -> dict[str, Any]:
-    import json
+def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:
+    """A workload trace's history policies and scale, from its validated trace.json (none for a trace that was
+    imported rather than generated from a workload spec)."""
+    from pydantic import ValidationError
+
+    from kvscope.workloads.spec import WorkloadSpec
+    from kvscope.workloads.trace_schema import read_trace_file
 
     tdir = res.trace_dir(workload)
     if tdir is None or not (tdir / "trace.json").exists():
-        return {}
-    return json.loads((tdir / "trace.json").read_text())
-
-
-def _policies(meta: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(((meta.get("spec") or {}).get("sessions") or {}).get("policies") or [])
+        return [], 1.0
+    meta = read_trace_file(tdir / "trace.json")
+    try:
+        spec = WorkloadSpec.model_validate(meta.spec) if meta.spec else None
+    except ValidationError:  # an importer's description of its source, not a workload spec
+        spec = None
+    return (list(spec.sessions.policies) if spec is not None else []), float(meta.scale or 1.0)
 
 
 def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
     """What the habit adds to the reference's history, in words (from the traces' specs)."""
-    ref_meta, meta = _trace_meta(res, reference), _trace_meta(res, habit)
-    scale = float(meta.get("scale") or 1.0)
-    ref_kinds = {(p.get("kind"), str(sorted(p.items()))) for p in _policies(ref_meta)}
-    added = [p for p in _policies(meta) if (p.get("kind"), str(sorted(p.items()))) not in ref_kinds]
+    from kvscope.workloads.policies import Compaction, VolatilePrefix
+
+    ref_policies, _ = _trace_policies(res, reference)
+    policies, scale = _trace_policies(res, habit)
+    ref_kinds = {p.model_dump_json() for p in ref_policies}
     words = []
-    for p in added:
-        if p.get("kind") == "volatile_prefix":
-            words.append(f"a timestamp at token {max(round(p.get('position', 0) * scale), 0)}")
-        elif p.get("kind") == "compaction":
-            words.append(f"compaction at {int(p.get('threshold_tokens', 0) * scale):,} tokens")
+    for p in policies:
+        if p.model_dump_json() in ref_kinds:
+            continue
+        if isinstance(p, VolatilePrefix):
+            words.append(f"a timestamp at token {max(round(p.position * scale), 0)}")
+        elif isinstance(p, Compaction):
+            words.append(f"compaction at {int(p.threshold_tokens * scale):,} tokens")
         else:
-            words.append(str(p.get("kind", "a policy")).replace("_", " "))
+            words.append(p.kind.replace("_", " "))
     return " and ".join(words) or f"the {habit.removeprefix(reference + '-')} habit"
 
 
@@ -543,12 +553,11 @@ def _caveat_eviction(res: ExperimentResults):
 
 
 def _caveat_tiny_model(res: ExperimentResults):
-    model = res.manifest.get("model") or {}
-    card = model.get("card") or {}
-    if not (model.get("weights_random") or card):
+    card = res.model.card if res.model is not None else None
+    if not (res.weights_random or card):
         return None
-    steps = card.get("train_steps")
-    state = "random weights" if model.get("weights_random") else \
+    steps = card.get("train_steps") if card else None  # the tiny model's build card: the builder's own fields
+    state = "random weights" if res.weights_random else \
         f"kvscope's tiny model trained for {steps} steps" if steps is not None else "kvscope's tiny model"
     return ((f"The model has {state}: its answers repeat themselves, so n-gram drafts are accepted far more often "
             "than a real model's would be — read acceptance and speed-ups as upper bounds."),

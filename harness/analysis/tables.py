@@ -21,6 +21,7 @@ import pandas as pd
 
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import ServerEntry
 
 _DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
 
@@ -153,12 +154,15 @@ def reconciliation(res: ExperimentResults) -> pd.DataFrame:
 
 def capacity_table(res: ExperimentResults) -> pd.DataFrame:
     rows = []
-    for server in res.manifest.get("servers") or {}:
-        f = res.server_facts(server)
-        rows.append({"server": server, "block_size": f.get("block_size"), "num_blocks": f.get("num_blocks"),
-                     "kv_capacity_tokens": f.get("kv_capacity_tokens"), "max_model_len": f.get("max_model_len"),
-                     "max_concurrency_at_max_len": f.get("max_concurrency"), "prefix_caching": f.get("prefix_caching"),
-                     "kv_cache_dtype": f.get("kv_cache_dtype")})
+    for server, entry in res.experiment.servers.items():
+        f = entry.facts
+        rows.append({"server": server, "block_size": f.block_size if f else None,
+                     "num_blocks": f.num_blocks if f else None,
+                     "kv_capacity_tokens": f.kv_capacity_tokens if f else None,
+                     "max_model_len": f.max_model_len if f else None,
+                     "max_concurrency_at_max_len": f.max_concurrency if f else None,
+                     "prefix_caching": f.prefix_caching if f else None,
+                     "kv_cache_dtype": f.kv_cache_dtype if f else None})
     return pd.DataFrame(rows)
 
 
@@ -577,9 +581,7 @@ def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
         return pd.DataFrame()
     rows = []
     for _, s in c[c["speculative"] == True].iterrows():  # noqa: E712 - pandas object column
-        k = ((res.manifest.get("servers") or {}).get(s["server"], {}).get("config") or {}) \
-            .get("speculative_config", {}) or {}
-        k = k.get("num_speculative_tokens")
+        k = _num_speculative_tokens(res.server(s["server"]))
         a = s.get("spec_acceptance_rate")
         measured = s.get("spec_mean_acceptance_length")
         predicted = expected_tokens_per_pass(float(a), int(k)) if k and a is not None and pd.notna(a) else math.nan
@@ -589,6 +591,13 @@ def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
                      "measured_minus_primer": (measured - predicted) if measured is not None and pd.notna(measured)
                      else math.nan})
     return pd.DataFrame(rows)
+
+
+def _num_speculative_tokens(server: ServerEntry | None) -> int | None:
+    """Tokens drafted per step, from the server's recorded config (``speculative_config`` is the vLLM config's
+    own open mapping, so it is read as one)."""
+    spec_config = server.config.get("speculative_config") if server is not None else None
+    return spec_config.get("num_speculative_tokens") if isinstance(spec_config, dict) else None
 
 
 def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
@@ -604,6 +613,17 @@ def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
     out = pd.DataFrame({"output_tok_per_s": thr, "ttft_p90_ms": p90}).reset_index()
     out["load_value"] = out["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
     return out.sort_values(["server", "load_value"]).reset_index(drop=True)
+
+
+def cell_metrics_table(res: ExperimentResults) -> pd.DataFrame:
+    """One row per cell: the cell's coordinates and every registered summary metric's columns
+    (``SummaryMetric.cell_columns``), so a metric added to the registry shows here with nothing else touched."""
+    from kvscope.harness.results.loaders import CELL_COLUMNS
+    from kvscope.harness.results.summary import cell_columns
+
+    metric_cols = list(dict.fromkeys(k for s in res.summaries.values() for k in cell_columns(s)))
+    c = res.cells
+    return c[[k for k in CELL_COLUMNS + metric_cols if k in c]].reset_index(drop=True) if len(c) else c
 
 
 def records_for_cells(res: ExperimentResults, cells: Iterable[str]) -> pd.DataFrame:
