@@ -8,15 +8,18 @@ hold the evidence. Numbers come from the same tables the pages show (`tables`) a
 (`ab.compare`), never recomputed differently here. Caveats are findings too (`question="caveat"`), generated
 from the data, so a caveat that does not apply is not printed.
 
-Each finding belongs to exactly one page (`PAGE_QUESTIONS`); the executive summary is the union of the
-headline questions. A notebook calls :func:`write_page_findings`, which shows its findings and writes them to
+Each page registers the function that computes its findings, with the questions they answer
+(``@page_findings_of("cost", "cost")``, `PAGE_FINDINGS`), and each caveat registers with the page it is shown
+on (``@caveat("burst", "latency")``): a new finding or caveat is one decorated function, not a branch in a
+dispatcher and an entry in parallel tables. The executive summary is the union of the headline questions. A notebook calls :func:`write_page_findings`, which shows its findings and writes them to
 `findings.json` beside its figures; `index.html` reads those files (the report layer does not import this one).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,8 @@ from kvscope.workloads.policies import HistoryPolicy
 from kvscope.harness.results.schemas import CLIENT_STALL_S
 
 __all__ = [
-    "PAGE_QUESTIONS",
+    "PAGE_FINDINGS",
+    "caveat",
     "Finding",
     "ab_table",
     "capacity_findings",
@@ -47,22 +51,15 @@ __all__ = [
     "findings_markdown",
     "habit_findings",
     "page_findings",
+    "page_findings_of",
     "server_palette",
     "speculative_findings",
     "verdict_pivot",
     "write_page_findings",
 ]
 
-#: The questions whose answers open index.html, and the page each finding lives on.
-HEADLINE_QUESTIONS = ("habit", "capacity", "speculative", "ab")
-PAGE_OF_CAVEAT = {"block_size": "hit_rates", "min_cacheable": "cost", "eviction": "concurrency",
-                  "tiny_model": "speculative", "burst": "latency", "sessions_below_concurrency": "concurrency",
-                  "client_stalls": "latency"}
 #: Cells whose replay client was held up for more than this share of their run get a caveat.
 CLIENT_STALL_SHARE = 0.01
-PAGE_QUESTIONS = {"hit_rates": ("habit", "hit_rate"), "concurrency": ("capacity",), "latency": ("latency",),
-                  "cost": ("cost",), "speculative": ("speculative",), "ab_compare": ("ab",),
-                  "explain": ("habit", "cache_break")}
 #: Metrics the pivoted verdict table shows (the full table goes to CSV).
 PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s", "hit_rate")
 GPU_BLOCK_SIZE = 16
@@ -505,13 +502,29 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
 def caveats(res: ExperimentResults) -> list[Finding]:
     """The conditions that limit what the numbers mean, each only where the data shows it."""
     out: list[Finding] = []
-    for name, fn in _CAVEATS.items():
+    for name, (notebook, fn) in _CAVEATS.items():
         f = fn(res)
         if f is not None:
-            out.append(Finding(question="caveat", sentence=f[0], numbers=f[1], notebook=PAGE_OF_CAVEAT[name]))
+            out.append(Finding(question="caveat", sentence=f[0], numbers=f[1], notebook=notebook))
     return out
 
 
+_CaveatFn = Callable[[ExperimentResults], "tuple[str, dict[str, float | None]] | None"]
+_CAVEATS: dict[str, tuple[str, _CaveatFn]] = {}
+
+
+def caveat(name: str, notebook: str) -> Callable[[_CaveatFn], _CaveatFn]:
+    """Register a caveat under its name with the page it is shown on: the function returns (sentence, numbers)
+    where the data shows the condition, else None. Caveats are listed in registration order."""
+    def register(fn: _CaveatFn) -> _CaveatFn:
+        if name in _CAVEATS:
+            raise ValueError(f"caveat {name!r} is already registered")
+        _CAVEATS[name] = (notebook, fn)
+        return fn
+    return register
+
+
+@caveat("block_size", "hit_rates")
 def _caveat_block_size(res: ExperimentResults):
     sizes = sorted({int(b) for b in _ok_cells(res).get("block_size", pd.Series(dtype=float)).dropna()})
     big = [b for b in sizes if b > GPU_BLOCK_SIZE]
@@ -522,6 +535,7 @@ def _caveat_block_size(res: ExperimentResults):
             "are higher."), {"block_size": float(big[0])})
 
 
+@caveat("min_cacheable", "cost")
 def _caveat_min_cacheable(res: ExperimentResults):
     from kvscope.harness.pricing.provider_cache import load_preset
 
@@ -539,6 +553,7 @@ def _caveat_min_cacheable(res: ExperimentResults):
             "the provider, whatever their reuse."), {f"share_below_{n}": s for n, s in below.items()})
 
 
+@caveat("eviction", "concurrency")
 def _caveat_eviction(res: ExperimentResults):
     m = res.metrics
     if not len(m) or "kv_cache_usage" not in m:
@@ -552,6 +567,7 @@ def _caveat_eviction(res: ExperimentResults):
             "hit rates are those of a cache that never had to evict."), {"peak_kv_usage": peak})
 
 
+@caveat("tiny_model", "speculative")
 def _caveat_tiny_model(res: ExperimentResults):
     card = res.model.card if res.model is not None else None
     if not (res.weights_random or card):
@@ -564,6 +580,7 @@ def _caveat_tiny_model(res: ExperimentResults):
             {"train_steps": None if steps is None else float(steps)})
 
 
+@caveat("burst", "latency")
 def _caveat_burst(res: ExperimentResults):
     ok = res.ok_requests()
     if not len(ok) or "e2e_s" not in ok:
@@ -578,6 +595,7 @@ def _caveat_burst(res: ExperimentResults):
             "the delivery, not the decoding."), {"burst_share": burst})
 
 
+@caveat("sessions_below_concurrency", "concurrency")
 def _caveat_sessions(res: ExperimentResults):
     c = _ok_cells(res)
     if "concurrency" not in c or not len(res.requests):
@@ -593,6 +611,7 @@ def _caveat_sessions(res: ExperimentResults):
             {"cells_below_concurrency": float(len(rows))})
 
 
+@caveat("client_stalls", "latency")
 def _caveat_client_stalls(res: ExperimentResults):
     """The replay client's own stalls (summary.json ``client.stalled_s``): windows in which sessions started late
     and tokens were read late, so latencies there are the host's, not the server's."""
@@ -610,11 +629,6 @@ def _caveat_client_stalls(res: ExperimentResults):
             {"client_stalled_s": stalled, "client_stalled_share": stalled / duration})
 
 
-_CAVEATS = {"block_size": _caveat_block_size, "min_cacheable": _caveat_min_cacheable, "eviction": _caveat_eviction,
-            "tiny_model": _caveat_tiny_model, "burst": _caveat_burst, "sessions_below_concurrency": _caveat_sessions,
-            "client_stalls": _caveat_client_stalls}
-
-
 # ---- entry points ------------------------------------------------------------------------------------------
 def executive_summary(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
     """The headline findings (habits, capacity, speculative decoding, A/B) followed by the caveats."""
@@ -623,27 +637,95 @@ def executive_summary(res: ExperimentResults, resamples: int = RESAMPLES) -> lis
             *ab_findings(table), *caveats(res)]
 
 
+@dataclass
+class PageContext:
+    """What a page's findings are computed from: the results, and what the page already computed (the A/B
+    table, the per-workload attributions), else computed here once."""
+
+    res: ExperimentResults
+    resamples: int = RESAMPLES
+    ab: pd.DataFrame | None = None
+    explained: list[WorkloadExplanation] | None = None
+
+    def ab_table(self) -> pd.DataFrame:
+        if self.ab is None:
+            self.ab = ab_table(self.res, self.resamples)
+        return self.ab
+
+    def explanations(self) -> list[WorkloadExplanation]:
+        if self.explained is None:
+            self.explained = explain_workloads(self.res)
+        return self.explained
+
+
+@dataclass(frozen=True)
+class PageFindings:
+    """One page's findings: the notebook they open, the questions they answer, and how they are computed."""
+
+    notebook: str
+    questions: tuple[str, ...]
+    compute: Callable[[PageContext], list[Finding]]
+
+
+#: notebook -> its findings, registered with ``@page_findings_of`` beside the page's finding functions.
+PAGE_FINDINGS: dict[str, PageFindings] = {}
+
+
+def page_findings_of(notebook: str, *questions: str
+                     ) -> Callable[[Callable[[PageContext], list[Finding]]], Callable[[PageContext], list[Finding]]]:
+    """Register the function that computes a page's findings (its caveats are added by `page_findings`)."""
+    def register(fn: Callable[[PageContext], list[Finding]]) -> Callable[[PageContext], list[Finding]]:
+        if notebook in PAGE_FINDINGS:
+            raise ValueError(f"findings of notebook {notebook!r} are already registered")
+        PAGE_FINDINGS[notebook] = PageFindings(notebook, questions, fn)
+        return fn
+    return register
+
+
+@page_findings_of("hit_rates", "habit", "hit_rate")
+def _hit_rates_page(ctx: PageContext) -> list[Finding]:
+    return [*habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]
+
+
+@page_findings_of("concurrency", "capacity")
+def _concurrency_page(ctx: PageContext) -> list[Finding]:
+    return capacity_findings(ctx.res)
+
+
+@page_findings_of("latency", "latency")
+def _latency_page(ctx: PageContext) -> list[Finding]:
+    return latency_findings(ctx.res)
+
+
+@page_findings_of("cost", "cost")
+def _cost_page(ctx: PageContext) -> list[Finding]:
+    return cost_findings(ctx.res)
+
+
+@page_findings_of("speculative", "speculative")
+def _speculative_page(ctx: PageContext) -> list[Finding]:
+    return speculative_findings(ctx.res, ctx.ab_table())
+
+
+@page_findings_of("ab_compare", "ab")
+def _ab_page(ctx: PageContext) -> list[Finding]:
+    return ab_findings(ctx.ab_table())
+
+
+@page_findings_of("explain", "habit", "cache_break")
+def _explain_page(ctx: PageContext) -> list[Finding]:
+    return explain_findings(ctx.explanations())
+
+
 def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMPLES,
                   ab: pd.DataFrame | None = None, explained: list[WorkloadExplanation] | None = None
                   ) -> list[Finding]:
     """The findings one analysis page opens with (and its caveats). ``ab`` (the A/B table) and ``explained``
     (the per-workload attributions) are what the page already computed, where it did."""
-    if notebook == "hit_rates":
-        found = [*habit_findings(res, resamples), *hit_rate_findings(res)]
-    elif notebook == "concurrency":
-        found = capacity_findings(res)
-    elif notebook == "latency":
-        found = latency_findings(res)
-    elif notebook == "cost":
-        found = cost_findings(res)
-    elif notebook == "speculative":
-        found = speculative_findings(res, ab if ab is not None else ab_table(res, resamples))
-    elif notebook == "ab_compare":
-        found = ab_findings(ab if ab is not None else ab_table(res, resamples))
-    elif notebook == "explain":
-        found = explain_findings(explained if explained is not None else explain_workloads(res))
-    else:
-        raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(PAGE_QUESTIONS)}")
+    page = PAGE_FINDINGS.get(notebook)
+    if page is None:
+        raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(PAGE_FINDINGS)}")
+    found = page.compute(PageContext(res, resamples, ab, explained))
     return found + [c for c in caveats(res) if c.notebook == notebook]
 
 
