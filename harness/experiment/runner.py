@@ -42,6 +42,7 @@ from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+from kvscope.harness.results.summary import ServerFacts, summary_file_model
 from kvscope.harness.serving.tls import tls_context
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
     return str(path), tokenizer, read_model_card(path)
 
 
-def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, seed: int,
+def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_requests: int, seed: int,
              max_pool_tokens: int = 262_144) -> int:
     """Unrelated requests before a cell, enough to write every KV block once, then a few more.
 
@@ -179,8 +180,8 @@ def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, s
     import httpx
 
     rng = np.random.default_rng(10_000 + seed)
-    capacity = int(facts.get("kv_capacity_tokens") or 0)
-    prompt_len = max(16, min(int(facts.get("max_model_len") or 2048) - 16, 2048))
+    capacity = (facts.kv_capacity_tokens if facts is not None else None) or 0
+    prompt_len = max(16, min(((facts.max_model_len if facts is not None else None) or 2048) - 16, 2048))
     n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
     sent = 0
     with httpx.Client(timeout=300, headers=backend.auth_headers(), verify=tls_context()) as client:
@@ -597,7 +598,8 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         loads[level.name] = level
     model = _model_name(backend, spec)
     trace_dir = run.run_dir / run.manifest["traces"][cell.workload]
-    entry["warmup_requests"] = _warm_up(backend, model, srec.get("facts") or {}, spec.replay.warmup_requests,
+    facts = ServerFacts.model_validate(srec["facts"]) if "facts" in srec else None
+    entry["warmup_requests"] = _warm_up(backend, model, facts, spec.replay.warmup_requests,
                                         cell.repeat)
     if spec.replay.warmup_pass:
         scratch = safe_child(run.run_dir, "cells", f".warmup-{cell.name}")
@@ -638,10 +640,12 @@ def _headline(s: dict[str, Any], cell_dir: Path, level: Any) -> dict[str, Any]:
     short = None
     if level.concurrency is not None and in_flight is not None:
         short = bool(in_flight < SHORTFALL_TOLERANCE * level.concurrency)
-    return {"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
-            "hit_rate": s["hit_rate"]["server_per_request"], "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
-            "ttft_p90_s": s["latency"]["ttft_s"]["p90"], "req_per_s": s["throughput"]["requests_per_s"],
-            "preemptions": float((s.get("server_deltas") or {}).get("num_preemptions") or 0),
+    summary = summary_file_model().model_validate(s)
+    deltas = summary.server_deltas  # the /metrics counters the watcher reconciled: an open block
+    return {"requests": summary.requests.sent, "errors": summary.requests.failed,
+            "hit_rate": summary.hit_rate.server_per_request, "ttft_p50_s": summary.latency.ttft_s.p50,
+            "ttft_p90_s": summary.latency.ttft_s.p90, "req_per_s": summary.throughput.requests_per_s,
+            "preemptions": float(deltas.get("num_preemptions") or 0) if deltas else 0.0,
             "mean_sessions_in_flight": in_flight, "under_driven": short}
 
 
