@@ -160,7 +160,7 @@ def test_no_prediction_is_made_where_the_model_cannot_make_one_and_each_says_why
 def test_the_concurrency_page_tables_pair_each_measured_level_with_the_prediction():
     from types import SimpleNamespace
 
-    from kvscope.harness.analysis import tables as T
+    from kvscope.harness.analysis.pages import concurrency
     from kvscope.harness.results.schemas import CapacityEntry, CellEntry
 
     def cell(hit, p50):
@@ -181,7 +181,7 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
                                             "predicted": {"skipped": "speculative decoding is not modelled"}})
     res = SimpleNamespace(experiment=SimpleNamespace(
         capacity=[entry, skipped], cells={"a1": cell(0.81, 0.03), "a2": cell(0.79, 0.04), "a4": cell(0.5, 0.1)}))
-    pm = T.predicted_vs_measured(res)
+    pm = concurrency.predicted_vs_measured(res)
     assert set(pm["server"]) == {"a"}  # the skipped sweep has no curve
     m = pm[pm["source"] == "measured"].set_index("concurrency")
     p = pm[pm["source"] == "predicted"].set_index("concurrency")
@@ -189,7 +189,7 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
     assert m.loc[2, "hit_rate"] == 0.79 and m.loc[2, "ttft_p50_ms"] == pytest.approx(40)  # from the cell headline
     assert list(m["meets_slo"]) == [True, True, False]  # preempted at 4: past the ceiling
     assert list(p["meets_slo"]) == [True, True, True, False]
-    caps = T.capacity_predictions(res).set_index("server")
+    caps = concurrency.capacity_predictions(res).set_index("server")
     assert caps.loc["a", "headline"] == "a on w: capacity predicted 4, measured 2" and caps.loc["a", "note"] == ""
     assert "speculative" in caps.loc["spec", "note"]
     assert caps.loc["a", "sentence"] == "a on w: s" and "no prediction (speculative" in caps.loc["spec", "sentence"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.harness.analysis import tables as T
+from kvscope.harness.analysis import common
 from kvscope.harness.results import summary as S
 from kvscope.harness.results.loaders import load_results, load_summary
 
@@ -90,7 +90,7 @@ def test_a_metric_registered_here_reaches_summary_json_the_cells_and_the_report_
     longest = int(res.ok_requests()["prompt_tokens"].max())
     assert load_summary(tmp_path / "run").throughput.longest_prompt_tokens == longest
     assert res.cells["longest_prompt_tokens"].tolist() == [longest]
-    table = T.cell_metrics_table(res)
+    table = common.cell_metrics_table(res)
     assert table["longest_prompt_tokens"].tolist() == [longest]
     assert {"hit_server", "ttft_p50_s", "req_per_s"} <= set(table.columns)
 

@@ -52,7 +52,6 @@ HIGHER_IS_BETTER = {THROUGHPUT_METRIC, HIT_RATE_METRIC}
 MARGIN_RELATIVE = 0.05
 MARGIN_HIT_RATE = 0.005
 ALPHA = 0.05
-VERDICTS = ("better", "worse", "equivalent", "inconclusive", "by_construction")
 TABLE_COLUMNS = ["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "margin", "p_value", "p_adjusted",
                  "verdict", "runs_a", "runs_b", "paired"]
 

@@ -150,10 +150,6 @@ def summary_metric(cls: type[SummaryMetric]) -> type[SummaryMetric]:
     return cls
 
 
-def summary_metrics() -> dict[str, type[SummaryMetric]]:
-    return dict(_METRICS)
-
-
 # ---------------------------------------------------------------------------------------- request counts
 
 
