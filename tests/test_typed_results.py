@@ -48,19 +48,14 @@ def untyped_reads(root: Path = ROOT) -> dict[str, list[str]]:
     return found
 
 
-#: Not yet typed, counted so the number can only fall: the experiment runner (and the Ray executor beside it)
-#: still builds experiment.json as a dict while cells run (it validates on every save), and sweep.point_from_cell
-#: reads a cell entry of that dict. analysis/explain.py reads manifest.json raw to find a run's trace; it is
-#: being rewritten for streaming separately and moves to `load_run_manifest` there.
-KNOWN = {"get_or_empty": 1, "chained_get": 0, "manifest_key": 29}
+#: analysis/explain.py reads a run's manifest.json raw to find its trace; it is being rewritten for streaming
+#: separately and moves to `load_run_manifest` there.
 EXEMPT = ("harness/analysis/explain.py",)
 
 
 def test_result_data_is_read_through_attributes_not_dicts():
     found = {k: [w for w in v if not w.startswith(EXEMPT)] for k, v in untyped_reads().items()}
-    outside_runner = {k: [w for w in v if not w.startswith("harness/experiment/")] for k, v in found.items()}
-    assert outside_runner == {k: [] for k in found}, outside_runner
-    assert all(len(found[k]) <= KNOWN[k] for k in KNOWN), {k: len(v) for k, v in found.items()}
+    assert found == {k: [] for k in found}, found
 
 
 def test_a_metric_registered_here_reaches_summary_json_the_cells_and_the_report_table(tmp_path, monkeypatch):
