@@ -121,7 +121,7 @@ def test_experiment_json_records_the_validated_spec_with_defaults(tmp_path):
     from kvscope.harness.experiment.spec import ExperimentSpec
 
     path = tmp_path / "experiment.json"
-    _write_json(path, _experiment_manifest(_spec()))
+    _write_json(path, ExperimentFile[ExperimentSpec].model_validate(_experiment_manifest(_spec())))
     raw = json.loads(path.read_text())
     # defaults the YAML never named are recorded
     assert raw["spec"]["replay"]["total_timeout_s"] == 1800.0 and raw["spec"]["repeats"] == 3
