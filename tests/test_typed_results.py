@@ -11,7 +11,6 @@ import ast
 from pathlib import Path
 
 import pytest
-
 from kvscope.harness.analysis import common
 from kvscope.harness.results import summary as S
 from kvscope.harness.results.loaders import load_results, load_summary

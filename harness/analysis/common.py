@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
 from kvscope.harness.analysis.ab import Run
 from kvscope.harness.results.loaders import ExperimentResults
-
 
 _DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
 

@@ -20,22 +20,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import kvscope.harness.analysis.pages.ab_compare  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.concurrency  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.cost  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.explain  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.hit_rates  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.latency  # noqa: F401 - registers the page's findings
+import kvscope.harness.analysis.pages.speculative  # noqa: F401 - registers the page's findings
 import pandas as pd
-
-from kvscope.harness.analysis.explain_experiment import WorkloadExplanation
-from kvscope.harness.results.findings_file import (FINDINGS_NAME, Finding, FindingsFile, VerdictCell,
-                                                   write_findings_file)
-from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.analysis.common import RESAMPLES
+from kvscope.harness.analysis.explain_experiment import WorkloadExplanation
 from kvscope.harness.analysis.pages.ab_compare import PIVOT_METRICS
 from kvscope.harness.analysis.registry import PAGE_FINDINGS, PageContext, caveats
-import kvscope.harness.analysis.pages.hit_rates  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.concurrency  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.latency  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.cost  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.speculative  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.ab_compare  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.explain  # noqa: F401 - registers the page's findings
+from kvscope.harness.results.findings_file import (
+    FINDINGS_NAME,
+    Finding,
+    FindingsFile,
+    VerdictCell,
+    write_findings_file,
+)
+from kvscope.harness.results.loaders import ExperimentResults
 
 
 def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMPLES,

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
-
+from kvscope.harness.analysis.common import RESAMPLES
 from kvscope.harness.analysis.explain_experiment import WorkloadExplanation, explain_workloads
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.analysis.common import RESAMPLES
 
 
 def caveats(res: ExperimentResults) -> list[Finding]:

@@ -26,10 +26,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
-
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.results.schemas import (CalibrationFile, CellEntry, ExperimentFile, ExperimentSpecCore,
-                                            ManifestFile, ModelEntry, ReportFile, ServerEntry, ServerFacts)
+from kvscope.harness.results.schemas import (
+    CalibrationFile,
+    CellEntry,
+    ExperimentFile,
+    ExperimentSpecCore,
+    ManifestFile,
+    ModelEntry,
+    ReportFile,
+    ServerEntry,
+    ServerFacts,
+)
 from kvscope.harness.results.summary import cell_columns, summary_file_model
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
 

@@ -26,11 +26,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
-from pydantic_core import PydanticUndefined
-
 from kvscope.harness.results.goodput import goodput
 from kvscope.workloads.versioned_file import VersionedFile
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+from pydantic_core import PydanticUndefined
 
 
 class _Block(BaseModel):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-
 import pandas as pd
-
 from kvscope.harness.analysis.ab import compare
-from kvscope.harness.results.findings_file import Finding
-from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.analysis.common import RESAMPLES, _ok_cells, _runs, _signed_pct
 from kvscope.harness.analysis.registry import PageContext, page_findings_of
-
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
 
 #: Metrics the pivoted verdict table shows (the full table goes to CSV).
 PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s", "hit_rate")

@@ -7,12 +7,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
-
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
-from kvscope.harness.results.findings_file import Finding
-from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
 
 
 def capacity_table(res: ExperimentResults) -> pd.DataFrame:
@@ -152,9 +151,8 @@ def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
                       ) -> pd.DataFrame:
     """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs (default: the
     accelerators of `cachemodel/gpus.yaml`, as GiB)."""
-    from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
-
     from kvscope.harness.cachemodel.gpus import load_gpus
+    from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
 
     gpus = gpus or {g.name: g.memory_gib for g in load_gpus()}
     tp_for = tp_for or {"llama-3.1-70b": 4}

@@ -6,12 +6,10 @@ import math
 from collections.abc import Iterable
 
 import pandas as pd
-
+from kvscope.harness.analysis.common import _derived, _pct, _simulated, hit_by_workload
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.analysis.common import _derived, _pct, _simulated
-from kvscope.harness.analysis.common import hit_by_workload
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 
 
 def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
-
 from kvscope.harness.analysis.explain_experiment import explain_findings
-from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.analysis.registry import PageContext, page_findings_of
+from kvscope.harness.results.findings_file import Finding
 
 
 @page_findings_of("explain", "habit", "cache_break")

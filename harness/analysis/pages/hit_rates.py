@@ -6,15 +6,25 @@ import math
 from typing import Any
 
 import pandas as pd
-
 from kvscope.harness.analysis.ab import compare
+from kvscope.harness.analysis.common import (
+    GPU_BLOCK_SIZE,
+    RESAMPLES,
+    _caching_server,
+    _load_order,
+    _metric_row,
+    _ms,
+    _ok_cells,
+    _pct,
+    _ratio,
+    _runs,
+    hit_by_workload,
+)
+from kvscope.harness.analysis.pages.cost import provider_costs
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.workloads.policies import HistoryPolicy
-from kvscope.harness.analysis.common import (GPU_BLOCK_SIZE, RESAMPLES, _caching_server, _load_order, _metric_row, _ms,
-                                             _ok_cells, _pct, _ratio, _runs, hit_by_workload)
-from kvscope.harness.analysis.pages.cost import provider_costs
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 
 
 def hit_table(res: ExperimentResults) -> pd.DataFrame:
@@ -85,10 +95,9 @@ def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
 def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:
     """A workload trace's history policies and scale, from its validated trace.json (none for a trace that was
     imported rather than generated from a workload spec)."""
-    from pydantic import ValidationError
-
     from kvscope.workloads.spec import WorkloadSpec
     from kvscope.workloads.trace_schema import read_trace_file
+    from pydantic import ValidationError
 
     tdir = res.trace_dir(workload)
     if tdir is None or not (tdir / "trace.json").exists():

@@ -6,13 +6,12 @@ import math
 
 import numpy as np
 import pandas as pd
-
+from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import CLIENT_STALL_S
-from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 
 
 def latency_long(res: ExperimentResults) -> pd.DataFrame:

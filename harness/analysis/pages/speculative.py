@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-
-from kvscope.harness.results.findings_file import Finding
-from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.schemas import ServerEntry
 from kvscope.harness.analysis.common import _load_order, _pct, _signed_pct
 from kvscope.harness.analysis.pages.ab_compare import page_ab_table
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import ServerEntry
 
 
 def speculative_table(res: ExperimentResults) -> pd.DataFrame:
