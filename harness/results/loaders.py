@@ -36,7 +36,6 @@ from kvscope.harness.results.schemas import (
     ModelEntry,
     ReportFile,
     ServerEntry,
-    ServerFacts,
 )
 from kvscope.harness.results.summary import cell_columns, summary_file_model
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
@@ -133,11 +132,9 @@ class ExperimentResults:
         return self.root / rel if rel else None
 
     def server(self, server: str) -> ServerEntry | None:
+        """A configuration's record in experiment.json (config, facts, restarts, log), None if unknown."""
         return self.experiment.servers.get(server)
 
-    def server_facts(self, server: str) -> ServerFacts | None:
-        entry = self.experiment.servers.get(server)
-        return entry.facts if entry is not None else None
 
 
 def _summary_row(name: str, entry: CellEntry, s: Any) -> dict[str, Any]:
