@@ -66,7 +66,7 @@ def _records(trace, cell_meta: dict, rng: np.random.Generator, prefix_on: bool, 
 
 
 def build_experiment(root: Path, records: int, tokenizer: Path) -> Path:
-    from kvscope.harness.replay.summary import summarize
+    from kvscope.harness.results.summary import summarize
     from kvscope.harness.results.loaders import write_result_file
     from kvscope.harness.results.schemas import ExperimentFile, SummaryFile
     from kvscope.workloads.generate import generate_from_file

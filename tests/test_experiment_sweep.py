@@ -9,6 +9,7 @@ from kvscope.harness.common.errors import ConfigError
 from kvscope.harness.experiment.runner import describe_plan, plan_cells
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec
 from kvscope.harness.experiment.sweep import SweepState, plan_sweeps, point_from_cell
+from kvscope.harness.results.schemas import CellEntry, CellHeadline
 
 BASE = {"name": "x", "servers": {"a": {}, "b": {}}, "workloads": {"w": {"spec": "chat"}}}
 
@@ -73,13 +74,21 @@ def test_bisections_are_bounded_and_a_fixed_sweep_runs_every_level():
     assert _run(fixed, lambda c: 50 if c <= 5 else 400) == [1, 2, 4, 8, 16]
 
 
+def _entry(fields: dict) -> CellEntry:
+    """A sweep cell's experiment.json entry with the given status, reason and headline figures."""
+    head = fields.get("headline")
+    return CellEntry(server="s", workload="w", load="c1", repeat=0, status=fields["status"], reason=fields.get("reason"),
+                     headline=None if head is None else
+                     CellHeadline(requests=1, errors=0, hit_rate=None, ttft_p50_s=None, req_per_s=None, **head))
+
+
 def test_a_failed_cell_counts_as_past_the_ceiling_and_resume_continues():
     sw = _sweep()
-    sw.record(point_from_cell(1, {"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 0}}))
-    sw.record(point_from_cell(2, {"status": "failed", "headline": {"ttft_p90_s": 0.05}}))  # replayed, failed
+    sw.record(point_from_cell(1, _entry({"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 0}})))
+    sw.record(point_from_cell(2, _entry({"status": "failed", "headline": {"ttft_p90_s": 0.05}})))  # replayed, failed
     assert sw.next_load() is None  # 1 passed, 2 failed: adjacent, nothing between
     assert sw.capacity().capacity == 1 and sw.capacity().ceiling == "slo"
-    preempted = point_from_cell(4, {"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 2.0}})
+    preempted = point_from_cell(4, _entry({"status": "ok", "headline": {"ttft_p90_s": 0.05, "preemptions": 2.0}}))
     assert preempted.preemptions == 2.0
 
 
@@ -95,8 +104,8 @@ def test_a_sweep_only_workload_stays_out_of_the_grid_and_must_be_swept():
 
 def test_a_cell_that_never_replayed_stops_the_sweep_without_a_measurement():
     sw = _sweep()
-    sw.record(point_from_cell(1, {"status": "ok", "headline": {"ttft_p90_s": 0.05}}))
-    sw.record(point_from_cell(2, {"status": "failed", "reason": "ServerError: no start"}), "ServerError: no start")
+    sw.record(point_from_cell(1, _entry({"status": "ok", "headline": {"ttft_p90_s": 0.05}})))
+    sw.record(point_from_cell(2, _entry({"status": "failed", "reason": "ServerError: no start"})), "ServerError: no start")
     assert sw.next_load() is None and sw.stopped == "ServerError: no start"
     assert sorted(sw.points) == [1] and sw.capacity().ceiling is None
 
@@ -160,7 +169,7 @@ def test_no_prediction_is_made_where_the_model_cannot_make_one_and_each_says_why
 def test_the_concurrency_page_tables_pair_each_measured_level_with_the_prediction():
     from types import SimpleNamespace
 
-    from kvscope.harness.analysis import tables as T
+    from kvscope.harness.analysis.pages import concurrency
     from kvscope.harness.results.schemas import CapacityEntry, CellEntry
 
     def cell(hit, p50):
@@ -181,7 +190,7 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
                                             "predicted": {"skipped": "speculative decoding is not modelled"}})
     res = SimpleNamespace(experiment=SimpleNamespace(
         capacity=[entry, skipped], cells={"a1": cell(0.81, 0.03), "a2": cell(0.79, 0.04), "a4": cell(0.5, 0.1)}))
-    pm = T.predicted_vs_measured(res)
+    pm = concurrency.predicted_vs_measured(res)
     assert set(pm["server"]) == {"a"}  # the skipped sweep has no curve
     m = pm[pm["source"] == "measured"].set_index("concurrency")
     p = pm[pm["source"] == "predicted"].set_index("concurrency")
@@ -189,7 +198,7 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
     assert m.loc[2, "hit_rate"] == 0.79 and m.loc[2, "ttft_p50_ms"] == pytest.approx(40)  # from the cell headline
     assert list(m["meets_slo"]) == [True, True, False]  # preempted at 4: past the ceiling
     assert list(p["meets_slo"]) == [True, True, True, False]
-    caps = T.capacity_predictions(res).set_index("server")
+    caps = concurrency.capacity_predictions(res).set_index("server")
     assert caps.loc["a", "headline"] == "a on w: capacity predicted 4, measured 2" and caps.loc["a", "note"] == ""
     assert "speculative" in caps.loc["spec", "note"]
     assert caps.loc["a", "sentence"] == "a on w: s" and "no prediction (speculative" in caps.loc["spec", "sentence"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,7 @@ from kvscope.harness.analysis import findings as F
 from kvscope.harness.analysis.explain import explain_trace
 from kvscope.harness.results.findings_file import FINDINGS_NAME, load_findings_file
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.schemas import ExperimentSpecCore
+from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore
 
 B = 16
 
@@ -53,10 +52,10 @@ def _cell(trace_dir: Path, workload: str, server: str, *, caching: bool = True, 
 def _results(root: Path, cells: list[tuple[dict, pd.DataFrame]]) -> ExperimentResults:
     spec = ExperimentSpecCore.model_validate({"name": "t"})
     workloads = {c["workload"] for c, _ in cells}
-    return ExperimentResults(root=root, manifest={"traces": {w: f"traces/{w}" for w in workloads}, "servers": {}},
-                             cells=pd.DataFrame([c for c, _ in cells]),
-                             requests=pd.concat([r for _, r in cells], ignore_index=True),
-                             metrics=pd.DataFrame(), experiment=SimpleNamespace(spec=spec))  # type: ignore[arg-type]
+    experiment = ExperimentFile(experiment="t", run_id="r", spec=spec, spec_path="t.yaml", created_at=0.0,
+                                traces={w: f"traces/{w}" for w in workloads})
+    return ExperimentResults(root=root, experiment=experiment, cells=pd.DataFrame([c for c, _ in cells]),
+                             requests=pd.concat([r for _, r in cells], ignore_index=True), metrics=pd.DataFrame())
 
 
 def test_each_workload_is_explained_once_from_its_least_concurrent_caching_run(traces):

@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from kvscope.harness.analysis import findings as F
-from kvscope.harness.analysis import tables as T
+from kvscope.harness.analysis import common
+from kvscope.harness.analysis.pages import ab_compare, concurrency, hit_rates, speculative
 from kvscope.harness.results.findings_file import FINDINGS_NAME, load_findings_file
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.schemas import ExperimentSpecCore
+from kvscope.harness.results.schemas import ExperimentFile, ExperimentSpecCore, ModelEntry, ServerEntry
 
 SESSIONS = 6
 STEPS = 5
@@ -47,17 +48,17 @@ def _results(cells: list[tuple[dict, pd.DataFrame]], slo_ttft_ms: float = 250, p
              tmp: Path = Path("/nonexistent"), model: dict | None = None) -> ExperimentResults:
     spec = ExperimentSpecCore.model_validate({"name": "t", "slo": {"ttft_ms": slo_ttft_ms},
                                               "cost": {"pricing": pricing or ["anthropic-sonnet-5m"]}})
-    return ExperimentResults(root=tmp, manifest={"model": model or {}, "servers": {}},
-                             cells=pd.DataFrame([c for c, _ in cells]),
-                             requests=pd.concat([r for _, r in cells], ignore_index=True),
-                             metrics=pd.DataFrame(), experiment=SimpleNamespace(spec=spec))  # type: ignore[arg-type]
+    experiment = ExperimentFile(experiment="t", run_id="r", spec=spec, spec_path="t.yaml", created_at=0.0,
+                                model=ModelEntry.model_validate(model) if model else None)
+    return ExperimentResults(root=tmp, experiment=experiment, cells=pd.DataFrame([c for c, _ in cells]),
+                             requests=pd.concat([r for _, r in cells], ignore_index=True), metrics=pd.DataFrame())
 
 
 # ---- habits ------------------------------------------------------------------------------------------------
 def test_a_habit_sentence_carries_hit_rates_and_ttft_of_both_workloads():
     res = _results([_cell("apc", "agent", "c1", hit=0.84, ttft_s=0.027),
                     _cell("apc", "agent-ts", "c1", hit=0.0, ttft_s=0.121, seed=1)])
-    [f] = F.habit_findings(res, resamples=200)
+    [f] = hit_rates.habit_findings(res, resamples=200)
     assert "from 84 % to 0 %" in f.sentence
     assert "TTFT p50 from 27 to 121 ms" in f.sentence
     assert f.numbers["hit_rate_reference"] == pytest.approx(0.84)
@@ -70,13 +71,13 @@ def test_a_habit_sentence_carries_hit_rates_and_ttft_of_both_workloads():
 def test_a_habit_that_costs_nothing_says_so():
     res = _results([_cell("apc", "agent", "c1", hit=0.84, ttft_s=0.030),
                     _cell("apc", "agent-quiet", "c1", hit=0.84, ttft_s=0.030, seed=1)])
-    [f] = F.habit_findings(res, resamples=200)
+    [f] = hit_rates.habit_findings(res, resamples=200)
     assert "costs nothing measurable" in f.sentence
     assert "84 % vs 84 %" in f.sentence
 
 
 def test_habit_cost_words_say_dearer_or_cheaper_with_the_percentage():
-    f = F._habit_sentence("a timestamp at token 4", "agent", "agent-ts", "apc", "c1", 0.84, 0.0,
+    f = hit_rates._habit_sentence("a timestamp at token 4", "agent", "agent-ts", "apc", "c1", 0.84, 0.0,
                           {"a": 0.027, "b": 0.121, "ci_low": 0.09, "ci_high": 0.1, "verdict": "worse"},
                           "anthropic-sonnet-5m", -0.40, 0.15)
     assert "makes anthropic-sonnet-5m caching 15 % dearer than no caching (agent: 40 % cheaper)" in f.sentence
@@ -86,13 +87,13 @@ def test_habit_cost_words_say_dearer_or_cheaper_with_the_percentage():
 def test_habit_pairs_take_the_longest_prefix_workload_as_reference():
     res = _results([_cell("apc", w, "c1", hit=0.5, ttft_s=0.03) for w in
                     ("agent", "agent-coding", "agent-coding-ts", "chat")])
-    assert F.habit_pairs(res) == [("agent", "agent-coding"), ("agent-coding", "agent-coding-ts")]
+    assert hit_rates.habit_pairs(res) == [("agent", "agent-coding"), ("agent-coding", "agent-coding-ts")]
 
 
 # ---- capacity ----------------------------------------------------------------------------------------------
 def test_a_one_load_experiment_says_capacity_is_not_measured():
     res = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03)])
-    [f] = F.capacity_findings(res)
+    [f] = concurrency.capacity_findings(res)
     assert f.sentence.startswith("Capacity is not measured: the experiment ran one load level (c1)")
     assert f.numbers["load_levels"] == 1
 
@@ -101,7 +102,7 @@ def test_capacity_is_the_highest_measured_load_meeting_the_slo():
     cells = [_cell("apc", "agent", f"c{c}", hit=0.8, ttft_s=t, concurrency=c)
              for c, t in ((1, 0.05), (2, 0.12), (4, 0.40), (8, 0.90))]
     cells += [_cell("fast", "agent", f"c{c}", hit=0.8, ttft_s=0.05, concurrency=c) for c in (1, 2, 4, 8)]
-    found = {f.sentence.split()[0]: f for f in F.capacity_findings(_results(cells, slo_ttft_ms=250))}
+    found = {f.sentence.split()[0]: f for f in concurrency.capacity_findings(_results(cells, slo_ttft_ms=250))}
     assert found["apc"].numbers["capacity_load"] == 2
     assert "holds load c2 at TTFT p90 ≤ 250 ms" in found["apc"].sentence
     assert "at c8 TTFT p90 is" in found["apc"].sentence
@@ -118,7 +119,7 @@ def test_a_sweeps_recorded_capacity_is_the_answer_for_its_server():
     res.experiment.capacity = [SimpleNamespace(server="apc", capacity=2.0, slo_ttft_p90_ms=250.0,
                                                sentence="apc holds 2 concurrent agent sessions at TTFT p90 ≤ 250 ms; "
                                                         "at 4 it preempts")]
-    found = {f.sentence.split()[0]: f for f in F.capacity_findings(res)}
+    found = {f.sentence.split()[0]: f for f in concurrency.capacity_findings(res)}
     assert found["apc"].sentence == "apc holds 2 concurrent agent sessions at TTFT p90 ≤ 250 ms; at 4 it preempts."
     assert found["apc"].numbers["capacity_load"] == 2
     assert "ceiling was not reached" in found["other"].sentence  # a server without a sweep: from the grid
@@ -132,14 +133,14 @@ def test_a_grid_level_that_preempts_fails_as_in_a_sweep():
     res.metrics = pd.DataFrame([{"cell": f"apc__agent__c{c}__r0", "num_requests_running": c,
                                  "num_requests_waiting": 0, "kv_cache_usage": 0.5, "num_preemptions": p}
                                 for c in (1, 2, 4) for p in ((0, 0) if c < 4 else (0, 7))])
-    [f] = F.capacity_findings(res)
+    [f] = concurrency.capacity_findings(res)
     assert f.numbers["capacity_load"] == 2
     assert "holds load c2 at TTFT p90 ≤ 250 ms" in f.sentence and "at c4 it preempts (7 preemptions)" in f.sentence
 
 
 def test_a_configuration_missing_the_slo_everywhere_says_so():
     cells = [_cell("slow", "agent", f"c{c}", hit=0.8, ttft_s=0.5, concurrency=c) for c in (1, 2)]
-    [f] = F.capacity_findings(_results(cells, slo_ttft_ms=250))
+    [f] = concurrency.capacity_findings(_results(cells, slo_ttft_ms=250))
     assert "misses TTFT p90 ≤ 250 ms even at the lowest load" in f.sentence
     assert f.numbers["capacity_load"] is None
 
@@ -151,7 +152,7 @@ def test_speculative_decoding_stops_paying_at_the_first_load_where_throughput_fa
         cells.append(_cell("base", "agent", f"c{c}", hit=0.8, ttft_s=0.03, tok_per_s=100.0))
         cells.append(_cell("ngram", "agent", f"c{c}", hit=0.8, ttft_s=0.03, tok_per_s=spec_tps, speculative=True,
                            acceptance=0.6))
-    [f] = F.speculative_findings(_results(cells))
+    [f] = speculative.speculative_findings(_results(cells))
     assert f.sentence.startswith("ngram pays off: output throughput +60 % at c1, +20 % at c2, -10 % at c4")
     assert "it stops paying at c4" in f.sentence
     assert f.numbers["throughput_change_c1"] == pytest.approx(0.6)
@@ -161,7 +162,7 @@ def test_speculative_decoding_stops_paying_at_the_first_load_where_throughput_fa
 def test_caveats_appear_only_where_the_data_shows_them():
     gpu = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03, block_size=16)])
     cpu = _results([_cell("apc", "agent", "c4", hit=0.8, ttft_s=0.03, block_size=128, concurrency=8)],
-                   model={"weights_random": False, "card": {"train_steps": 50}})
+                   model={"path": "m", "tokenizer": "m", "weights_random": False, "card": {"train_steps": 50}})
     assert not [c for c in F.caveats(gpu) if "blocks" in c.sentence or "concurrency" in c.sentence]
     words = " ".join(c.sentence for c in F.caveats(cpu))
     assert "KV blocks are 128 tokens here" in words
@@ -198,7 +199,7 @@ def test_page_findings_file_round_trips_and_the_index_summary_escapes_and_links(
     for page in ("hit_rates", "ab_compare"):
         fig_dir = tmp_path / "figures" / page
         fig_dir.mkdir(parents=True)
-        ab = F.ab_table(res, resamples=200) if page == "ab_compare" else None
+        ab = ab_compare.ab_table(res, resamples=200) if page == "ab_compare" else None
         written = F.write_page_findings(res, page, fig_dir, ab=ab, resamples=200)
         assert load_findings_file(fig_dir / FINDINGS_NAME).findings == written
     assert (tmp_path / "figures" / "ab_compare" / "verdicts.csv").exists()
@@ -217,7 +218,7 @@ def test_findings_markdown_lists_caveats_last():
 
 def test_server_palette_is_one_colour_per_server_in_order():
     res = _results([_cell(s, "agent", "c1", hit=0.5, ttft_s=0.03) for s in ("b", "a", "c")])
-    pal = F.server_palette(res)
+    pal = common.server_palette(res)
     assert list(pal) == ["b", "a", "c"] and len(set(pal.values())) == 3
 
 
@@ -225,7 +226,7 @@ def test_server_palette_is_one_colour_per_server_in_order():
 def test_hit_by_workload_counts_each_request_once_when_loads_are_pooled_and_names_would_hit():
     res = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03), _cell("apc", "agent", "c2", hit=0.8, ttft_s=0.03),
                     _cell("off", "agent", "c1", hit=0.7, ttft_s=0.03, caching=False)])
-    t = T.hit_by_workload(res).set_index("server")
+    t = common.hit_by_workload(res).set_index("server")
     assert t.loc["apc", "requests"] == SESSIONS * STEPS and t.loc["apc", "replays"] == 2
     assert t.loc["off", "measured"] == 0 and t.loc["off", "predicted_by_simulator"] == 0
     assert t.loc["off", "would_hit_with_caching"] == pytest.approx(0.7)
@@ -235,7 +236,7 @@ def test_hit_by_workload_counts_each_request_once_when_loads_are_pooled_and_name
 def test_latency_throughput_sums_workloads_per_load():
     res = _results([_cell("apc", w, c, hit=0.5, ttft_s=0.03, tok_per_s=tps)
                     for w in ("a", "b") for c, tps in (("c1", 100.0), ("c2", 150.0))])
-    t = T.latency_throughput(res)
+    t = concurrency.latency_throughput(res)
     assert t["output_tok_per_s"].tolist() == [200.0, 300.0]
     assert t["load"].tolist() == ["c1", "c2"]
 
@@ -244,8 +245,8 @@ def test_speculation_vs_primer_uses_the_primer_formula():
     row, rec = _cell("ngram", "agent", "c1", hit=0.5, ttft_s=0.03, speculative=True, acceptance=0.5)
     row["spec_mean_acceptance_length"] = 1.5
     res = _results([(row, rec)])
-    res.manifest["servers"] = {"ngram": {"config": {"speculative_config": {"num_speculative_tokens": 4}}}}
-    [r] = T.speculation_vs_primer(res).to_dict("records")
+    res.experiment.servers["ngram"] = ServerEntry(config={"speculative_config": {"num_speculative_tokens": 4}}, log="")
+    [r] = speculative.speculation_vs_primer(res).to_dict("records")
     assert r["primer_tokens_per_pass"] == pytest.approx((1 - 0.5 ** 5) / 0.5)
     assert r["measured_minus_primer"] == pytest.approx(1.5 - 1.9375)
 
@@ -255,5 +256,5 @@ def test_capacity_planning_reads_its_gpus_from_data():
 
     names = [g.name for g in load_gpus()]
     assert "H200 141GB" in names
-    plan = T.capacity_planning(contexts=(8192,), models=("llama-3.1-8b",), kv_dtypes=("bfloat16",))
+    plan = concurrency.capacity_planning(contexts=(8192,), models=("llama-3.1-8b",), kv_dtypes=("bfloat16",))
     assert plan["gpu"].tolist() == names

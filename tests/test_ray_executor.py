@@ -175,7 +175,7 @@ def test_a_lost_actor_fails_its_cells_and_the_rest_goes_on(ray_cluster, tiny_mod
         killed: list[int] = []
 
         def kill_doomed_mid_cell(server: str, event: dict) -> None:
-            running = [c for c in (event.get("cells") or {}).values() if c["status"] == "running"]
+            running = [c for c in (event.get("cells") or {}).values() if c.status == "running"]
             if server == "doomed" and running and not killed:
                 killed.append(event["pid"])
                 os.kill(event["pid"], signal.SIGKILL)
@@ -276,7 +276,7 @@ def test_a_lost_client_actor_fails_its_cells_with_the_reason(ray_cluster, tiny_m
     def kill_client_mid_cell(server: str, event: dict) -> None:
         if event["kind"] == "client":
             client_pid.append(event["pid"])
-        running = [c for c in (event.get("cells") or {}).values() if c["status"] == "running"]
+        running = [c for c in (event.get("cells") or {}).values() if c.status == "running"]
         if running and client_pid and not killed:
             os.kill(client_pid[0], signal.SIGKILL)
             killed.append(client_pid[0])

@@ -21,7 +21,7 @@ def _results(tmp_path) -> ExperimentResults:
                            "status": "failed", "reason": f"server said {SCRIPT}", "requests": 3}])
     experiment = ExperimentFile(experiment="x", run_id="r", spec=ExperimentSpecCore(name="x", description=SCRIPT),
                                 spec_path="x.yaml", created_at=0.0)
-    return ExperimentResults(root=tmp_path, manifest=experiment.model_dump(mode="json"), cells=cells,
+    return ExperimentResults(root=tmp_path, cells=cells,
                              requests=pd.DataFrame(), metrics=pd.DataFrame(), experiment=experiment)
 
 

@@ -122,7 +122,7 @@ def test_experiment_json_records_the_validated_spec_with_defaults(tmp_path):
     from kvscope.harness.experiment.spec import ExperimentSpec
 
     path = tmp_path / "experiment.json"
-    _write_json(path, _experiment_manifest(_spec()))
+    _write_json(path, ExperimentFile[ExperimentSpec].model_validate(_experiment_manifest(_spec())))
     raw = json.loads(path.read_text())
     # defaults the YAML never named are recorded
     assert raw["spec"]["replay"]["total_timeout_s"] == 1800.0 and raw["spec"]["repeats"] == 3
@@ -299,7 +299,7 @@ def test_writers_refuse_data_that_does_not_fit(tmp_path):
 
 def test_a_speculative_summary_validates(run_dir):
     """The speculative block (not produced by the fault server) from the real summariser fits the model."""
-    from kvscope.harness.replay.summary import summarize
+    from kvscope.harness.results.summary import summarize
     from kvscope.harness.results.records import read_records
 
     raw = json.loads((run_dir / "summary.json").read_text())

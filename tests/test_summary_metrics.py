@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvscope.harness.replay import summary as S
+from kvscope.harness.results import summary as S
 
 
 def _records(n: int = 40, seed: int = 0) -> pd.DataFrame:
@@ -48,6 +48,7 @@ def test_a_registered_metric_appears_at_its_tag(monkeypatch):
     @S.summary_metric
     class MaxPrompt(S.SummaryMetric):
         tag = "throughput.max_prompt_tokens"
+        output = int
 
         def compute(self, run):
             return int(run.ok["prompt_tokens"].max())
@@ -56,7 +57,7 @@ def test_a_registered_metric_appears_at_its_tag(monkeypatch):
     s = S.summarize(rec, {}, 10.0, True)
     assert s["throughput"]["max_prompt_tokens"] == int(rec[rec.in_window & rec.error_class.isna()].prompt_tokens.max())
     with pytest.raises(ValueError, match="already registered"):
-        S.summary_metric(type("Again", (S.SummaryMetric,), {"tag": "hit_rate"}))
+        S.summary_metric(type("Again", (S.SummaryMetric,), {"tag": "hit_rate", "output": int}))
 
 
 def test_data_quality_flags_burst_answers_zero_gaps_a_saturated_client_and_coarse_scrapes():

@@ -52,7 +52,6 @@ HIGHER_IS_BETTER = {THROUGHPUT_METRIC, HIT_RATE_METRIC}
 MARGIN_RELATIVE = 0.05
 MARGIN_HIT_RATE = 0.005
 ALPHA = 0.05
-VERDICTS = ("better", "worse", "equivalent", "inconclusive", "by_construction")
 TABLE_COLUMNS = ["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "margin", "p_value", "p_adjusted",
                  "verdict", "runs_a", "runs_b", "paired"]
 
@@ -496,13 +495,13 @@ def _runs_of(res, cells: list[str]) -> list[Run]:
     runs = []
     for cell in cells:
         summary = res.summaries.get(cell)
-        facts = (summary.server_facts or [{}])[0] if summary is not None else {}
+        facts = summary.server_facts[0] if summary is not None and summary.server_facts else None
         manifest_path = res.cell_dirs[cell] / "manifest.json"
         trace_sha256 = load_run_manifest(manifest_path).trace.sha256 if manifest_path.exists() else None
-        name = res.root.name if res.manifest.get("single_run") else cell
+        name = res.root.name if res.single_run else cell
         runs.append(Run(name, res.requests[res.requests["cell"] == cell] if len(res.requests) else res.requests,
                         summary.throughput.output_tokens_per_s if summary is not None else None,
-                        facts.get("prefix_caching"), trace_sha256))
+                        facts.prefix_caching if facts is not None else None, trace_sha256))
     return runs
 
 

@@ -2,7 +2,8 @@
 
 A notebook's first code cell is papermill's ``parameters`` cell; the cell after it is now two lines::
 
-    from kvscope.harness.analysis.notebook import T, display, plt, setup_notebook, sns
+    from kvscope.harness.analysis.notebook import display, plt, setup_notebook, sns
+    from kvscope.harness.analysis.pages import latency as P  # the page's own tables
     res, FIG, save = setup_notebook("latency", experiment_dir, figures_dir)
 
 This module sets the headless matplotlib backend before pyplot is imported, so it is meant for notebooks
@@ -33,10 +34,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from IPython.display import Image, Markdown, display  # noqa: E402
 
-from kvscope.harness.analysis import tables as T  # noqa: E402
 from kvscope.harness.results.loaders import ExperimentResults, load_results  # noqa: E402
 
-__all__ = ["NotebookSetup", "Path", "T", "display", "display_markdown", "load_results", "pd", "plt", "setup_notebook",
+__all__ = ["NotebookSetup", "Path", "display", "display_markdown", "load_results", "pd", "plt", "setup_notebook",
            "sns"]
 
 FIGURE_DPI = 110

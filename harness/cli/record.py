@@ -116,9 +116,12 @@ def _run_proxy(upstream: str, out: str, host: str, port: int):
 
 
 def _print_trace(out: Path) -> None:
-    meta = json.loads((Path(out) / "trace.json").read_text())
-    print(f"wrote trace {out}: {meta['num_requests']} requests in {meta['num_sessions']} session(s), "
-          f"{meta['num_segment_tokens']} distinct tokens (tokenized by {meta['record'].get('tokenized_by')})")
+    from kvscope.workloads.trace_schema import read_trace_file
+
+    meta = read_trace_file(Path(out) / "trace.json")
+    tokenized_by = meta.record.get("tokenized_by") if meta.record else None  # the proxy's open facts block
+    print(f"wrote trace {out}: {meta.num_requests} requests in {meta.num_sessions} session(s), "
+          f"{meta.num_segment_tokens} distinct tokens (tokenized by {tokenized_by})")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

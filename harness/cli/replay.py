@@ -131,37 +131,40 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def format_console_summary(s: dict) -> str:
-    r, lat, hit = s["requests"], s["latency"], s["hit_rate"]
+def format_console_summary(summary: dict[str, Any]) -> str:
+    """The console lines of a replay's summary.json body, read through its model."""
+    from kvscope.harness.results.summary import summary_file_model
+
+    s = summary_file_model().model_validate(summary)
+    r, lat, hit, client = s.requests, s.latency, s.hit_rate, s.client
     lines = [
-        f"requests: {r['sent']} sent, {r['ok']} ok, {r['failed']} failed"
-        + (f" ({json.dumps(r['errors_by_class'])})" if r["failed"] else "")
-        + (f", error rate {r['error_rate']:.1%}" if r.get("error_rate") else "")
-        + (f", {r['retries']} retries" if r.get("retries") else ""),
-        f"duration: {s['duration_s']:.1f} s   throughput: {s['throughput']['requests_per_s'] or 0:.2f} req/s, "
-        f"{s['throughput']['output_tokens_per_s'] or 0:.1f} output tok/s",
+        f"requests: {r.sent} sent, {r.ok} ok, {r.failed} failed"
+        + (f" ({json.dumps(r.errors_by_class)})" if r.failed else "")
+        + (f", error rate {r.error_rate:.1%}" if r.error_rate else "")
+        + (f", {r.retries} retries" if r.retries else ""),
+        f"duration: {s.duration_s:.1f} s   throughput: {s.throughput.requests_per_s or 0:.2f} req/s, "
+        f"{s.throughput.output_tokens_per_s or 0:.1f} output tok/s",
         f"{'':>6} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)",
     ]
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-        d = lat[key]
-        lines.append(f"{key[:-2].upper():>6} {_ms(d['p50']):>9} {_ms(d['p90']):>9} {_ms(d['p99']):>9}")
-    if r.get("length_mismatch"):
-        lines.append(f"warning: {r['length_mismatch']} successful request(s) streamed a different number of tokens "
+        d = getattr(lat, key)
+        lines.append(f"{key[:-2].upper():>6} {_ms(d.p50):>9} {_ms(d.p90):>9} {_ms(d.p99):>9}")
+    if r.length_mismatch:
+        lines.append(f"warning: {r.length_mismatch} successful request(s) streamed a different number of tokens "
                      "than asked (max_tokens with ignore_eos) or than usage reported: column length_mismatch")
-    client = s.get("client") or {}
-    if client.get("saturated"):
-        lines.append(f"warning: {client['note']} (client CPU {client['cpu_utilization']:.0%})")
-    if client.get("stalls"):
-        lines.append(f"warning: the replay client was held up {client['stalls']} time(s) for over "
-                     f"{CLIENT_STALL_S:g} s (longest {client['stall_max_s']:.2f} s, {client['stalled_s']:.1f} s in all): sessions started late "
+    if client.saturated:
+        lines.append(f"warning: {client.note} (client CPU {client.cpu_utilization:.0%})")
+    if client.stalls:
+        lines.append(f"warning: the replay client was held up {client.stalls} time(s) for over "
+                     f"{CLIENT_STALL_S:g} s (longest {client.stall_max_s:.2f} s, {client.stalled_s:.1f} s in all): sessions started late "
                      "and tokens of those windows arrived in bursts; a busy or paused host (summary.json: client)")
-    lines.append(f"prefix-cache hit rate: server per-request {_pct(hit['server_per_request'])}, "
-                 f"/metrics counters {_pct(hit['metrics_counters'])}, predicted {_pct(hit['predicted'])} "
-                 f"({hit['requests_predicted_exactly']}/{hit['requests_compared']} requests predicted exactly)")
-    if "would_hit" in hit:
-        lines.append(f"prefix caching is off: the same traffic would hit {_pct(hit['would_hit'])} with it on")
-    spec = s.get("speculative")
+    lines.append(f"prefix-cache hit rate: server per-request {_pct(hit.server_per_request)}, "
+                 f"/metrics counters {_pct(hit.metrics_counters)}, predicted {_pct(hit.predicted)} "
+                 f"({hit.requests_predicted_exactly}/{hit.requests_compared} requests predicted exactly)")
+    if "would_hit" in hit.model_fields_set:
+        lines.append(f"prefix caching is off: the same traffic would hit {_pct(hit.would_hit)} with it on")
+    spec = s.speculative
     if spec:
-        lines.append(f"speculative decoding: acceptance {_pct(spec['acceptance_rate'])}, mean acceptance length "
-                     f"{spec['mean_acceptance_length']:.2f}" + (f"  [{spec['note']}]" if spec.get("note") else ""))
+        lines.append(f"speculative decoding: acceptance {_pct(spec.acceptance_rate)}, mean acceptance length "
+                     f"{spec.mean_acceptance_length:.2f}" + (f"  [{spec.note}]" if spec.note else ""))
     return "\n".join(lines)

@@ -32,7 +32,6 @@ node mounts at the same path), `ship` (actors write to a scratch directory and s
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import queue
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.schemas import CapacityEntry, ExecutorEntry
 from kvscope.harness.experiment.runner import (
     Cell,
     RunContext,
@@ -163,7 +163,7 @@ class WorkerPayload:
     """What a configuration's actor needs: the spec, the manifest as the driver holds it, and its cells."""
 
     spec: ExperimentSpec
-    manifest: dict[str, Any]
+    manifest: Any  # ExperimentFile[ExperimentSpec], as the driver holds it
     run_dir: str
     model_path: str
     server: str
@@ -213,11 +213,12 @@ class _WorkerRun(RunContext):
         return ReplayOutcome(out_dir, result["summary"], result["aborted"])
 
     def save(self) -> None:
-        cells = {n: copy.deepcopy(c) for n, c in self.manifest["cells"].items() if c.get("server") == self.server}
-        recorded = self.manifest.get("capacity")  # None until a sweep ran (a run without sweeps keeps null)
-        capacity = None if recorded is None else [copy.deepcopy(c) for c in recorded if c.get("server") == self.server]
-        self.events.put({"kind": "manifest", "cells": cells,
-                         "server": copy.deepcopy(self.manifest["servers"].get(self.server)), "capacity": capacity})
+        cells = {n: c.model_copy(deep=True) for n, c in self.manifest.cells.items() if c.server == self.server}
+        recorded = self.manifest.capacity  # None until a sweep ran (a run without sweeps keeps null)
+        capacity = None if recorded is None else [c.model_copy(deep=True) for c in recorded if c.server == self.server]
+        server = self.manifest.servers.get(self.server)
+        self.events.put({"kind": "manifest", "cells": cells, "server": None if server is None else
+                         server.model_copy(deep=True), "capacity": capacity})
 
     def cell_finished(self, cell_name: str) -> None:
         if not self.ship:
@@ -394,7 +395,7 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
     prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
     run = prepared.run
     files = files or run.spec.executor.files
-    run.manifest["executor"] = {"kind": "ray", "address": address, "files": files}
+    run.manifest.executor = ExecutorEntry(kind="ray", address=address, files=files)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
@@ -403,9 +404,9 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
     try:
         _drive(ray, run, prepared.todo, with_sweeps=not only_cells, files=files, token=token, on_event=on_event)
     except KeyboardInterrupt:  # the actors are killed (their servers with them); --resume redoes these cells
-        for entry in run.manifest["cells"].values():
-            if entry["status"] == "running":
-                entry.update(status="interrupted", reason="interrupted")
+        for entry in run.manifest.cells.values():
+            if entry.status == "running":
+                entry.status, entry.reason = "interrupted", "interrupted"
         raise
     finally:
         (run.run_dir / token).unlink(missing_ok=True)
@@ -509,10 +510,11 @@ def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
         print(f"[{t.server}] replay client on node {t.client_node} (actor pid {t.client_pid})", flush=True)
         return
     elif kind == "manifest":
-        run.manifest["cells"].update(event["cells"])
+        run.manifest.cells.update(event["cells"])
         if event["server"] is not None:
             client = {"client_node": t.client_node, "client_pid": t.client_pid} if t.client_node else {}
-            run.manifest["servers"][t.server] = {**event["server"], "node": t.node, "files": t.files, **client}
+            run.manifest.servers[t.server] = event["server"].model_copy(
+                update={"node": t.node, "files": t.files, **client})
         if event["capacity"] is not None:
             _merge_capacity(run, t.server, event["capacity"])
     elif kind == "cell":
@@ -543,13 +545,13 @@ def _relocate_trace_path(cell_dir: Path, scratch: str | None, run_dir: Path) -> 
         write_result_file(path, ManifestFile, manifest)
 
 
-def _merge_capacity(run: RunContext, server: str, entries: list[dict[str, Any]]) -> None:
+def _merge_capacity(run: RunContext, server: str, entries: list[CapacityEntry]) -> None:
     """Replace this configuration's capacities; keep the sweeps' plan order (as a local run records them)."""
     from kvscope.harness.experiment.sweep import plan_sweeps
 
-    merged = [c for c in run.manifest.get("capacity") or [] if c["server"] != server] + entries
+    merged = [c for c in run.manifest.capacity or [] if c.server != server] + entries
     order = {(sw.server, sw.workload): i for i, sw in enumerate(plan_sweeps(run.spec))}
-    run.manifest["capacity"] = sorted(merged, key=lambda c: order.get((c["server"], c["workload"]), len(order)))
+    run.manifest.capacity = sorted(merged, key=lambda c: order.get((c.server, c.workload), len(order)))
 
 
 def _fail_remaining(run: RunContext, t: _Tracked, exc: BaseException) -> None:
@@ -561,10 +563,10 @@ def _fail_remaining(run: RunContext, t: _Tracked, exc: BaseException) -> None:
     reason = (f"Ray actor of configuration {t.server} lost ({where}): {exc.__class__.__name__}: "
               f"{first_line}")[:500]
     print(f"[{t.server}] FAILED: {reason}", flush=True)
-    for name, entry in run.manifest["cells"].items():
-        if entry.get("server") == t.server and entry["status"] in ("pending", "running") and \
-                (name in t.cells or entry["status"] == "running"):
-            entry.update(status="failed", reason=reason, ended_at=time.time())
+    for name, entry in run.manifest.cells.items():
+        if entry.server == t.server and entry.status in ("pending", "running") and \
+                (name in t.cells or entry.status == "running"):
+            entry.status, entry.reason, entry.ended_at = "failed", reason, time.time()
     run.save()
 
 

@@ -42,6 +42,9 @@ from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
+                                            ModelEntry, ServerEntry)
+from kvscope.harness.results.summary import ServerFacts, summary_file_model
 from kvscope.harness.serving.tls import tls_context
 
 if TYPE_CHECKING:
@@ -108,12 +111,12 @@ def safe_child(root: Path, *parts: str) -> Path:
     return p
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """experiment.json: validated as ExperimentFile (the full spec model) and written atomically."""
+def _write_json(path: Path, manifest: ExperimentFile[ExperimentSpec]) -> None:
+    """experiment.json: validated again as ExperimentFile (the full spec model; the cell loop changes the
+    model's fields in place, which pydantic does not check) and written atomically."""
     from kvscope.harness.results.loaders import write_result_file
-    from kvscope.harness.results.schemas import ExperimentFile
 
-    write_result_file(path, ExperimentFile[ExperimentSpec], data)
+    write_result_file(path, ExperimentFile[ExperimentSpec], manifest.model_dump(mode="json"))
 
 
 def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume: bool) -> Path:
@@ -167,7 +170,7 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
     return str(path), tokenizer, read_model_card(path)
 
 
-def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, seed: int,
+def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_requests: int, seed: int,
              max_pool_tokens: int = 262_144) -> int:
     """Unrelated requests before a cell, enough to write every KV block once, then a few more.
 
@@ -179,8 +182,8 @@ def _warm_up(backend: "Backend", model: str, facts: dict, extra_requests: int, s
     import httpx
 
     rng = np.random.default_rng(10_000 + seed)
-    capacity = int(facts.get("kv_capacity_tokens") or 0)
-    prompt_len = max(16, min(int(facts.get("max_model_len") or 2048) - 16, 2048))
+    capacity = (facts.kv_capacity_tokens if facts is not None else None) or 0
+    prompt_len = max(16, min(((facts.max_model_len if facts is not None else None) or 2048) - 16, 2048))
     n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
     sent = 0
     with httpx.Client(timeout=300, headers=backend.auth_headers(), verify=tls_context()) as client:
@@ -222,7 +225,7 @@ class RunContext:
 
     spec: ExperimentSpec
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: ExperimentFile[ExperimentSpec]  # experiment.json as the run builds it
     manifest_path: Path
     model_path: str
 
@@ -262,28 +265,28 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
-    manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
-                         "weights_random": bool(card and card.get("weights") == "random")}
-    manifest["kvscope_version"] = kvscope_version()
+    manifest.model = ModelEntry(path=model_path, tokenizer=tokenizer_dir, card=card,
+                                weights_random=bool(card and card.get("weights") == "random"))
+    manifest.kvscope_version = kvscope_version()
     run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
     cells = plan_cells(spec)
     if only_cells:
         cells = [c for c in cells if c.name in only_cells]
     for c in cells:
-        manifest["cells"].setdefault(c.name, {"server": c.server, "workload": c.workload, "load": c.load,
-                                              "repeat": c.repeat, "status": "pending"})
+        manifest.cells.setdefault(c.name, CellEntry(server=c.server, workload=c.workload, load=c.load,
+                                                    repeat=c.repeat, status="pending"))
     run.save()
     _generate_traces(run, spec_path, tokenizer_dir)
-    todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
-    manifest["cell_order"] = describe_plan(spec)
+    todo = [c for c in cells if manifest.cells[c.name].status != "ok"]
+    manifest.cell_order = describe_plan(spec)
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
     return PreparedRun(run, cells, todo, only_cells)
 
 
 def finish_run(run: RunContext) -> None:
     """Stamp completion and the failed cells (every cell not ok, whichever executor ran it)."""
-    run.manifest["completed_at"] = time.time()
-    run.manifest["failed_cells"] = [n for n, c in run.manifest["cells"].items() if c["status"] != "ok"]
+    run.manifest.completed_at = time.time()
+    run.manifest.failed_cells = [n for n, c in run.manifest.cells.items() if c.status != "ok"]
     run.save()
 
 
@@ -298,7 +301,7 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     """
     prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
     run = prepared.run
-    run.manifest["executor"] = {"kind": "local"}
+    run.manifest.executor = ExecutorEntry(kind="local")
     run_configurations(run, prepared.todo, list(run.spec.servers), with_sweeps=not only_cells,
                        after_cell=after_cell)
     finish_run(run)
@@ -342,7 +345,7 @@ def _check_cells_exist(spec: ExperimentSpec, only_cells: list[str]) -> None:
 
 
 def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
-                   resume: bool) -> dict[str, Any]:
+                   resume: bool) -> ExperimentFile[ExperimentSpec]:
     """The run's experiment.json (an earlier one on --resume, validated); the validated spec with its defaults is
     recorded, secrets redacted."""
     manifest_path = run_dir / MANIFEST
@@ -351,9 +354,10 @@ def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
             raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
         from kvscope.harness.results.loaders import load_experiment_file
 
-        return load_experiment_file(manifest_path, ExperimentSpec).model_dump(mode="json")
-    return {"experiment": spec.name, "run_id": run_dir.name, "spec": redact_config(spec.model_dump(mode="json")),
-            "spec_path": str(spec_path), "created_at": time.time(), "cells": {}, "servers": {}, "traces": {}}
+        return load_experiment_file(manifest_path, ExperimentSpec)
+    return ExperimentFile[ExperimentSpec].model_validate(
+        {"experiment": spec.name, "run_id": run_dir.name, "spec": redact_config(spec.model_dump(mode="json")),
+         "spec_path": str(spec_path), "created_at": time.time()})
 
 
 def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> None:
@@ -375,7 +379,7 @@ def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> No
             trace = generate_from_file(spec_ref, tokenizer_dir, seed=ref.seed, scale=ref.scale,
                                        sessions=ref.sessions, max_context=max_ctx, output_scale=ref.output_scale)
             trace.write(tdir)
-        run.manifest["traces"][wname] = str(tdir.relative_to(run.run_dir))
+        run.manifest.traces[wname] = str(tdir.relative_to(run.run_dir))
     run.save()
 
 
@@ -389,10 +393,10 @@ class _Servers:
         self.last_repeat: dict[str, int] = {}
         self.failed: dict[str, Exception] = {}  # a start_together failure, until the configuration's next get
 
-    def _record(self, name: str) -> dict[str, Any]:
+    def _record(self, name: str) -> ServerEntry:
         log_path = safe_child(self.run.run_dir, "servers", f"{name}.log")
-        return self.run.manifest["servers"].setdefault(
-            name, {"restarts": 0, "log": str(log_path.relative_to(self.run.run_dir))})
+        return self.run.manifest.servers.setdefault(
+            name, ServerEntry(config={}, log=str(log_path.relative_to(self.run.run_dir))))
 
     def log_path(self, name: str) -> Path:
         return safe_child(self.run.run_dir, "servers", f"{name}.log")
@@ -421,9 +425,9 @@ class _Servers:
                 self.backends.pop(name).stop()
                 self.failed[name] = exc
 
-    def _new_backend(self, name: str, srec: dict[str, Any]) -> "Backend":
+    def _new_backend(self, name: str, srec: ServerEntry) -> "Backend":
         backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path)
-        srec.update(backend=backend.name, config=backend.redacted_config())
+        srec.backend, srec.config = backend.name, backend.redacted_config()
         return backend
 
     def get(self, name: str, repeat: int) -> "Backend":
@@ -436,7 +440,7 @@ class _Servers:
             backend = self._new_backend(name, srec)
             _start_server(backend, name, self.log_path(name), srec)
         elif fresh or not backend.is_running():
-            srec["restarts"] += 1
+            srec.restarts += 1
             backend.stop()
             _start_server(backend, name, self.log_path(name), srec)
         self.last_repeat[name] = repeat
@@ -454,24 +458,24 @@ class _Servers:
 def _run_one(run: RunContext, servers: _Servers, cell: Cell, after_cell: Callable[[Cell, Any], None] | None,
              level: Any = None) -> None:
     """One cell against its configuration's server; a failure is recorded and the experiment goes on."""
-    entry = run.manifest["cells"][cell.name]
-    entry.update(status="running", started_at=time.time(), reason=None)
+    entry = run.manifest.cells[cell.name]
+    entry.status, entry.started_at, entry.reason = "running", time.time(), None
     run.save()
     backend = None
     try:
         backend = servers.get(cell.server, cell.repeat)
-        _run_cell(run, cell, backend, run.manifest["servers"][cell.server], servers.log_path(cell.server), level)
+        _run_cell(run, cell, backend, run.manifest.servers[cell.server], servers.log_path(cell.server), level)
     except KeyboardInterrupt:
-        entry.update(status="interrupted", reason="interrupted")
+        entry.status, entry.reason = "interrupted", "interrupted"
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cell is recorded and the experiment goes on
-        entry.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500],
-                     traceback=traceback.format_exc()[-2000:])
-        print(f"[{cell.name}] FAILED: {entry['reason']}", flush=True)
+        entry.status, entry.reason = "failed", f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500]
+        entry.traceback = traceback.format_exc()[-2000:]
+        print(f"[{cell.name}] FAILED: {entry.reason}", flush=True)
         if backend is None:  # it did not start: the next cell tries a fresh one
             servers.backends.pop(cell.server, None)
     finally:
-        entry["ended_at"] = time.time()
+        entry.ended_at = time.time()
         run.cell_finished(cell.name)
         run.save()
     if after_cell is not None and backend is not None:  # the launched process (VllmServer) where there is one
@@ -492,7 +496,7 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
         return
     calibrations = {name: _calibrate_for_sweep(run, servers, name, sweeps[0].spec)
                     for name in dict.fromkeys(sw.server for sw in sweeps)}
-    cells = run.manifest["cells"]
+    cells = run.manifest.cells
     active = list(sweeps)
     while active:
         for sw in list(active):
@@ -502,20 +506,22 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
                 continue
             level = sweep_level(sw.spec.kind, load)
             cell = Cell(sw.server, sw.workload, level.name or "", 0)
-            entry = cells.setdefault(cell.name, {"server": cell.server, "workload": cell.workload,
-                                                 "load": cell.load, "repeat": 0, "status": "pending"})
-            if entry["status"] != "ok":
+            entry = cells.setdefault(cell.name, CellEntry(server=cell.server, workload=cell.workload,
+                                                          load=cell.load, repeat=0, status="pending"))
+            if entry.status != "ok":
                 _run_one(run, servers, cell, after_cell, level)
-            sw.record(point_from_cell(load, cells[cell.name]), cells[cell.name].get("reason"))
-    run.manifest["capacity"] = []
+            sw.record(point_from_cell(load, cells[cell.name]), cells[cell.name].reason)
+    run.manifest.capacity = []
     for sw in sweeps:
         cap = sw.capacity()
         sentence = cap.sentence() + (f" (sweep stopped: {sw.stopped})" if sw.stopped else "")
         cal, cal_rel, skipped = calibrations[sw.server]
         predicted = _predict_sweep(run, sw, cal, cal_rel, skipped)
-        run.manifest["capacity"].append({**asdict(cap), "sentence": sentence, "predicted": predicted})
+        entry = CapacityEntry.model_validate({**asdict(cap), "sentence": sentence, "predicted": predicted})
+        run.manifest.capacity.append(entry)
         print(f"capacity: {sentence}", flush=True)
-        print(f"predicted: {predicted.get('sentence') or predicted.get('skipped')}", flush=True)
+        print(f"predicted: {entry.predicted.sentence or entry.predicted.skipped if entry.predicted else None}",
+              flush=True)
     run.save()
 
 
@@ -560,13 +566,13 @@ def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skip
     if cal is None:
         return {"skipped": skipped or "no calibration"}
     try:
-        return predict_sweep(sw, run.run_dir / run.manifest["traces"][sw.workload], cal, cal_rel or "",
+        return predict_sweep(sw, run.run_dir / run.manifest.traces[sw.workload], cal, cal_rel or "",
                              time_scale=run.spec.replay.time_scale, mode=run.spec.replay.mode)
     except Exception as exc:  # noqa: BLE001 - the measured capacity stands without it
         return {"calibration": cal_rel, "skipped": f"prediction failed: {exc.__class__.__name__}: {exc}"[:300]}
 
 
-def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: dict[str, Any]) -> None:
+def _start_server(backend: "Backend", server_name: str, log_path: Path, srec: ServerEntry) -> None:
     _launch_server(backend, server_name, log_path)
     _server_ready(backend, srec)
 
@@ -577,27 +583,27 @@ def _launch_server(backend: "Backend", server_name: str, log_path: Path, note: s
     backend.launch(log_path)
 
 
-def _server_ready(backend: "Backend", srec: dict[str, Any]) -> None:
+def _server_ready(backend: "Backend", srec: ServerEntry) -> None:
     """Wait for a launched server and record what it says about itself."""
     backend.finish_start()
-    srec["facts"] = backend.facts().model_dump(mode="json")
-    srec["ready_after_s"] = backend.ready_after_s
+    srec.facts = backend.facts()
+    srec.ready_after_s = backend.ready_after_s
 
 
-def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path,
+def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry, log_path: Path,
               level: Any = None) -> None:
     """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
     import shutil
 
     from kvscope.harness.replay.failure import replay_failure_reason
 
-    spec, entry = run.spec, run.manifest["cells"][cell.name]
+    spec, entry = run.spec, run.manifest.cells[cell.name]
     loads = {lv.name: lv for lv in spec.loads}
     if level is not None:  # a sweep level, outside the grid's loads
         loads[level.name] = level
     model = _model_name(backend, spec)
-    trace_dir = run.run_dir / run.manifest["traces"][cell.workload]
-    entry["warmup_requests"] = _warm_up(backend, model, srec.get("facts") or {}, spec.replay.warmup_requests,
+    trace_dir = run.run_dir / run.manifest.traces[cell.workload]
+    entry.warmup_requests = _warm_up(backend, model, srec.facts, spec.replay.warmup_requests,
                                         cell.repeat)
     if spec.replay.warmup_pass:
         scratch = safe_child(run.run_dir, "cells", f".warmup-{cell.name}")
@@ -607,29 +613,29 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         shutil.rmtree(scratch, ignore_errors=True)
     reset = backend.reset_prefix_cache()
     if not reset.ok and backend.managed:
-        srec["restarts"] += 1
+        srec.restarts += 1
         backend.stop()
         backend.start(log_path)
         reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
-    entry["prefix_cache_reset"] = reset.detail
+    entry.prefix_cache_reset = reset.detail
     cell_dir = safe_child(run.run_dir, "cells", cell.name)
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)
     print(f"[{cell.name}] replaying …", flush=True)
     outcome = run.replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backend)
-    s = outcome.summary
-    reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
-    entry.update(status="failed" if reason else "ok", reason=reason,
-                 dir=str(cell_dir.relative_to(run.run_dir)), headline=_headline(s, cell_dir, loads[cell.load]))
-    head = entry["headline"]
-    print(f"[{cell.name}] {entry['status']}: {s['requests']['ok']} ok, hit "
-          f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 {_ms(head['ttft_p50_s'])} p90 "
-          f"{_ms(head['ttft_p90_s'])}, {_num(head['mean_sessions_in_flight'])} sessions in flight"
-          + (" (UNDER-DRIVEN)" if head["under_driven"] else "")
-          + (f", {head['preemptions']:g} preemptions" if head["preemptions"] else ""), flush=True)
+    s = summary_file_model().model_validate(outcome.summary)
+    reason = outcome.aborted or replay_failure_reason(outcome.summary, spec.replay.max_error_share)
+    head = _headline(s, cell_dir, loads[cell.load])
+    entry.status, entry.reason, entry.headline = "failed" if reason else "ok", reason, head
+    entry.dir = str(cell_dir.relative_to(run.run_dir))
+    print(f"[{cell.name}] {entry.status}: {s.requests.ok} ok, hit "
+          f"{_fmt(s.hit_rate.server_per_request)}, TTFT p50 {_ms(head.ttft_p50_s)} p90 "
+          f"{_ms(head.ttft_p90_s)}, {_num(head.mean_sessions_in_flight)} sessions in flight"
+          + (" (UNDER-DRIVEN)" if head.under_driven else "")
+          + (f", {head.preemptions:g} preemptions" if head.preemptions else ""), flush=True)
 
 
-def _headline(s: dict[str, Any], cell_dir: Path, level: Any) -> dict[str, Any]:
+def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:
     """The cell's key figures in experiment.json, with the achieved concurrency and the preemptions."""
     from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
     from kvscope.harness.experiment.sweep import cell_in_flight
@@ -638,11 +644,12 @@ def _headline(s: dict[str, Any], cell_dir: Path, level: Any) -> dict[str, Any]:
     short = None
     if level.concurrency is not None and in_flight is not None:
         short = bool(in_flight < SHORTFALL_TOLERANCE * level.concurrency)
-    return {"requests": s["requests"]["sent"], "errors": s["requests"]["failed"],
-            "hit_rate": s["hit_rate"]["server_per_request"], "ttft_p50_s": s["latency"]["ttft_s"]["p50"],
-            "ttft_p90_s": s["latency"]["ttft_s"]["p90"], "req_per_s": s["throughput"]["requests_per_s"],
-            "preemptions": float((s.get("server_deltas") or {}).get("num_preemptions") or 0),
-            "mean_sessions_in_flight": in_flight, "under_driven": short}
+    deltas = summary.server_deltas  # the /metrics counters the watcher reconciled: an open block
+    return CellHeadline(requests=summary.requests.sent, errors=summary.requests.failed,
+                        hit_rate=summary.hit_rate.server_per_request, ttft_p50_s=summary.latency.ttft_s.p50,
+                        ttft_p90_s=summary.latency.ttft_s.p90, req_per_s=summary.throughput.requests_per_s,
+                        preemptions=float(deltas.get("num_preemptions") or 0) if deltas else 0.0,
+                        mean_sessions_in_flight=in_flight, under_driven=short)
 
 
 def _num(x: float | None) -> str:

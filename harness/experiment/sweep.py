@@ -32,7 +32,7 @@ from kvscope.harness.analysis.capacity import (
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
 if TYPE_CHECKING:
-    from kvscope.harness.results.schemas import CalibrationFile
+    from kvscope.harness.results.schemas import CalibrationFile, CellEntry
 
 __all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep",
            "prediction_skipped"]
@@ -103,16 +103,16 @@ def cell_in_flight(cell_dir: Path) -> float | None:
     return mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
 
 
-def point_from_cell(load: float, entry: dict[str, Any]) -> LoadPoint | None:
+def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:
     """A sweep cell's manifest entry as a load point; a cell that replayed and failed (overload errors,
     timeouts) fails the SLO; one that never replayed (the server did not start) is no measurement: None."""
-    if entry.get("status") != "ok" and not entry.get("headline"):
-        return None
-    head = entry.get("headline") or {}
-    ok = entry.get("status") == "ok"
-    return LoadPoint(load=load, ttft_p90_s=head.get("ttft_p90_s") if ok else None,
-                     preemptions=float(head.get("preemptions") or 0),
-                     mean_sessions_in_flight=head.get("mean_sessions_in_flight"), cell=entry.get("dir"))
+    head = entry.headline
+    if head is None:
+        return None if entry.status != "ok" else LoadPoint(load=load, ttft_p90_s=None, preemptions=0.0,
+                                                           mean_sessions_in_flight=None, cell=entry.dir)
+    ok = entry.status == "ok"
+    return LoadPoint(load=load, ttft_p90_s=head.ttft_p90_s if ok else None, preemptions=float(head.preemptions or 0),
+                     mean_sessions_in_flight=head.mean_sessions_in_flight, cell=entry.dir)
 
 
 def prediction_skipped(spec: SweepSpec, server_config: dict[str, Any]) -> str | None:

@@ -593,7 +593,7 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     from kvscope.harness.model.tinymodel import weights_are_random
     import pandas as pd
 
-    from kvscope.harness.replay.summary import CLIENT_SATURATED_CPU_SHARE, summarize
+    from kvscope.harness.results.summary import CLIENT_SATURATED_CPU_SHARE, summarize
 
     compact(run_dir)
     records = read_records(run_dir)

@@ -8,22 +8,20 @@ traceback for a run of 0 records.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.loaders import load_run_manifest
 
 
 def trace_identity(run_dir: Path) -> tuple[str | None, str | None]:
-    """(sha256, path) of the trace a replay run replayed, from its manifest.json; (None, None) when unknown."""
+    """(sha256, path) of the trace a replay run replayed, from its manifest.json (read by its loader: an
+    unreadable or invalid one is a one-line KvscopeError naming it); (None, None) without one."""
     manifest = Path(run_dir) / "manifest.json"
     if not manifest.is_file():
         return None, None
-    try:
-        trace = json.loads(manifest.read_text()).get("trace") or {}
-    except (OSError, ValueError) as exc:
-        raise KvscopeError(f"{manifest}: unreadable run manifest ({exc})") from exc
-    return trace.get("sha256"), trace.get("path")
+    trace = load_run_manifest(manifest).trace
+    return trace.sha256, trace.path
 
 
 def check_same_trace(run_a: Path, run_b: Path, force: bool = False) -> None:

@@ -5,8 +5,8 @@
     res.requests      # one row per request, with cell columns (cell, server, workload, load, repeat)
     res.cells         # one row per cell: status, headline figures, server settings
     res.metrics       # /metrics time series of every cell
-    res.manifest      # experiment.json as a dict (spec, model, servers and their facts)
-    res.experiment    # the same file as a validated ExperimentFile (res.spec: its spec, defaults included)
+    res.experiment    # experiment.json as a validated ExperimentFile (spec, model, servers and their facts)
+    res.spec          # its spec, defaults included (None for a single replay run)
     res.summaries     # cell -> validated SummaryFile
 
 Every result file is read through one loader here (`load_summary`, `load_run_manifest`,
@@ -14,8 +14,9 @@ Every result file is read through one loader here (`load_summary`, `load_run_man
 field: a file of another version, another format or corrupt JSON is a one-line `KvscopeError` naming the file
 (schemas: `kvscope.harness.results.schemas`). Writers use `write_result_file`.
 
-A single `kvscope replay` run directory loads as an experiment of one cell, so every notebook and
-`kvscope compare` work on either.
+A single `kvscope replay` run directory loads as an experiment of one cell (an `ExperimentFile` built from its
+manifest.json and summary.json), so every notebook and `kvscope compare` work on either. Results stay typed
+from file to table: analysis reads the models' attributes, never a dict dumped from them.
 """
 
 from __future__ import annotations
@@ -25,10 +26,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
-
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.results.schemas import (CalibrationFile, ExperimentFile, ExperimentSpecCore, ManifestFile, ReportFile,
-                                            SummaryFile)
+from kvscope.harness.results.schemas import (
+    CalibrationFile,
+    CellEntry,
+    ExperimentFile,
+    ExperimentSpecCore,
+    ManifestFile,
+    ModelEntry,
+    ReportFile,
+    ServerEntry,
+)
+from kvscope.harness.results.summary import cell_columns, summary_file_model
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
 
 CELL_COLUMNS = ["cell", "server", "workload", "load", "repeat"]
@@ -43,9 +52,10 @@ SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
 
 # One loader per result file: each checks format and version, then every field (KvscopeError, one line).
 
-def load_summary(path: str | Path) -> SummaryFile:
-    """A run's `summary.json` (give the file or its run directory)."""
-    return read_versioned(_file(path, SUMMARY_NAME), SummaryFile, KvscopeError)
+def load_summary(path: str | Path) -> Any:
+    """A run's `summary.json` (give the file or its run directory), as the `SummaryFile` model of the summary
+    metrics registered now (`kvscope.harness.results.summary`)."""
+    return read_versioned(_file(path, SUMMARY_NAME), summary_file_model(), KvscopeError)
 
 
 def load_run_manifest(path: str | Path) -> ManifestFile:
@@ -86,27 +96,31 @@ def _file(path: str | Path, name: str) -> Path:
 @dataclass
 class ExperimentResults:
     root: Path
-    manifest: dict[str, Any]  # experiment.json as a dict (or a synthesised one for a single run): for notebooks
+    experiment: ExperimentFile  # experiment.json (for a single replay run: one cell, built from its files)
     cells: pd.DataFrame
     requests: pd.DataFrame
     metrics: pd.DataFrame
-    summaries: dict[str, SummaryFile] = field(default_factory=dict)
+    summaries: dict[str, Any] = field(default_factory=dict)  # cell -> SummaryFile (summary_file_model())
     cell_dirs: dict[str, Path] = field(default_factory=dict)
-    experiment: ExperimentFile | None = None  # the validated experiment.json (None for a single replay run)
     run_manifest: ManifestFile | None = None  # the validated manifest.json of a single replay run
+    single_run: bool = False  # a `kvscope replay` run directory, not an experiment
 
     @property
     def spec(self) -> ExperimentSpecCore | None:
         """The experiment's validated spec (defaults included); None for a single replay run."""
-        return self.experiment.spec if self.experiment is not None else None
+        return None if self.single_run else self.experiment.spec
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("experiment") or self.root.name)
+        return self.experiment.experiment or self.root.name
+
+    @property
+    def model(self) -> ModelEntry | None:
+        return self.experiment.model
 
     @property
     def weights_random(self) -> bool:
-        return bool((self.manifest.get("model") or {}).get("weights_random"))
+        return bool(self.model is not None and self.model.weights_random)
 
     def ok_requests(self) -> pd.DataFrame:
         """Successful requests inside the measurement window: what statistics are computed on."""
@@ -114,46 +128,29 @@ class ExperimentResults:
         return r[r["error_class"].isna() & r["in_window"].astype(bool)]
 
     def trace_dir(self, workload: str) -> Path | None:
-        rel = (self.manifest.get("traces") or {}).get(workload)
-        if rel:
-            return self.root / rel
-        single = (self.manifest.get("single_run_trace"))
-        return Path(single) if single else None
+        rel = self.experiment.traces.get(workload)
+        return self.root / rel if rel else None
 
-    def server_facts(self, server: str) -> dict:
-        return ((self.manifest.get("servers") or {}).get(server) or {}).get("facts") or {}
+    def server(self, server: str) -> ServerEntry | None:
+        """A configuration's record in experiment.json (config, facts, restarts, log), None if unknown."""
+        return self.experiment.servers.get(server)
 
 
-def _summary_row(name: str, meta: dict, s: SummaryFile) -> dict[str, Any]:
-    lat, hit, thr, req = s.latency, s.hit_rate, s.throughput, s.requests
-    facts = s.server_facts[0] if s.server_facts else {}
-    spec = s.speculative
-    row = {
-        "cell": name, "server": meta.get("server", name), "workload": meta.get("workload", "trace"),
-        "load": meta.get("load", "run"), "repeat": meta.get("repeat", 0), "status": meta.get("status", "ok"),
-        "reason": meta.get("reason"),
-        "requests": req.sent, "ok": req.ok, "failed": req.failed,
-        "error_rate": req.error_rate, "duration_s": s.duration_s,
-        "req_per_s": thr.requests_per_s, "output_tok_per_s": thr.output_tokens_per_s,
-        "prompt_tok_per_s": thr.prompt_tokens_per_s,
-        "hit_server": hit.server_per_request, "hit_metrics": hit.metrics_counters,
-        "hit_predicted": hit.predicted, "would_hit": hit.would_hit,
-        "requests_predicted_exactly": hit.requests_predicted_exactly, "requests_compared": hit.requests_compared,
-        "prefix_caching": facts.get("prefix_caching"), "speculative": bool(facts.get("speculative_enabled")),
-        "block_size": facts.get("block_size"), "num_blocks": facts.get("num_blocks"),
-        "kv_capacity_tokens": facts.get("kv_capacity_tokens"),
-        "spec_acceptance_rate": spec.acceptance_rate if spec else None,
-        "spec_mean_acceptance_length": spec.mean_acceptance_length if spec else None,
-        "concurrency": meta.get("concurrency"), "aborted": s.aborted,
+
+def _summary_row(name: str, entry: CellEntry, s: Any) -> dict[str, Any]:
+    """A cell's row of `load_results(...).cells`: the cell, its server's facts, then every registered summary
+    metric's columns (`SummaryMetric.cell_columns`)."""
+    facts = s.server_facts[0] if s.server_facts else None
+    return {
+        "cell": name, "server": entry.server, "workload": entry.workload, "load": entry.load,
+        "repeat": entry.repeat, "status": entry.status, "reason": entry.reason,
+        "prefix_caching": facts.prefix_caching if facts else None,
+        "speculative": bool(facts and facts.speculative_enabled),
+        "block_size": facts.block_size if facts else None, "num_blocks": facts.num_blocks if facts else None,
+        "kv_capacity_tokens": facts.kv_capacity_tokens if facts else None,
+        "concurrency": None, "aborted": s.aborted,
+        **cell_columns(s),
     }
-    for metric in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-        pcts = getattr(lat, metric)
-        for q in ("p50", "p90", "p99", "mean"):
-            row[f"{metric[:-2]}_{q}_s"] = getattr(pcts, q)
-    if s.goodput is not None:
-        row["goodput_fraction"] = s.goodput.fraction
-        row["goodput_req_per_s"] = s.goodput.goodput_req_per_s
-    return row
 
 
 def _read_metrics(path: Path) -> pd.DataFrame:
@@ -165,7 +162,7 @@ def _read_metrics(path: Path) -> pd.DataFrame:
         raise KvscopeError(f"{path}: unreadable Parquet ({exc})") from None
 
 
-def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame, SummaryFile | None]:
+def _load_cell(cell_dir: Path, name: str, entry: CellEntry) -> tuple[pd.DataFrame, pd.DataFrame, Any]:
     from kvscope.harness.results.records import JSONL_NAME, PARQUET_NAME, read_records
 
     summary = load_summary(cell_dir / SUMMARY_NAME) if (cell_dir / SUMMARY_NAME).exists() else None
@@ -177,8 +174,8 @@ def _load_cell(cell_dir: Path, name: str, meta: dict) -> tuple[pd.DataFrame, pd.
     for df in (req, met):
         if len(df) or len(df.columns):
             df["cell"] = name
-            for k in ("server", "workload", "load", "repeat"):
-                df[k] = meta.get(k, {"server": name, "workload": "trace", "load": "run", "repeat": 0}[k])
+            df["server"], df["workload"], df["load"], df["repeat"] = (entry.server, entry.workload, entry.load,
+                                                                      entry.repeat)
     return req, met, summary
 
 
@@ -192,59 +189,62 @@ def _load_name(run_manifest: ManifestFile | None) -> str:
     return "trace"
 
 
-def _single_run_manifest(root: Path) -> tuple[dict[str, Any], ManifestFile | None]:
-    """A replay run directory described as an experiment of one cell."""
-    run_manifest = load_run_manifest(root / MANIFEST_NAME) if (root / MANIFEST_NAME).exists() else None
+def _single_run_experiment(root: Path, run_manifest: ManifestFile | None) -> ExperimentFile:
+    """A replay run directory described as an experiment of one cell, named after the directory, whose one
+    workload is called `trace`; its server's facts are added from summary.json once it is read."""
     name = root.name
-    server_conf = (run_manifest.server_config if run_manifest else None) or {}
-    manifest = {"experiment": name, "single_run": True,
-                "cells": {name: {"status": "ok", "dir": ".", "load": _load_name(run_manifest)}},
-                "model": {"path": server_conf.get("model"), "weights_random": None},
-                "single_run_trace": run_manifest.trace.path if run_manifest else None,
-                "run_manifest": run_manifest.model_dump(mode="json") if run_manifest else {}}
-    return manifest, run_manifest
+    server_conf = run_manifest.server_config if run_manifest is not None else None
+    model_path = server_conf.get("model") if server_conf else None
+    return ExperimentFile[ExperimentSpecCore](
+        experiment=name, run_id=name, spec=ExperimentSpecCore(name=name), spec_path="",
+        created_at=run_manifest.started_at if run_manifest is not None else 0.0,
+        kvscope_version=run_manifest.kvscope_version if run_manifest is not None else "unknown",
+        model=ModelEntry(path=str(model_path), tokenizer=str(model_path), card=None, weights_random=False)
+        if model_path else None,
+        cells={name: CellEntry(server=name, workload="trace", load=_load_name(run_manifest), repeat=0,
+                               status="ok", dir=".")},
+        traces={"trace": run_manifest.trace.path} if run_manifest is not None else {})
 
 
 def load_results(path: str | Path) -> ExperimentResults:
     """Load an experiment run directory (`experiment.json`) or a single replay run (`summary.json`)."""
     root = Path(path)
-    experiment: ExperimentFile | None = None
     run_manifest: ManifestFile | None = None
-    if (root / EXPERIMENT_NAME).exists():
+    single_run = not (root / EXPERIMENT_NAME).exists()
+    if not single_run:
         experiment = load_experiment_file(root / EXPERIMENT_NAME)
-        manifest = experiment.model_dump(mode="json")
     elif (root / SUMMARY_NAME).exists() or (root / "requests.jsonl").exists():
-        manifest, run_manifest = _single_run_manifest(root)
+        run_manifest = load_run_manifest(root / MANIFEST_NAME) if (root / MANIFEST_NAME).exists() else None
+        experiment = _single_run_experiment(root, run_manifest)
     else:
         raise KvscopeError(f"{root}: not an experiment run (experiment.json) or a replay run (summary.json)")
-    entries = manifest["cells"]
     req_frames, met_frames, rows = [], [], []
-    summaries: dict[str, SummaryFile] = {}
+    summaries: dict[str, Any] = {}
     dirs: dict[str, Path] = {}
-    for name, meta in entries.items():
-        cdir = root / meta["dir"] if meta.get("dir") else root / "cells" / name
+    for name, entry in experiment.cells.items():
+        cdir = root / entry.dir if entry.dir else root / "cells" / name
         dirs[name] = cdir
         summary = None
         if cdir.exists():
-            req, met, summary = _load_cell(cdir, name, meta)
+            req, met, summary = _load_cell(cdir, name, entry)
             if len(req):
                 req_frames.append(req)
             if len(met):
                 met_frames.append(met)
         if summary is not None:
             summaries[name] = summary
-            rows.append(_summary_row(name, meta, summary))
-        else:
-            # no summary (a failed or interrupted cell): the same defaults the cell's request rows carry
-            defaults = {"server": name, "workload": "trace", "load": "run", "repeat": 0}
-            rows.append({"cell": name, **{k: meta.get(k, v) for k, v in defaults.items()},
-                         "status": meta.get("status"), "reason": meta.get("reason")})
-    if manifest.get("single_run") and summaries:
-        s = next(iter(summaries.values()))
-        manifest.setdefault("servers", {})[next(iter(entries))] = {"facts": s.server_facts[0] if s.server_facts
-                                                                   else {}}
+            rows.append(_summary_row(name, entry, summary))
+        else:  # no summary (a failed or interrupted cell)
+            rows.append({"cell": name, "server": entry.server, "workload": entry.workload, "load": entry.load,
+                         "repeat": entry.repeat, "status": entry.status, "reason": entry.reason})
+    if single_run:  # the run's one server, as the experiment's servers block records it
+        config = run_manifest.server_config if run_manifest is not None else None
+        for name, s in summaries.items():
+            experiment.servers[name] = ServerEntry(config=config or {}, log="",
+                                                   facts=s.server_facts[0] if s.server_facts else None)
     cells = pd.DataFrame(rows)
     requests = pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame()
     metrics = pd.concat(met_frames, ignore_index=True) if met_frames else pd.DataFrame()
-    return ExperimentResults(root=root, manifest=manifest, cells=cells, requests=requests, metrics=metrics,
-                             summaries=summaries, cell_dirs=dirs, experiment=experiment, run_manifest=run_manifest)
+    return ExperimentResults(root=root, experiment=experiment, cells=cells, requests=requests, metrics=metrics,
+                             summaries=summaries, cell_dirs=dirs, run_manifest=run_manifest,
+                             single_run=single_run)

@@ -23,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from kvscope.harness.results.summary import CLIENT_STALL_S, ServerFacts, summary_file_model  # noqa: F401
 from kvscope.workloads.versioned_file import VersionedFile
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
@@ -36,154 +37,15 @@ class _Block(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------ summary.json
+# summary.json's model is derived from the summary-metric registry (`kvscope.harness.results.summary`): each
+# metric declares its block. `SummaryFile` below is that model for the metrics registered when it is read.
 
 
-class RequestCounts(_Block):
-    sent: int
-    in_window: int
-    ok: int
-    failed: int
-    error_rate: float | None
-    errors_by_class: dict[str, int]
-    retries: int
-    length_mismatch: int
-    errors_by_status: dict[str, int]  # HTTP status (as a string: JSON keys) -> count
 
-
-class Throughput(_Block):
-    requests_per_s: float | None
-    output_tokens_per_s: float | None
-    prompt_tokens_per_s: float | None
-
-
-class Percentiles(_Block):
-    """Seconds; every figure is null when no successful request had the value."""
-
-    count: int
-    mean: float | None
-    p50: float | None
-    p90: float | None
-    p95: float | None
-    p99: float | None
-
-
-class LatencyStats(_Block):
-    ttft_s: Percentiles
-    tpot_s: Percentiles
-    itl_s: Percentiles
-    e2e_s: Percentiles
-
-
-class Goodput(_Block):
-    slo_ttft_ms: float | None
-    slo_tpot_ms: float | None
-    requests_meeting_slo: int
-    fraction: float | None
-    goodput_req_per_s: float | None
-
-
-class HitRates(_Block):
-    """The hit rate three ways. `would_hit*` exist only when prefix caching is off (readers test for them)."""
-
-    prompt_tokens: int
-    server_cached_tokens: int
-    predicted_cached_tokens: int
-    server_per_request: float | None
-    predicted: float | None
-    metrics_counters: float | None
-    metrics_hits: float | None
-    metrics_queries: float | None
-    predicted_minus_server: float | None
-    server_minus_metrics: float | None
-    requests_compared: int
-    requests_predicted_exactly: int
-    would_hit: float | None = None
-    would_hit_cached_tokens: int | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_absent_would_hit(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if "would_hit" not in self.model_fields_set:
-            out.pop("would_hit", None)
-            out.pop("would_hit_cached_tokens", None)
-        return out
-
-
-class Speculative(_Block):
-    acceptance_rate: float | None
-    mean_acceptance_length: float | None
-    acceptance_by_position: list[float | None] | None  # per draft position; null where not measured
-    drafts: float | None
-    weights_random: bool | None
-    note: str | None
-
-
-#: A client stall: the replay's event loop woke up this much later than asked (its own work, or a host that did
-#: not run the process), so sessions waited and tokens that arrived meanwhile were timestamped late.  The replay
-#: measures it (``harness/replay/runner._StallProbe``), the console and the report caveat quote it.
-CLIENT_STALL_S = 0.1
-
-
-class ClientStats(_Block):
-    """The replay client's own cost: a saturated client inflates latencies."""
-
-    cpu_s: float
-    cpu_utilization: float | None
-    cpu_us_per_request: float | None
-    event_loop: str | None
-    stale_connection_resends: int
-    saturated: bool
-    note: str | None
-    #: Times the event loop woke > CLIENT_STALL_S late (the client was held up: sessions waited, tokens of the window
-    #: were timestamped late), the longest, and their sum.  Absent in summaries written before it existed.
-    stalls: int | None = None
-    stall_max_s: float | None = None
-    stalled_s: float | None = None
-    #: The longest stalls (at most 50) as [start s from the run's start, length s]: windows whose send times,
-    #: token times and done times are late by up to the length.
-    stall_windows_s: list[tuple[float, float]] | None = None
-    #: The event loop's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
-    priority: str | None = None
-
-
-class DataQuality(_Block):
-    """Whether a cell's latencies can be trusted (kvscope.harness.replay.summary.DataQuality says how each is
-    measured); `flags` names what is off."""
-
-    burst_share: float | None  # answers of > 1 token whose tokens all arrived together (TTFT ≈ e2e)
-    zero_gap_itl_share: float | None
-    client_cpu_utilization: float | None
-    client_saturated: bool
-    scrape_interval_s: float | None  # asked for
-    scrape_gap_s: float | None  # measured (median gap between scrapes)
-    scrapes: int
-    ttft_s_without_bursts: Percentiles
-    tpot_s_without_bursts: Percentiles
-    flags: list[str]
-
-
-class SummaryFile(VersionedFile):
-    FORMAT = "kvscope-summary"
-    SUPPORTED_VERSIONS = (1,)
-
-    format: Literal["kvscope-summary"] = "kvscope-summary"
-    version: int = 1
-    requests: RequestCounts
-    duration_s: float
-    throughput: Throughput
-    latency: LatencyStats
-    goodput: Goodput | None
-    hit_rate: HitRates
-    speculative: Speculative | None
-    data_quality: DataQuality | None = None  # absent in summaries written before it existed
-    # Counter deltas from /metrics, one key per series the metrics watcher reconciles: which ones exist
-    # depends on the vLLM version and the features on, so the block is open.
-    server_deltas: dict[str, Any] | None
-    aborted: str | None
-    client: ClientStats
-    # One ServerFacts dump per endpoint; ServerFacts is the serving layer's model (above this one) and
-    # unknown facts are null, so the block is kept as data here.
-    server_facts: list[dict[str, Any]]
+def __getattr__(name: str) -> Any:
+    if name == "SummaryFile":  # derived from the registry, so built when asked for
+        return summary_file_model()
+    raise AttributeError(name)
 
 
 # ----------------------------------------------------------------------------------------- manifest.json
@@ -304,12 +166,12 @@ class CellEntry(_Block):
 
 
 class ServerEntry(_Block):
-    # ServerConfig.redacted() and ServerFacts dumps: both are the serving layer's models (above this one).
+    # ServerConfig.redacted(): the serving layer's model (above this one), one class per backend.
     config: dict[str, Any]
     backend: str = "vllm"  # the serving backend's registered name (the runner records it)
     restarts: int = 0
     log: str
-    facts: dict[str, Any] | None = None
+    facts: ServerFacts | None = None
     ready_after_s: float | None = None
     node: str | None = None  # Ray executor: the node (IP) the server ran on (its client too, unless client_node)
     files: Literal["shared", "ship"] | None = None  # Ray executor: cells written in place or shipped back

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from kvscope.harness.common.errors import ConfigError, ServerError, load_yaml_mapping
 from kvscope.harness.common.secrets import redact_config
+from kvscope.harness.results.summary import ServerFacts  # noqa: F401 - defined with the result files that record it
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot
@@ -55,35 +56,6 @@ def resolve_api_key(env_name: str | None, option: str = "api_key_env") -> str | 
 def bearer_headers(key: str | None) -> dict[str, str]:
     """The auth headers carrying ``key`` (none without a key)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-class ServerFacts(BaseModel):
-    """What kvscope knows about a server: needed to predict hits (block size, capacity) and label results.
-
-    Every fact a backend cannot know is None (unknown), never a guess.
-    """
-
-    endpoint: str
-    backend: str = DEFAULT_BACKEND
-    engine_version: str | None = None
-    vllm_version: str | None = None  # kept for readers of older result files; None for other engines
-    model: str | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
-    num_blocks: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_concurrency: float | None = None
-    prefix_caching: bool | None = None
-    kv_cache_dtype: str | None = None
-    num_gpu_blocks_override: int | None = None
-    prefix_caching_hash_algo: str | None = None
-    speculative: dict[str, Any] | None = None
-    speculative_enabled: bool | None = None
-    launched_by_kvscope: bool = False
-    config: dict[str, Any] | None = None
-
-    def as_json(self) -> str:
-        return self.model_dump_json(indent=2)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,175 @@
+"""What every analysis page shares: the per-results memo of costly intermediates, the cell and run selectors,
+the number formats of the finding sentences and the server colours.
+
+Several tables of one page need the same costly intermediate (the cost page and its findings price the same
+trace with the same presets four times over: 10 trace reads and 46 provider simulations at 100k records). Those
+intermediates are kept per loaded results object (:func:`_derived`, by identity, dropped with the object): the
+results of a directory are read once and not changed afterwards, and each value is a pure function of them and
+of its key. The page modules (`kvscope.harness.analysis.pages`) import from here, never from each other's
+internals, except where one page's answer is another's input (the A/B table)."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from kvscope.harness.analysis.ab import Run
+from kvscope.harness.results.loaders import ExperimentResults
+
+_DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
+
+
+def _derived(res: ExperimentResults, key: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per results object and key (see the module docstring); callers must not mutate it."""
+    entry = _DERIVED.get(id(res))
+    if entry is None or entry[0]() is not res:
+        ident = id(res)
+
+        def drop(ref: weakref.ref) -> None:
+            if _DERIVED.get(ident, (None,))[0] is ref:
+                del _DERIVED[ident]
+
+        entry = (weakref.ref(res, drop), {})
+        _DERIVED[ident] = entry
+    values = entry[1]
+    if key not in values:
+        values[key] = compute()
+    return values[key]
+
+
+def _simulated(res: ExperimentResults, workload: str, reqs: list, cfg: Any, block_size: int) -> dict:
+    """The provider simulation's summary for one workload's cost trace under one preset configuration."""
+    from kvscope.harness.pricing.provider_cache import simulate_provider
+
+    return _derived(res, ("provider", workload, block_size, cfg.model_dump_json()),
+                    lambda: simulate_provider(reqs, cfg)[1])
+
+
+def _ratio(num: pd.Series, den: pd.Series) -> pd.Series:
+    return (num / den.where(den > 0)).astype(float)
+
+
+def cell_metrics_table(res: ExperimentResults) -> pd.DataFrame:
+    """One row per cell: the cell's coordinates and every registered summary metric's columns
+    (``SummaryMetric.cell_columns``), so a metric added to the registry shows here with nothing else touched."""
+    from kvscope.harness.results.loaders import CELL_COLUMNS
+    from kvscope.harness.results.summary import cell_columns
+
+    metric_cols = list(dict.fromkeys(k for s in res.summaries.values() for k in cell_columns(s)))
+    c = res.cells
+    return c[[k for k in CELL_COLUMNS + metric_cols if k in c]].reset_index(drop=True) if len(c) else c
+
+
+GPU_BLOCK_SIZE = 16
+
+
+RESAMPLES = 1000
+
+
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def _pct(x: float | None, digits: int = 0) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x * 100:.{digits}f} %"
+
+
+def _ms(x_s: float | None) -> str:
+    return "–" if x_s is None or not math.isfinite(x_s) else f"{x_s * 1000:.0f}"
+
+
+def _signed_pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x * 100:+.0f} %"
+
+
+def server_palette(res: ExperimentResults) -> dict[str, str]:
+    """One colour per server configuration, the same on every page (keyed by name, in the spec's order)."""
+    servers = list(dict.fromkeys(map(str, res.cells["server"]))) if "server" in res.cells else []
+    return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(servers)}
+
+
+def _ok_cells(res: ExperimentResults) -> pd.DataFrame:
+    c = res.cells
+    return c[c["status"] == "ok"] if "status" in c else c
+
+
+def _caching_server(res: ExperimentResults) -> str | None:
+    """The configuration habits are measured on: prefix caching on, no speculative decoding."""
+    c = _ok_cells(res)
+    for _, row in c.iterrows():
+        if row.get("prefix_caching") is True and not row.get("speculative"):
+            return str(row["server"])
+    return None
+
+
+def _load_order(res: ExperimentResults) -> list[str]:
+    c = _ok_cells(res)
+    if not len(c):
+        return []
+    value = c["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
+    return list(dict.fromkeys(c.assign(_v=value).sort_values("_v")["load"].astype(str)))
+
+
+def _runs(res: ExperimentResults, server: str, workload: str, load: str) -> list[Run]:
+    """The repeats of one (server, workload, load) as verdict-engine runs."""
+    c = _ok_cells(res)
+    sel = c[(c["server"] == server) & (c["workload"] == workload) & (c["load"].astype(str) == load)]
+    runs = []
+    for _, row in sel.sort_values("repeat").iterrows():
+        rec = res.requests[res.requests["cell"] == row["cell"]] if len(res.requests) else res.requests
+        manifest = res.cell_dirs.get(row["cell"], Path("/nonexistent")) / "manifest.json"
+        sha = None
+        if manifest.exists():
+            from kvscope.harness.results.loaders import load_run_manifest
+            sha = load_run_manifest(manifest).trace.sha256
+        tps = row.get("output_tok_per_s")
+        runs.append(Run(str(row["cell"]), rec, None if tps is None or pd.isna(tps) else float(tps),
+                        row.get("prefix_caching"), sha))
+    return runs
+
+
+def _metric_row(table: pd.DataFrame, metric: str) -> dict[str, Any] | None:
+    if not len(table):
+        return None
+    rows = table[table["metric"] == metric]
+    return None if not len(rows) else rows.iloc[0].to_dict()
+
+def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
+    """Token-weighted hit rate per (server, workload), summed over loads and repeats, three ways with distinct names:
+
+    * ``measured``: what the server reported (cached / prompt tokens);
+    * ``predicted_by_simulator``: what kvscope's vLLM-exact simulator predicts *this* server reports (0 when its
+      prefix caching is off);
+    * ``would_hit_with_caching``: what the same traffic would hit with prefix caching on (the simulator's
+      answer for a caching-off server; equal to the prediction where caching is on).
+
+    ``requests`` counts the trace's distinct requests once, however many load levels and repeats replayed it
+    (``replays`` says how many cells were pooled), so pooling loads does not double the count.
+    """
+    cols = ["server", "workload", "requests", "replays", "prompt_tokens", "measured", "predicted_by_simulator",
+            "would_hit_with_caching"]
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame(columns=cols)
+    g = ok.groupby(["server", "workload"], sort=False).agg(
+        prompt_tokens=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"),
+        predicted=("predicted_cached_tokens", "sum"), requests=("request_id", "nunique"),
+        replays=("cell", "nunique")).reset_index()
+    g["measured"] = _ratio(g["cached"], g["prompt_tokens"])
+    g["predicted_by_simulator"] = _ratio(g["predicted"], g["prompt_tokens"])
+    c = res.cells
+    if "would_hit" in c:  # a per-cell token-weighted ratio: weight it by the cell's prompt tokens
+        tokens = ok.groupby("cell")["prompt_tokens"].sum()
+        c = c.assign(_n=c["cell"].map(tokens).astype(float))
+        w = c.assign(_w=c["would_hit"].astype(float) * c["_n"]).dropna(subset=["_w"]).groupby(
+            ["server", "workload"], sort=False).agg(_w=("_w", "sum"), _n=("_n", "sum")).reset_index()
+        w["would_hit_with_caching"] = _ratio(w["_w"], w["_n"])
+        g = g.merge(w[["server", "workload", "would_hit_with_caching"]], on=["server", "workload"], how="left")
+    else:
+        g["would_hit_with_caching"] = math.nan
+    on = g["would_hit_with_caching"].isna()
+    g.loc[on, "would_hit_with_caching"] = g.loc[on, "predicted_by_simulator"]
+    return g[cols]

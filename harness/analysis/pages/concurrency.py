@@ -1,0 +1,298 @@
+"""The concurrency page (notebooks/concurrency.ipynb): KV capacity, the load curves, the measured and predicted capacity under the SLO."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
+from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+
+
+def capacity_table(res: ExperimentResults) -> pd.DataFrame:
+    rows = []
+    for server, entry in res.experiment.servers.items():
+        f = entry.facts
+        rows.append({"server": server, "block_size": f.block_size if f else None,
+                     "num_blocks": f.num_blocks if f else None,
+                     "kv_capacity_tokens": f.kv_capacity_tokens if f else None,
+                     "max_model_len": f.max_model_len if f else None,
+                     "max_concurrency_at_max_len": f.max_concurrency if f else None,
+                     "prefix_caching": f.prefix_caching if f else None,
+                     "kv_cache_dtype": f.kv_cache_dtype if f else None})
+    return pd.DataFrame(rows)
+
+
+def session_footprint(res: ExperimentResults) -> pd.DataFrame:
+    """Per workload and step: median context (prompt + output) a live session holds, in tokens and blocks,
+    and how many such sessions the smallest server's KV capacity can hold at once."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame()
+    cap = capacity_table(res)
+    capacity = float(cap["kv_capacity_tokens"].dropna().min()) if len(cap) and cap["kv_capacity_tokens"].notna().any() \
+        else math.nan
+    block = float(cap["block_size"].dropna().min()) if len(cap) and cap["block_size"].notna().any() else 16.0
+    ok = ok.assign(context=ok["prompt_tokens"] + ok["output_tokens"])
+    g = ok.groupby(["workload", "step"])["context"].median().reset_index(name="median_context_tokens")
+    g["blocks"] = np.ceil(g["median_context_tokens"] / block)
+    g["sessions_that_fit"] = np.floor(capacity / (g["blocks"] * block)) if not math.isnan(capacity) else np.nan
+    return g
+
+
+def load_curve(res: ExperimentResults) -> pd.DataFrame:
+    """Latency and server state against load, per (server, workload): where the knee is."""
+    c = res.cells
+    if not len(c) or "ttft_p50_s" not in c:
+        return pd.DataFrame()
+    m = res.metrics
+    if len(m):
+        mm = m.groupby("cell").agg(max_running=("num_requests_running", "max"),
+                                   max_waiting=("num_requests_waiting", "max"),
+                                   max_kv_usage=("kv_cache_usage", "max")).reset_index()
+        pre = m.groupby("cell")["num_preemptions"].agg(lambda s: s.max() - s.min()).reset_index(name="preemptions")
+        c = c.merge(mm, on="cell", how="left").merge(pre, on="cell", how="left")
+    c = c.assign(load_value=c["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float))
+    c = c[c["load_value"].notna()]  # a replay at the trace's own start times has no load level to plot
+    cols = ["server", "workload", "load", "load_value", "repeat", "req_per_s", "ttft_p50_s", "ttft_p90_s",
+            "ttft_p99_s", "tpot_p50_s", "max_running", "max_waiting", "max_kv_usage", "preemptions"]
+    return c.reindex(columns=cols).sort_values(["server", "workload", "load_value"])
+
+
+def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
+    """Each sweep's curve twice, one row per level and ``source``: ``measured`` (the sweep's cells) and
+    ``predicted`` (the scheduler model recorded beside it in experiment.json, from a calibration of the same
+    server taken just before the sweep; ``sweep.predict``). ``meets_slo`` is the live rule for both
+    (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`); ``preempted`` is what it reads: the cell's
+    count for a measured level, the median run's for a predicted one (``preemptions`` is the runs' mean, with
+    their 10th-90th percentile beside it). Empty without a sweep or a prediction."""
+    from pathlib import PurePath
+
+    from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
+
+    entries = getattr(res.experiment, "capacity", None) or []
+    cells = res.experiment.cells if res.experiment is not None else {}
+    rows = []
+    for e in entries:
+        if e.predicted is None or not e.predicted.levels:
+            continue
+        key = {"server": e.server, "workload": e.workload}
+        for p in e.points:
+            cell = cells.get(PurePath(p.cell).name) if p.cell else None
+            head = cell.headline if cell is not None else None
+            rows.append({**key, "concurrency": p.load, "source": "measured",
+                         "ttft_p50_ms": None if head is None or head.ttft_p50_s is None else head.ttft_p50_s * 1e3,
+                         "ttft_p90_ms": None if p.ttft_p90_s is None else p.ttft_p90_s * 1e3,
+                         "hit_rate": None if head is None else head.hit_rate, "preemptions": p.preemptions,
+                         "preempted": bool(p.preemptions), "preemptions_p10": None, "preemptions_p90": None,
+                         "meets_slo": point_meets_slo(LoadPoint(p.load, p.ttft_p90_s, p.preemptions),
+                                                      e.slo_ttft_p90_ms)})
+        for lv in e.predicted.levels:
+            point = predicted_point(lv.load, lv.ttft_p90_s,
+                                    lv.preemptions if lv.preemptions_p50 is None else lv.preemptions_p50)
+            rows.append({**key, "concurrency": lv.load, "source": "predicted",
+                         "ttft_p50_ms": None if lv.ttft_p50_s is None else lv.ttft_p50_s * 1e3,
+                         "ttft_p90_ms": None if lv.ttft_p90_s is None else lv.ttft_p90_s * 1e3,
+                         "hit_rate": lv.hit_rate, "preemptions": lv.preemptions, "preempted": bool(point.preemptions),
+                         "preemptions_p10": lv.preemptions_p10, "preemptions_p90": lv.preemptions_p90,
+                         "meets_slo": point_meets_slo(point, e.slo_ttft_p90_ms)})
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows)
+    for col in ("ttft_p50_ms", "ttft_p90_ms", "hit_rate"):
+        out[col] = out[col].astype(float)
+    return out.sort_values(["server", "workload", "source", "concurrency"]).reset_index(drop=True)
+
+
+def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
+    """One row per sweep: the measured capacity, the scheduler model's (same rule), its eviction cliff, the
+    calibration's fit, and why a sweep has no prediction (``note``)."""
+    rows = []
+    for e in getattr(res.experiment, "capacity", None) or []:
+        p = e.predicted
+        rows.append({"server": e.server, "workload": e.workload, "slo_ttft_p90_ms": e.slo_ttft_p90_ms,
+                     "measured_capacity": e.capacity, "predicted_capacity": None if p is None else p.capacity,
+                     "predicted_cliff": None if p is None else p.cliff,
+                     "calibration_r2": None if p is None else p.fit_r2,
+                     "note": "no prediction recorded" if p is None else (p.skipped or ""),
+                     "headline": f"{e.server} on {e.workload}: capacity predicted {_level(p and p.capacity)}, "
+                                 f"measured {_level(e.capacity)}",
+                     "sentence": f"{e.server} on {e.workload}: " + (
+                         "no prediction recorded" if p is None else p.sentence or f"no prediction ({p.skipped})")})
+    return pd.DataFrame(rows)
+
+
+def _level(x: float | None) -> str:
+    return "none" if x is None else f"{x:g}"
+
+
+def find_knee(curve: pd.DataFrame, metric: str = "ttft_p90_s", factor: float = 2.0) -> pd.DataFrame:
+    """First load level whose `metric` exceeds `factor` x its value at the lowest load (per server, workload)."""
+    rows = []
+    for (server, workload), g in curve.groupby(["server", "workload"]):
+        g = g.sort_values("load_value")
+        base = g[metric].iloc[0]
+        knee = g[g[metric] > factor * base]
+        rows.append({"server": server, "workload": workload, "baseline": base,
+                     "knee_load": None if knee.empty else knee["load"].iloc[0],
+                     "knee_value": None if knee.empty else knee[metric].iloc[0]})
+    return pd.DataFrame(rows)
+
+
+def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
+                      gpus: dict[str, float] | None = None,
+                      models: Iterable[str] = ("llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b"),
+                      kv_dtypes: Iterable[str] = ("bfloat16", "fp8"), tp_for: dict[str, int] | None = None
+                      ) -> pd.DataFrame:
+    """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs (default: the
+    accelerators of `cachemodel/gpus.yaml`, as GiB)."""
+    from kvscope.harness.cachemodel.gpus import load_gpus
+    from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
+
+    gpus = gpus or {g.name: g.memory_gib for g in load_gpus()}
+    tp_for = tp_for or {"llama-3.1-70b": 4}
+    rows = []
+    for model in models:
+        shape = get_preset(model)
+        tp = tp_for.get(model, 1)
+        weights = (shape.weight_bytes() or 0) / tp
+        for gpu, gib in gpus.items():
+            free = gib * 2**30 * 0.92 - weights - 2 * 2**30  # utilisation, weights, ~2 GiB activations/graphs
+            for dt in kv_dtypes:
+                for ctx in contexts:
+                    per_seq = kv_bytes_for_sequence(shape, ctx, dt, tp)
+                    rows.append({"model": model, "tp": tp, "gpu": gpu, "kv_dtype": dt, "context": ctx,
+                                 "kib_per_token": kv_bytes_per_token(shape, dt, tp) / 1024,
+                                 "kv_gib_free": max(free, 0) / 2**30,
+                                 "sequences": int(max(free, 0) // per_seq) if per_seq else 0})
+    return pd.DataFrame(rows)
+
+
+def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
+    """The Pareto view across loads: per server and load level, output tokens/s (summed over the workloads'
+    cells, mean over repeats) against TTFT p90 over all its requests."""
+    ok = res.ok_requests()
+    c = res.cells
+    if not len(ok) or "output_tok_per_s" not in c:
+        return pd.DataFrame(columns=["server", "load", "load_value", "output_tok_per_s", "ttft_p90_ms"])
+    thr = c.groupby(["server", "load", "repeat"], sort=False)["output_tok_per_s"].sum() \
+        .groupby(["server", "load"], sort=False).mean()
+    p90 = ok.groupby(["server", "load"], sort=False)["ttft_s"].quantile(0.9) * 1000
+    out = pd.DataFrame({"output_tok_per_s": thr, "ttft_p90_ms": p90}).reset_index()
+    out["load_value"] = out["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
+    return out.sort_values(["server", "load_value"]).reset_index(drop=True)
+
+
+def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:
+    """Per server and load level: TTFT p90 over all its requests, preemptions, and whether the level meets the
+    SLO by the sweeps' rule (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`: TTFT p90 within the
+    SLO and no preemption)."""
+    ok = res.ok_requests()
+    slo_ms = res.spec.slo.ttft_ms if res.spec is not None else None
+    if not len(ok):
+        return pd.DataFrame()
+    curve = load_curve(res)
+    rows = []
+    for (server, load), g in ok.groupby(["server", "load"], sort=False):
+        c = curve[(curve["server"] == server) & (curve["load"] == load)] if len(curve) else curve
+        p90 = float(np.percentile(g["ttft_s"].astype(float), 90))
+        preemptions = float(c["preemptions"].fillna(0).sum()) if len(c) and "preemptions" in c else 0.0
+        point = LoadPoint(load=float(c["load_value"].iloc[0]) if len(c) else math.nan, ttft_p90_s=p90,
+                          preemptions=preemptions)
+        rows.append({"server": server, "load": str(load), "load_value": point.load, "ttft_p90_s": p90,
+                     "requests": len(g), "preemptions": preemptions,
+                     "meets_slo": point_meets_slo(point, math.inf if slo_ms is None else slo_ms)})
+    return pd.DataFrame(rows).sort_values(["server", "load_value"]).reset_index(drop=True)
+
+
+def capacity_findings(res: ExperimentResults) -> list[Finding]:
+    """Each configuration's capacity: the highest measured load level that meets the TTFT p90 SLO. Where the
+    experiment ran a sweep, its recorded answers are the capacity (`experiment.json` `capacity`, decided by
+    :mod:`kvscope.harness.analysis.capacity`, preemptions included); the grid's levels fill in the rest."""
+    entries = getattr(res.experiment, "capacity", None) or []  # the sweeps' recorded answers, if any
+    swept = [_sweep_finding(e) for e in entries]
+    levels = capacity_by_level(res)
+    if swept:
+        done = {e.server for e in entries}
+        levels = levels[~levels["server"].isin(done)] if len(levels) else levels
+        if not len(levels) or len(_load_order(res)) < 2:
+            return swept
+    slo_ms = res.spec.slo.ttft_ms if res.spec is not None else None
+    loads = _load_order(res)
+    if not len(levels):
+        return []
+    if len(loads) < 2:
+        return [Finding(question="capacity", notebook="concurrency", figure="ttft_vs_load",
+                        numbers={"load_levels": float(len(loads))},
+                        sentence=f"Capacity is not measured: the experiment ran one load level ({', '.join(loads)}); "
+                                 "a capacity needs a sweep of several levels up to where the SLO breaks.")]
+    out = []
+    for server, g in levels.groupby("server", sort=False):
+        meeting = g[g["meets_slo"]]
+        top = g.iloc[-1]
+        slo = f"TTFT p90 ≤ {slo_ms:.0f} ms" if slo_ms else "no TTFT SLO set"
+        if not len(meeting):
+            s = (f"{server} misses {slo} even at the lowest load ({g.iloc[0]['load']}: "
+                 f"{_ms(g.iloc[0]['ttft_p90_s'])} ms).")
+            cap = None
+        else:
+            best = meeting.iloc[-1]
+            cap = float(best["load_value"])
+            above = g[(g["load_value"] > best["load_value"]) & ~g["meets_slo"]]
+            tail = ("; the ceiling was not reached (the highest level measured still meets it)"
+                    if best["load"] == top["load"] else
+                    f"; at {above.iloc[0]['load']} it preempts ({above.iloc[0]['preemptions']:.0f} preemptions)"
+                    if len(above) and above.iloc[0]["preemptions"] else
+                    f"; at {top['load']} TTFT p90 is {_ms(top['ttft_p90_s'])} ms")
+            s = f"{server} holds load {best['load']} at {slo} (p90 {_ms(best['ttft_p90_s'])} ms){tail}."
+        out.append(Finding(question="capacity", sentence=s, notebook="concurrency", figure="latency_throughput",
+                           numbers={"capacity_load": cap, "slo_ttft_ms": slo_ms,
+                                    "ttft_p90_at_highest_s": float(top["ttft_p90_s"])}))
+    return swept + out
+
+
+def _sweep_finding(entry) -> Finding:
+    """A sweep's recorded answer (an `experiment.json` `capacity` entry) as a finding."""
+    return Finding(question="capacity", sentence=entry.sentence + ".",
+                   notebook="concurrency", figure="latency_throughput",
+                   numbers={"capacity_load": entry.capacity, "slo_ttft_ms": entry.slo_ttft_p90_ms})
+
+
+@caveat("eviction", "concurrency")
+def _caveat_eviction(res: ExperimentResults):
+    m = res.metrics
+    if not len(m) or "kv_cache_usage" not in m:
+        return None
+    peak = float(m["kv_cache_usage"].max())
+    pre = m.groupby("cell")["num_preemptions"].agg(lambda s: s.max() - s.min()).sum() \
+        if "num_preemptions" in m else 0
+    if peak >= 0.9 or pre > 0:
+        return None
+    return ((f"No eviction pressure: KV-cache usage peaked at {_pct(peak)} with {int(pre)} preemptions, so the "
+            "hit rates are those of a cache that never had to evict."), {"peak_kv_usage": peak})
+
+
+@caveat("sessions_below_concurrency", "concurrency")
+def _caveat_sessions(res: ExperimentResults):
+    c = _ok_cells(res)
+    if "concurrency" not in c or not len(res.requests):
+        return None
+    sessions = res.requests.groupby("cell")["session_id"].nunique()
+    rows = [(r["cell"], int(sessions.get(r["cell"], 0)), int(r["concurrency"])) for _, r in c.iterrows()
+            if pd.notna(r.get("concurrency")) and sessions.get(r["cell"], 0) < r["concurrency"]]
+    if not rows:
+        return None
+    example = rows[0]
+    return ((f"{len(rows)} cell(s) had fewer sessions than their concurrency (e.g. {example[0]}: {example[1]} "
+            f"sessions at concurrency {example[2]}): those ran below their nominal load."),
+            {"cells_below_concurrency": float(len(rows))})
+
+
+@page_findings_of("concurrency", "capacity")
+def _concurrency_page(ctx: PageContext) -> list[Finding]:
+    return capacity_findings(ctx.res)

@@ -1,0 +1,185 @@
+"""The cost page (notebooks/cost.ipynb): provider prompt-caching prices against vLLM's hits, TTL sensitivity, self-hosted cost per token."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import pandas as pd
+from kvscope.harness.analysis.common import _derived, _pct, _simulated, hit_by_workload
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+
+
+def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
+    """The workload's trace requests restricted to the sessions every finished cell of the workload replayed,
+    so caching and no caching, and every preset, are priced over the same sessions."""
+    return _derived(res, ("cost_trace", workload, block_size), lambda: _read_trace_for_cost(res, workload, block_size))
+
+
+def _read_trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
+    from kvscope.harness.cachemodel.trace_io import load_trace
+
+    tdir = res.trace_dir(workload)
+    if tdir is None or not tdir.exists():
+        return None
+    reqs = load_trace(str(tdir), block_size).requests
+    ok = res.ok_requests()
+    if len(ok) and "session_id" in ok:
+        mine = ok[ok["workload"] == workload]
+        per_cell = [set(map(str, g["session_id"])) for _, g in mine.groupby("cell")]
+        if per_cell:
+            common = set.intersection(*per_cell)
+            reqs = [r for r in reqs if str(r.session_id) in common]
+    return reqs
+
+
+def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16,
+                   workloads: Iterable[str] | None = None) -> pd.DataFrame:
+    """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
+    and without, over the same sessions (those every cell of the workload replayed): in total, per 1,000
+    sessions and per million input tokens."""
+    from kvscope.harness.pricing.cost import no_cache_cost
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    rows = []
+    names = sorted(set(res.cells["workload"].dropna())) if workloads is None else list(workloads)
+    for workload in names:
+        reqs = _trace_for_cost(res, workload, block_size)
+        if not reqs:
+            continue
+        total_in = sum(r.prompt_tokens for r in reqs)
+        total_out = sum(r.output_tokens for r in reqs)
+        sessions = len({r.session_id for r in reqs})
+        for name in presets:
+            cfg = load_preset(name)
+            s = _simulated(res, workload, reqs, cfg, block_size)
+            base = no_cache_cost(cfg.pricing, total_in, total_out)
+            rows.append({"workload": workload, "preset": name, "sessions": sessions, "input_tokens": total_in,
+                         "output_tokens": total_out, "cache_read_ratio": s["cache_read_ratio"],
+                         "cost_usd": s["total_usd"], "no_cache_usd": base,
+                         "usd_per_1000_sessions": s["total_usd"] / sessions * 1000 if sessions else math.nan,
+                         "usd_per_1000_sessions_no_cache": base / sessions * 1000 if sessions else math.nan,
+                         "usd_per_mtok_input": s["total_usd"] / total_in * 1e6 if total_in else math.nan,
+                         "saving": 1 - s["total_usd"] / base if base else math.nan})
+    return pd.DataFrame(rows)
+
+
+def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
+    """Why a provider's cache-read share differs from vLLM's measured hit rate on the same traffic: the share of
+    prompts below the provider's minimum cacheable length, its granularity and its breakpoint mode, each named."""
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    costs = provider_costs(res, presets, block_size)
+    hits = hit_by_workload(res)
+    caching = hits[hits["measured"] > 0].groupby("workload")["measured"].max() if len(hits) else pd.Series()
+    ok = res.ok_requests()
+    rows = []
+    for _, r in costs.iterrows():
+        cfg = load_preset(r["preset"])
+        prompts = ok[ok["workload"] == r["workload"]]["prompt_tokens"] if len(ok) else pd.Series(dtype=float)
+        below = float((prompts < cfg.min_prefix_tokens).mean()) if len(prompts) else math.nan
+        reasons = []
+        if below > 0:
+            reasons.append(f"{below:.0%} of prompts are below its minimum of {cfg.min_prefix_tokens:,} tokens")
+        if cfg.granularity_tokens > 1:
+            reasons.append(f"hits count in {cfg.granularity_tokens}-token steps")
+        if cfg.mode == "breakpoints":
+            reasons.append("it reads only up to a cache breakpoint (one at the end of each prompt here)")
+        if cfg.ttl_s is not None:
+            reasons.append(f"entries expire after {cfg.ttl_s:,.0f} s of the trace's think and tool time")
+        rows.append({"workload": r["workload"], "preset": r["preset"],
+                     "vllm_hit_rate": float(caching.get(r["workload"], math.nan)),
+                     "cache_read_ratio": r["cache_read_ratio"], "share_below_minimum": below,
+                     "min_prefix_tokens": cfg.min_prefix_tokens, "granularity_tokens": cfg.granularity_tokens,
+                     "mode": cfg.mode, "why": "; ".join(reasons) or "same rules as vLLM's prefix cache"})
+    return pd.DataFrame(rows)
+
+
+def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float] = (60, 300, 3600),
+                    block_size: int = 16) -> pd.DataFrame:
+    """How the cache-read share and cost move with the provider's TTL, given the trace's think times. Each TTL is
+    priced at that TTL's own write rate where the provider has one (Anthropic: 1.25x for 5 minutes, 2x for an
+    hour; `ProviderCacheConfig.for_ttl`)."""
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    rows = []
+    base = load_preset(preset)
+    for workload in sorted(set(res.cells["workload"].dropna())):
+        reqs = _trace_for_cost(res, workload, block_size)
+        if not reqs:
+            continue
+        for ttl in ttls_s:
+            cfg = base.for_ttl(ttl)
+            s = _simulated(res, workload, reqs, cfg, block_size)
+            rows.append({"workload": workload, "ttl_s": ttl, "cache_write_multiplier": cfg.pricing.cache_write_multiplier,
+                         "cache_read_ratio": s["cache_read_ratio"], "cost_usd": s["total_usd"]})
+    return pd.DataFrame(rows)
+
+
+def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: int = 1) -> pd.DataFrame:
+    """$ per million output (and total) tokens at the throughput each cell measured."""
+    from kvscope.harness.pricing.cost import self_hosted_cost
+
+    rows = []
+    for _, c in res.cells.iterrows():
+        out_tps = c.get("output_tok_per_s")
+        all_tps = (c.get("output_tok_per_s") or 0) + (c.get("prompt_tok_per_s") or 0)
+        if not out_tps or (isinstance(out_tps, float) and math.isnan(out_tps)):
+            continue
+        rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"], "load": c["load"],
+                     "output_tok_per_s": out_tps,
+                     "usd_per_mtok_output": self_hosted_cost(gpu_hourly_usd, num_gpus, out_tps)["usd_per_mtok"],
+                     "usd_per_mtok_all": self_hosted_cost(gpu_hourly_usd, num_gpus, all_tps)["usd_per_mtok"]})
+    return pd.DataFrame(rows)
+
+
+def cost_findings(res: ExperimentResults) -> list[Finding]:
+    names = list(res.spec.cost.pricing) if res.spec is not None else []
+    if not names:
+        return []
+    pc = provider_costs(res, names)
+    if not len(pc):
+        return []
+    out = []
+    for wl, g in pc.groupby("workload", sort=False):
+        best = g.sort_values("usd_per_1000_sessions").iloc[0]
+        out.append(Finding(question="cost", notebook="cost", figure="provider_cost_per_session",
+                           sentence=f"{wl}: cheapest is {best['preset']} at ${best['usd_per_1000_sessions']:,.2f} per "
+                                    f"1,000 sessions with caching (${best['usd_per_1000_sessions_no_cache']:,.2f} "
+                                    f"without; same {int(best['sessions'])} sessions).",
+                           numbers={"usd_per_1000_sessions": float(best["usd_per_1000_sessions"])}))
+    gap = provider_vs_vllm(res, names)
+    if len(gap):
+        worst = gap.iloc[(gap["vllm_hit_rate"] - gap["cache_read_ratio"]).abs().argmax()]
+        out.append(Finding(question="cost", notebook="cost", figure=None,
+                           sentence=f"{worst['workload']} on {worst['preset']}: the provider reads "
+                                    f"{_pct(worst['cache_read_ratio'])} of input from its cache where vLLM hit "
+                                    f"{_pct(worst['vllm_hit_rate'])} — {worst['why']}.",
+                           numbers={"cache_read_ratio": float(worst["cache_read_ratio"]),
+                                    "vllm_hit_rate": float(worst["vllm_hit_rate"])}))
+    return out[:4]
+
+
+@caveat("min_cacheable", "cost")
+def _caveat_min_cacheable(res: ExperimentResults):
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    ok = res.ok_requests()
+    names = list(res.spec.cost.pricing) if res.spec is not None else []
+    if not len(ok) or not names:
+        return None
+    mins = {n: load_preset(n).min_prefix_tokens for n in names}
+    shares = {n: float((ok["prompt_tokens"] < m).mean()) for n, m in mins.items() if m > 0}
+    below = {n: s for n, s in shares.items() if s > 0}
+    if not below:
+        return None
+    words = ", ".join(f"{_pct(s)} below {mins[n]:,} tokens ({n})" for n, s in below.items())
+    return ((f"Prompts are shorter than providers' minimum cacheable length: {words}; those are never cached by "
+            "the provider, whatever their reuse."), {f"share_below_{n}": s for n, s in below.items()})
+
+
+@page_findings_of("cost", "cost")
+def _cost_page(ctx: PageContext) -> list[Finding]:
+    return cost_findings(ctx.res)

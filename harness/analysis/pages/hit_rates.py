@@ -1,0 +1,241 @@
+"""The hit_rates page (notebooks/hit_rates.ipynb): prefix-cache hit rates, predicted vs measured, per workload and step; what each history habit costs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from kvscope.harness.analysis.ab import compare
+from kvscope.harness.analysis.common import (
+    GPU_BLOCK_SIZE,
+    RESAMPLES,
+    _caching_server,
+    _load_order,
+    _metric_row,
+    _ms,
+    _ok_cells,
+    _pct,
+    _ratio,
+    _runs,
+    hit_by_workload,
+)
+from kvscope.harness.analysis.pages.cost import provider_costs
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.workloads.policies import HistoryPolicy
+
+
+def hit_table(res: ExperimentResults) -> pd.DataFrame:
+    """Per cell: prompt tokens and hit rate three ways (server per request, /metrics counters, predicted)."""
+    cols = ["cell", "server", "workload", "load", "repeat", "status", "prefix_caching", "speculative", "requests",
+            "hit_server", "hit_metrics", "hit_predicted", "would_hit", "requests_predicted_exactly",
+            "requests_compared"]
+    df = res.cells.reindex(columns=cols).copy()
+    df["predicted_minus_server_pp"] = (df["hit_predicted"] - df["hit_server"]) * 100
+    df["server_minus_metrics_pp"] = (df["hit_server"] - df["hit_metrics"]) * 100
+    return df
+
+
+
+
+def hit_by_step(res: ExperimentResults, max_step: int | None = None) -> pd.DataFrame:
+    """Hit rate by turn/step index: how reuse builds up (or collapses) along a session."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame(columns=["server", "workload", "step", "hit_rate", "requests"])
+    if max_step is not None:
+        ok = ok[ok["step"] <= max_step]
+    g = ok.groupby(["server", "workload", "step"]).agg(
+        prompt=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"), predicted=("predicted_cached_tokens", "sum"),
+        requests=("request_id", "count")).reset_index()
+    g["hit_rate"] = _ratio(g["cached"], g["prompt"])
+    g["predicted_hit_rate"] = _ratio(g["predicted"], g["prompt"])
+    return g
+
+
+def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
+    """Tokens recomputed per request by the kind of history transition (append, edit, compaction, …).
+
+    An edit at depth d or a volatile prefix at position p invalidates every block after it: the gap between
+    the `append` row and the others is what that habit costs in prefill.
+    """
+    ok = res.ok_requests()
+    if not len(ok) or "transition" not in ok:
+        return pd.DataFrame()
+    ok = ok.assign(uncached=ok["prompt_tokens"] - ok["cached_tokens"].fillna(0))
+    g = ok.groupby(["server", "workload", "transition"]).agg(
+        requests=("request_id", "count"), mean_prompt_tokens=("prompt_tokens", "mean"),
+        mean_cached_tokens=("cached_tokens", "mean"), mean_recomputed_tokens=("uncached", "mean")).reset_index()
+    g["hit_rate"] = g["mean_cached_tokens"] / g["mean_prompt_tokens"]
+    return g
+
+
+def reconciliation(res: ExperimentResults) -> pd.DataFrame:
+    """Client vs server: predicted and reported hits request by request, and the /metrics counters."""
+    t = hit_table(res)
+    t["exact_share"] = t["requests_predicted_exactly"] / t["requests_compared"].where(t["requests_compared"] > 0)
+    return t[["cell", "prefix_caching", "hit_server", "hit_metrics", "hit_predicted", "would_hit",
+              "server_minus_metrics_pp", "predicted_minus_server_pp", "requests_predicted_exactly",
+              "requests_compared", "exact_share"]]
+
+
+def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
+    """(reference, habit) workloads: a workload named `<reference>-<suffix>` is a habit added to `<reference>`."""
+    workloads = sorted(set(map(str, _ok_cells(res)["workload"])))
+    pairs = []
+    for w in workloads:
+        refs = [r for r in workloads if r != w and w.startswith(r + "-")]
+        if refs:
+            pairs.append((max(refs, key=len), w))
+    return pairs
+
+
+def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:
+    """A workload trace's history policies and scale, from its validated trace.json (none for a trace that was
+    imported rather than generated from a workload spec)."""
+    from kvscope.workloads.spec import WorkloadSpec
+    from kvscope.workloads.trace_schema import read_trace_file
+    from pydantic import ValidationError
+
+    tdir = res.trace_dir(workload)
+    if tdir is None or not (tdir / "trace.json").exists():
+        return [], 1.0
+    meta = read_trace_file(tdir / "trace.json")
+    try:
+        spec = WorkloadSpec.model_validate(meta.spec) if meta.spec else None
+    except ValidationError:  # an importer's description of its source, not a workload spec
+        spec = None
+    return (list(spec.sessions.policies) if spec is not None else []), float(meta.scale or 1.0)
+
+
+def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
+    """What the habit adds to the reference's history, in words (from the traces' specs)."""
+    from kvscope.workloads.policies import Compaction, VolatilePrefix
+
+    ref_policies, _ = _trace_policies(res, reference)
+    policies, scale = _trace_policies(res, habit)
+    ref_kinds = {p.model_dump_json() for p in ref_policies}
+    words = []
+    for p in policies:
+        if p.model_dump_json() in ref_kinds:
+            continue
+        if isinstance(p, VolatilePrefix):
+            words.append(f"a timestamp at token {max(round(p.position * scale), 0)}")
+        elif isinstance(p, Compaction):
+            words.append(f"compaction at {int(p.threshold_tokens * scale):,} tokens")
+        else:
+            words.append(p.kind.replace("_", " "))
+    return " and ".join(words) or f"the {habit.removeprefix(reference + '-')} habit"
+
+
+def _cost_change(res: ExperimentResults, workload: str, preset: str) -> float | None:
+    pc = provider_costs(res, [preset], workloads=[workload])
+    if not len(pc):
+        return None
+    row = pc.iloc[0]
+    return float(row["cost_usd"] / row["no_cache_usd"] - 1) if row["no_cache_usd"] else None
+
+
+def _cost_preset(res: ExperimentResults) -> str | None:
+    """The spec's first preset with a cache-write premium (where a habit can make caching dearer), else its first."""
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    names = list(res.spec.cost.pricing) if res.spec is not None else []
+    for n in names:
+        if load_preset(n).pricing.cache_write_multiplier > 1:
+            return n
+    return names[0] if names else None
+
+
+def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
+    """Per habit: hit rate, TTFT p50 (with the verdict engine's interval) and provider cost against its reference."""
+    server = _caching_server(res)
+    loads = _load_order(res)
+    if server is None or not loads:
+        return []
+    hits = hit_by_workload(res)
+    hits = hits[hits["server"] == server].set_index("workload")
+    preset = _cost_preset(res)
+    out = []
+    for reference, habit in habit_pairs(res):
+        if reference not in hits.index or habit not in hits.index:
+            continue
+        # the lowest load at which both workloads ran on this server (a sweep's levels may hold only one of them)
+        load = next((lv for lv in loads if _runs(res, server, reference, lv) and _runs(res, server, habit, lv)),
+                    loads[0])
+        ra, rb = _runs(res, server, reference, load), _runs(res, server, habit, load)
+        table = compare(ra, rb, resamples=resamples) if ra and rb else pd.DataFrame()
+        ttft = _metric_row(table, "ttft_p50_s") or {}
+        hit_a, hit_b = float(hits.loc[reference, "measured"]), float(hits.loc[habit, "measured"])
+        cost_a = _cost_change(res, reference, preset) if preset else None
+        cost_b = _cost_change(res, habit, preset) if preset else None
+        out.append(_habit_sentence(describe_habit(res, reference, habit), reference, habit, server, load,
+                                   hit_a, hit_b, ttft, preset, cost_a, cost_b))
+    return out
+
+
+def _habit_sentence(what: str, reference: str, habit: str, server: str, load: str, hit_a: float, hit_b: float,
+                    ttft: dict[str, Any], preset: str | None, cost_a: float | None, cost_b: float | None) -> Finding:
+    a, b = ttft.get("a"), ttft.get("b")
+    lo, hi = ttft.get("ci_low"), ttft.get("ci_high")
+    verdict = ttft.get("verdict")
+    costs_nothing = abs(hit_b - hit_a) < 0.01 and verdict in (None, "equivalent", "inconclusive") and \
+        (cost_a is None or cost_b is None or abs(cost_b - cost_a) < 0.01)
+    cost_words = ""
+    if preset and cost_b is not None:
+        cost_words = (f", and makes {preset} caching {abs(cost_b) * 100:.0f} % "
+                      f"{'dearer' if cost_b > 0 else 'cheaper'} than no caching"
+                      f" ({reference}: {abs(cost_a or 0) * 100:.0f} % {'dearer' if (cost_a or 0) > 0 else 'cheaper'})")
+    interval = f" (B − A {(b - a) * 1000:+.0f} ms, 95 % CI {lo * 1000:+.0f} to {hi * 1000:+.0f} ms; {verdict})" \
+        if None not in (a, b, lo, hi) else ""
+    if costs_nothing:
+        sentence = (f"{what[0].upper() + what[1:]} ({habit} vs {reference}, on {server}) costs nothing measurable: "
+                    f"hit rate {_pct(hit_a)} vs {_pct(hit_b)}, TTFT p50 {_ms(a)} vs {_ms(b)} ms{interval}.")
+    else:
+        sentence = (f"{what[0].upper() + what[1:]} ({habit} vs {reference}, on {server} at {load}) takes the hit "
+                    f"rate from {_pct(hit_a)} to {_pct(hit_b)} and TTFT p50 from {_ms(a)} to {_ms(b)} ms"
+                    f"{interval}{cost_words}.")
+    return Finding(question="habit", sentence=sentence, notebook="hit_rates", figure="hit_rate_by_workload",
+                   numbers={"hit_rate_reference": hit_a, "hit_rate_habit": hit_b, "ttft_p50_reference_s": a,
+                            "ttft_p50_habit_s": b, "cost_change_reference": cost_a, "cost_change_habit": cost_b},
+                   interval=(lo, hi) if None not in (lo, hi) else None, interval_of="ttft_p50_s difference (s)")
+
+
+def hit_rate_findings(res: ExperimentResults) -> list[Finding]:
+    hits = hit_by_workload(res)
+    server = _caching_server(res)
+    out = []
+    if server is not None and len(hits):
+        h = hits[hits["server"] == server].sort_values("measured")
+        if len(h):
+            lo, hi = h.iloc[0], h.iloc[-1]
+            out.append(Finding(question="hit_rate", notebook="hit_rates", figure="hit_rate_by_workload",
+                               sentence=f"On {server}, {hi['workload']} reuses the most ({_pct(hi['measured'])} of "
+                                        f"prompt tokens from the cache) and {lo['workload']} the least "
+                                        f"({_pct(lo['measured'])}).",
+                               numbers={"hit_rate_max": float(hi["measured"]), "hit_rate_min": float(lo["measured"])}))
+        err = (h["predicted_by_simulator"] - h["measured"]).abs().max() if len(h) else math.nan
+        if math.isfinite(err):
+            out.append(Finding(question="hit_rate", notebook="hit_rates", figure="hit_rate_by_workload",
+                               sentence=f"kvscope's simulator predicts the server's hit rate within "
+                                        f"{err * 100:.1f} percentage points on every workload.",
+                               numbers={"max_abs_error_pp": float(err * 100)}))
+    return out
+
+
+@caveat("block_size", "hit_rates")
+def _caveat_block_size(res: ExperimentResults):
+    sizes = sorted({int(b) for b in _ok_cells(res).get("block_size", pd.Series(dtype=float)).dropna()})
+    big = [b for b in sizes if b > GPU_BLOCK_SIZE]
+    if not big:
+        return None
+    return ((f"KV blocks are {big[0]} tokens here (vLLM on CPU) against {GPU_BLOCK_SIZE} on a GPU: a hit is floored "
+            f"to whole blocks, so each prompt can lose up to {big[0] - 1} reusable tokens and hit rates on a GPU "
+            "are higher."), {"block_size": float(big[0])})
+
+
+@page_findings_of("hit_rates", "habit", "hit_rate")
+def _hit_rates_page(ctx: PageContext) -> list[Finding]:
+    return [*habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]

@@ -1,0 +1,155 @@
+"""The latency page (notebooks/latency.ipynb): TTFT, TPOT, ITL and end-to-end percentiles, goodput, decode speed against the roofline, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.goodput import goodput as goodput_block
+from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import CLIENT_STALL_S
+
+
+def latency_long(res: ExperimentResults) -> pd.DataFrame:
+    """One row per successful request with the latency metrics in ms and the cached fraction."""
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame()
+    out = ok[["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "output_tokens"]].copy()
+    for m in ("ttft_s", "tpot_s", "e2e_s"):
+        out[m.replace("_s", "_ms")] = ok[m].astype(float) * 1000
+    out["cached_fraction"] = (ok["cached_tokens"].fillna(0) / ok["prompt_tokens"].where(ok["prompt_tokens"] > 0)).astype(float)
+    out["uncached_tokens"] = ok["prompt_tokens"] - ok["cached_tokens"].fillna(0)
+    return out
+
+
+def itl_long(res: ExperimentResults, max_per_cell: int = 20000) -> pd.DataFrame:
+    ok = res.ok_requests()
+    frames = []
+    for cell, g in ok.groupby("cell"):
+        gaps = np.concatenate([np.asarray(x, float) for x in g["itl_s"]]) if len(g) else np.zeros(0)
+        if len(gaps) > max_per_cell:
+            gaps = np.random.default_rng(0).choice(gaps, max_per_cell, replace=False)
+        frames.append(pd.DataFrame({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
+                                    "itl_ms": gaps * 1000}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell", "itl_ms"])
+
+
+def percentile_table(res: ExperimentResults) -> pd.DataFrame:
+    cols = ["cell", "server", "workload", "load", "requests", "req_per_s", "output_tok_per_s"]
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        cols += [f"{m}_p50_s", f"{m}_p90_s", f"{m}_p99_s"]
+    cols += ["goodput_fraction", "goodput_req_per_s", "error_rate"]
+    t = res.cells.reindex(columns=cols).copy()
+    for c in t.columns:
+        if c.endswith("_s") and c[:-2].split("_")[0] in ("ttft", "tpot", "itl", "e2e"):
+            t[c.replace("_s", "_ms")] = t.pop(c) * 1000
+    return t
+
+
+def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | None = None) -> pd.DataFrame:
+    """Share and rate of requests meeting the SLOs, per cell (recomputed here so any SLO can be tried)."""
+    ok = res.ok_requests()
+    # An interrupted cell has no summary, so no duration: its goodput rate is unknown (NaN), its share is not.
+    durations = res.cells.set_index("cell")["duration_s"].to_dict() if "duration_s" in res.cells else {}
+    rows = []
+    for cell, g in ok.groupby("cell"):
+        d = goodput_block(g, float(durations.get(cell, math.nan)), slo_ttft_ms, slo_tpot_ms) or {}
+        rate = d.get("goodput_req_per_s")
+        rows.append({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
+                     "load": g["load"].iloc[0], "meeting_slo": d["requests_meeting_slo"], "requests": len(g),
+                     "fraction": d["fraction"], "goodput_req_per_s": math.nan if rate is None else rate})
+    return pd.DataFrame(rows)
+
+
+def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_bytes: float) -> pd.DataFrame:
+    """Measured single-stream decode speed (1/TPOT p50) against the memory-bandwidth roofline at batch 1."""
+    from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
+
+    bound = decode_tokens_per_s_upper_bound(bandwidth_gb_s * 1e9, weight_bytes, 1)
+    t = res.cells.reindex(columns=["cell", "server", "workload", "load", "tpot_p50_s", "output_tok_per_s"]).copy()
+    t["decode_tok_per_s_single_stream"] = 1.0 / t["tpot_p50_s"].where(t["tpot_p50_s"] > 0)
+    t["roofline_tok_per_s_b1"] = bound
+    t["fraction_of_roofline"] = t["decode_tok_per_s_single_stream"] / bound
+    return t
+
+
+def error_table(res: ExperimentResults, max_message_chars: int = 160) -> pd.DataFrame:
+    """Failed requests per cell and error class, with one example message (shown escaped in reports)."""
+    r = res.requests
+    if not len(r) or "error_class" not in r:
+        return pd.DataFrame(columns=["cell", "error_class", "requests", "example"])
+    bad = r[r["error_class"].notna()]
+    if not len(bad):
+        return pd.DataFrame(columns=["cell", "error_class", "requests", "example"])
+    g = bad.groupby(["cell", "error_class"]).agg(requests=("request_id", "count"),
+                                                 example=("error", "first")).reset_index()
+    g["example"] = g["example"].astype(str).str.slice(0, max_message_chars)
+    return g
+
+
+#: Cells whose replay client was held up for more than this share of their run get a caveat.
+CLIENT_STALL_SHARE = 0.01
+
+
+def latency_findings(res: ExperimentResults) -> list[Finding]:
+    c = _ok_cells(res)
+    loads = _load_order(res)
+    if not len(c) or not loads or "ttft_p50_s" not in c:
+        return []
+    low = c[c["load"].astype(str) == loads[0]].groupby("server", sort=False)["ttft_p50_s"].median()
+    parts = ", ".join(f"{s} {_ms(v)} ms" for s, v in low.items())
+    out = [Finding(question="latency", notebook="latency", figure="latency_ecdf",
+                   sentence=f"TTFT p50 at {loads[0]} (median over workloads): {parts}.",
+                   numbers={f"ttft_p50_{s}_s": float(v) for s, v in low.items()})]
+    slo = res.spec.slo if res.spec is not None else None
+    if slo is not None and slo.ttft_ms and "goodput_fraction" in c:
+        gp = c.groupby("server", sort=False)["goodput_fraction"].mean()
+        out.append(Finding(question="latency", notebook="latency", figure="ttft_by_load",
+                           sentence="Share of requests meeting the SLO (TTFT ≤ {:.0f} ms{}): {}.".format(
+                               slo.ttft_ms, f", TPOT ≤ {slo.tpot_ms:.0f} ms" if slo.tpot_ms else "",
+                               ", ".join(f"{s} {_pct(v)}" for s, v in gp.items())),
+                           numbers={f"goodput_{s}": None if pd.isna(v) else float(v) for s, v in gp.items()}))
+    return out
+
+
+@caveat("burst", "latency")
+def _caveat_burst(res: ExperimentResults):
+    ok = res.ok_requests()
+    if not len(ok) or "e2e_s" not in ok:
+        return None
+    multi = ok[ok["output_tokens"].fillna(0) > 1]
+    if not len(multi):
+        return None
+    burst = float(((multi["e2e_s"] - multi["ttft_s"]) <= 0.05 * multi["e2e_s"]).mean())
+    if burst < 0.05:
+        return None
+    return ((f"{_pct(burst)} of answers arrived in one burst (TTFT ≈ end-to-end): for those, TPOT and ITL measure "
+            "the delivery, not the decoding."), {"burst_share": burst})
+
+
+@caveat("client_stalls", "latency")
+def _caveat_client_stalls(res: ExperimentResults):
+    """The replay client's own stalls (summary.json ``client.stalled_s``): windows in which sessions started late
+    and tokens were read late, so latencies there are the host's, not the server's."""
+    rows = [(cell, s.client.stalled_s or 0.0, s.client.stall_max_s or 0.0, s.duration_s)
+            for cell, s in res.summaries.items() if s.client.stalled_s is not None and s.duration_s]
+    bad = [r for r in rows if r[1] > CLIENT_STALL_SHARE * r[3]]
+    if not bad:
+        return None
+    stalled, duration = sum(r[1] for r in rows), sum(r[3] for r in rows)
+    worst = max(bad, key=lambda r: r[1] / r[3])
+    return ((f"The replay client was held up (its event loop woke over {CLIENT_STALL_S:g} s late) in {len(bad)} of {len(rows)} "
+             f"cell(s): {stalled:.1f} s of {duration:.0f} s in all, up to {_pct(worst[1] / worst[3])} of "
+             f"{worst[0]} (longest {worst[2]:.1f} s). In those windows sessions started late and tokens were read "
+             "late, in bursts: latencies there measure the host, not the server."),
+            {"client_stalled_s": stalled, "client_stalled_share": stalled / duration})
+
+
+@page_findings_of("latency", "latency")
+def _latency_page(ctx: PageContext) -> list[Finding]:
+    return latency_findings(ctx.res)

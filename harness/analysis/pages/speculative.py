@@ -1,0 +1,174 @@
+"""The speculative page (notebooks/speculative.ipynb): speculative decoding: acceptance, its speed-up, the primer's prediction, sample outputs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from kvscope.harness.analysis.common import _load_order, _pct, _signed_pct
+from kvscope.harness.analysis.pages.ab_compare import page_ab_table
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import ServerEntry
+
+
+def speculative_table(res: ExperimentResults) -> pd.DataFrame:
+    """Acceptance per speculative cell and the TPOT / throughput change against the matching baseline.
+
+    The baseline of a speculative cell is the non-speculative server with the same prefix-caching setting,
+    same workload, load and repeat.
+    """
+    c = res.cells
+    if not len(c) or "speculative" not in c:
+        return pd.DataFrame()
+    spec = c[c["speculative"] == True]  # noqa: E712 - pandas object column
+    base = c[c["speculative"] != True]  # noqa: E712
+    rows = []
+    for _, s in spec.iterrows():
+        match = base[(base["workload"] == s["workload"]) & (base["load"] == s["load"]) &
+                     (base["repeat"] == s["repeat"]) & (base["prefix_caching"] == s["prefix_caching"])]
+        b = match.iloc[0] if len(match) else None
+        row = {"cell": s["cell"], "server": s["server"], "workload": s["workload"], "load": s["load"],
+               "acceptance_rate": s.get("spec_acceptance_rate"),
+               "mean_acceptance_length": s.get("spec_mean_acceptance_length"),
+               "tpot_p50_ms": s["tpot_p50_s"] * 1000 if s.get("tpot_p50_s") is not None else None,
+               "baseline": None if b is None else b["server"],
+               "baseline_tpot_p50_ms": None if b is None else b["tpot_p50_s"] * 1000,
+               "e2e_p50_ms": s["e2e_p50_s"] * 1000 if s.get("e2e_p50_s") is not None else None,
+               "baseline_e2e_p50_ms": None if b is None else b["e2e_p50_s"] * 1000,
+               "output_tok_per_s": s["output_tok_per_s"],
+               "baseline_output_tok_per_s": None if b is None else b["output_tok_per_s"]}
+        if b is not None:
+            row["tpot_change"] = s["tpot_p50_s"] / b["tpot_p50_s"] - 1 if b["tpot_p50_s"] else None
+            row["e2e_change"] = s["e2e_p50_s"] / b["e2e_p50_s"] - 1 if b["e2e_p50_s"] else None
+            row["throughput_change"] = s["output_tok_per_s"] / b["output_tok_per_s"] - 1 if b["output_tok_per_s"] else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def acceptance_by_position(res: ExperimentResults) -> pd.DataFrame:
+    rows = []
+    for cell, s in res.summaries.items():
+        positions = s.speculative.acceptance_by_position if s.speculative else None
+        for i, a in enumerate(positions or []):
+            meta = res.cells.set_index("cell").loc[cell]
+            rows.append({"cell": cell, "server": meta["server"], "workload": meta["workload"], "position": i,
+                         "acceptance": a})
+    return pd.DataFrame(rows)
+
+
+def workload_character(res: ExperimentResults) -> pd.DataFrame:
+    """Share of each workload's prompt that is tool output (echo-friendly for n-gram drafts) vs free text."""
+    from kvscope.workloads.trace import Trace
+
+    rows = []
+    for workload in sorted(set(res.cells["workload"].dropna())):
+        tdir = res.trace_dir(workload)
+        if tdir is None or not tdir.exists():
+            continue
+        tr = Trace.read(tdir)
+        kinds = pd.Series(tr.seg_kinds)
+        lengths = pd.Series(tr.segment_lengths())
+        share = lengths.groupby(kinds).sum() / lengths.sum()
+        rows.append({"workload": workload, **{f"share_{k}": float(v) for k, v in share.items()}})
+    return pd.DataFrame(rows)
+
+
+def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
+    """The primer's prediction against the run: with acceptance rate a and k drafted tokens the primer expects
+    (1 − a^(k+1)) / (1 − a) tokens per target pass; the server measured its mean acceptance length. A gap
+    says acceptance is not independent per position (the primer's assumption): see acceptance by position."""
+    from kvscope.harness.primer.speculative import expected_tokens_per_pass
+
+    c = res.cells
+    if not len(c) or "speculative" not in c:
+        return pd.DataFrame()
+    rows = []
+    for _, s in c[c["speculative"] == True].iterrows():  # noqa: E712 - pandas object column
+        k = _num_speculative_tokens(res.server(s["server"]))
+        a = s.get("spec_acceptance_rate")
+        measured = s.get("spec_mean_acceptance_length")
+        predicted = expected_tokens_per_pass(float(a), int(k)) if k and a is not None and pd.notna(a) else math.nan
+        rows.append({"cell": s["cell"], "server": s["server"], "workload": s["workload"], "load": s["load"],
+                     "num_speculative_tokens": k, "acceptance_rate": a,
+                     "primer_tokens_per_pass": predicted, "measured_acceptance_length": measured,
+                     "measured_minus_primer": (measured - predicted) if measured is not None and pd.notna(measured)
+                     else math.nan})
+    return pd.DataFrame(rows)
+
+
+def _num_speculative_tokens(server: ServerEntry | None) -> int | None:
+    """Tokens drafted per step, from the server's recorded config (``speculative_config`` is the vLLM config's
+    own open mapping, so it is read as one)."""
+    spec_config = server.config.get("speculative_config") if server is not None else None
+    return spec_config.get("num_speculative_tokens") if isinstance(spec_config, dict) else None
+
+
+def sample_outputs(res: ExperimentResults, per_cell: int = 2, max_cells: int = 8) -> pd.DataFrame:
+    """A few generated texts per cell (first 200 characters): shows at a glance whether the model's output is
+    degenerate (random weights repeat themselves, which inflates n-gram acceptance). Untrusted text: reports
+    display it escaped."""
+    r = res.ok_requests()
+    if not len(r) or "output_text_head" not in r:
+        return pd.DataFrame(columns=["cell", "request_id", "output_tokens", "output_text_head"])
+    r = r[r["output_text_head"].astype(str).str.len() > 0]
+    cells = list(dict.fromkeys(r["cell"]))[:max_cells]
+    out = r[r["cell"].isin(cells)].groupby("cell", sort=False).head(per_cell)
+    return out[["cell", "request_id", "output_tokens", "output_text_head"]].reset_index(drop=True)
+
+
+def speculative_findings(res: ExperimentResults, table: pd.DataFrame | None = None) -> list[Finding]:
+    """Whether speculative decoding pays (throughput change against its baseline) and at which load it stops."""
+    st = speculative_table(res)
+    if not len(st) or "throughput_change" not in st:
+        return []
+    loads = _load_order(res)
+    out = []
+    for server, g in st.groupby("server", sort=False):
+        by_load = g.groupby("load")["throughput_change"].mean().reindex(loads).dropna()
+        if not len(by_load):
+            continue
+        acc = g["acceptance_rate"].mean()
+        stops = [ld for ld, v in by_load.items() if v <= 0]
+        ci = ""
+        interval = None
+        if table is not None and len(table):
+            m = table[(table["B"] == server) & (table["metric"] == "output_tokens_per_s")]
+            if len(m):
+                lo, hi = float((m["ci_low"] / m["a"]).min()), float((m["ci_high"] / m["a"]).max())
+                interval, ci = (lo, hi), f" (per-workload 95 % intervals span {_signed_pct(lo)} to {_signed_pct(hi)})"
+        per_load = ", ".join(f"{_signed_pct(v)} at {ld}" for ld, v in by_load.items())
+        if len(by_load) < 2:
+            where = "; where it stops paying is not measured (one load level)"
+        elif stops:
+            where = f"; it stops paying at {stops[0]}"
+        else:
+            where = "; it still pays at the highest load measured"
+        verdict = "pays off" if by_load.iloc[0] > 0 else "does not pay off"
+        out.append(Finding(question="speculative", notebook="speculative", figure="acceptance_and_tpot",
+                           sentence=f"{server} {verdict}: output throughput {per_load} against "
+                                    f"{g['baseline'].dropna().iloc[0] if g['baseline'].notna().any() else 'its baseline'}"
+                                    f"{ci}, acceptance {_pct(acc)}{where}.",
+                           numbers={"acceptance_rate": None if pd.isna(acc) else float(acc),
+                                    **{f"throughput_change_{ld}": float(v) for ld, v in by_load.items()}},
+                           interval=interval, interval_of="relative output throughput change"))
+    return out
+
+
+@caveat("tiny_model", "speculative")
+def _caveat_tiny_model(res: ExperimentResults):
+    card = res.model.card if res.model is not None else None
+    if not (res.weights_random or card):
+        return None
+    steps = card.get("train_steps") if card else None  # the tiny model's build card: the builder's own fields
+    state = "random weights" if res.weights_random else \
+        f"kvscope's tiny model trained for {steps} steps" if steps is not None else "kvscope's tiny model"
+    return ((f"The model has {state}: its answers repeat themselves, so n-gram drafts are accepted far more often "
+            "than a real model's would be — read acceptance and speed-ups as upper bounds."),
+            {"train_steps": None if steps is None else float(steps)})
+
+
+@page_findings_of("speculative", "speculative")
+def _speculative_page(ctx: PageContext) -> list[Finding]:
+    return speculative_findings(ctx.res, page_ab_table(ctx))

@@ -1,0 +1,630 @@
+"""Run summary from the records: throughput, latency percentiles, goodput, errors, and the three hit rates.
+
+Everything here is computed from `requests.parquet` alone (plus the metrics deltas), so anyone can recompute
+the summary from the published records and get the same numbers.
+
+Each entry of summary.json is one :class:`SummaryMetric` class, as in AIPerf: a dotted ``tag`` (its place in
+the file: ``latency.ttft_s``, ``throughput.requests_per_s``, ``hit_rate``), the type of its value (``output``: a
+pydantic block or a plain type), ``compute(run)`` and the columns it adds to ``load_results(...).cells``
+(``cell_columns``); ``@summary_metric`` registers it. Everything else is derived from the registry:
+:func:`summarize` fills the summary in registration order, :func:`summary_file_model` builds the
+``kvscope-summary`` schema the writer and the loader validate against (``schemas.SummaryFile`` is that model),
+the loader's cell rows take each metric's columns, and the report's ``cell_metrics_table`` shows them. So a
+new metric is one class in one file. The entries that are computed together (the request counts, the three
+hit rates, goodput) stay one metric each, because their parts share one computation.
+
+Why here, in the results layer: the loaders validate summary.json against the registry's schema, and the
+loaders may not import the replay (a layer above); the computation reads only request records, like
+``goodput.py`` beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+from kvscope.harness.results.goodput import goodput
+from kvscope.workloads.versioned_file import VersionedFile
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+from pydantic_core import PydanticUndefined
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def _pcts(values: np.ndarray) -> dict[str, float | None]:
+    values = values[~np.isnan(values)] if len(values) else values
+    if not len(values):
+        return {"count": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    out: dict[str, float | None] = {"count": int(len(values)), "mean": float(np.mean(values))}
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
+        out[f"p{p}"] = float(v)
+    return out
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num) / float(den) if den else None
+
+
+def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | None) -> dict[str, Any]:
+    """Hit rate three ways. With prefix caching off the server should report 0 for every request, so that is
+    the prediction checked request by request; the simulator's figure becomes `would_hit`."""
+    prompt = float(ok["prompt_tokens"].sum())
+    server = ok["cached_tokens"].dropna()
+    simulated = ok["predicted_cached_tokens"].dropna()
+    server_rate = _ratio(float(server.sum()), float(ok.loc[server.index, "prompt_tokens"].sum()))
+    simulated_rate = _ratio(float(simulated.sum()), float(ok.loc[simulated.index, "prompt_tokens"].sum()))
+    metrics_rate = deltas.get("prefix_cache_hit_rate") if deltas else None
+    both = ok.dropna(subset=["cached_tokens", "predicted_cached_tokens"])
+    caching_off = prefix_caching is False
+    expected = 0 if caching_off else both["predicted_cached_tokens"]
+    mismatches = int((both["cached_tokens"] != expected).sum())
+    predicted_rate = (0.0 if simulated_rate is not None else None) if caching_off else simulated_rate
+    out: dict[str, Any] = {
+        "prompt_tokens": int(prompt),
+        "server_cached_tokens": int(server.sum()),
+        "predicted_cached_tokens": 0 if caching_off else int(simulated.sum()),
+        "server_per_request": server_rate,
+        "predicted": predicted_rate,
+        "metrics_counters": metrics_rate,
+        "metrics_hits": deltas.get("prefix_cache_hits") if deltas else None,
+        "metrics_queries": deltas.get("prefix_cache_queries") if deltas else None,
+        "predicted_minus_server": None if predicted_rate is None or server_rate is None else predicted_rate - server_rate,
+        "server_minus_metrics": None if metrics_rate is None or server_rate is None else server_rate - metrics_rate,
+        "requests_compared": int(len(both)),
+        "requests_predicted_exactly": int(len(both) - mismatches),
+    }
+    if caching_off:
+        out["would_hit"] = simulated_rate
+        out["would_hit_cached_tokens"] = int(simulated.sum())
+    return out
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What every summary metric reads: the records, their measured window and the run's settings."""
+
+    records: pd.DataFrame
+    window: pd.DataFrame  # records inside the warm-up/cool-down window
+    ok: pd.DataFrame  # successful requests in the window
+    failed: pd.DataFrame  # failed requests in the window
+    deltas: dict[str, Any]  # /metrics counter deltas over the run
+    duration_s: float
+    prefix_caching: bool | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    weights_random: bool | None
+    client_cpu_utilization: float | None = None  # the replay client's CPU seconds per wall second
+    client_stalls: int | None = None  # times the client's event loop woke > CLIENT_STALL_S late (None: not probed)
+    scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
+    scrape_interval_s: float | None = None  # the scrape period asked for
+
+
+CLIENT_SATURATED_CPU_SHARE = 0.9
+"""Above this share of one core the replay client queues its own work, and latencies include that queueing."""
+BURST_TOLERANCE = (0.001, 0.02)
+"""An answer arrived in one burst when e2e − TTFT ≤ 1 ms + 2 % of e2e: its tokens came together, so TTFT is
+the whole generation and TPOT/ITL say nothing about decoding."""
+ZERO_GAP_ITL_S = 1e-4
+"""Inter-token gaps below 0.1 ms: chunks read from one socket buffer, not separate decode steps."""
+
+
+class SummaryMetric:
+    """One entry of summary.json.
+
+    ``tag``: its dotted path in the file. ``output``: the type of its value (a pydantic block, or a plain type
+    such as ``float | None``), which the summary schema uses. ``default``: the value a file written before the
+    metric existed reads as (unset: the entry is required). ``compute(run)``: its value, as the output model or
+    its JSON-able dict. ``cell_columns(value)``: the columns it adds to ``load_results(...).cells``, from the
+    validated value (none by default)."""
+
+    tag: ClassVar[str]
+    output: ClassVar[Any]
+    default: ClassVar[Any] = PydanticUndefined
+
+    def compute(self, run: RunView) -> Any:
+        raise NotImplementedError
+
+    def cell_columns(self, value: Any) -> dict[str, Any]:
+        return {}
+
+
+_METRICS: dict[str, type[SummaryMetric]] = {}
+
+
+def summary_metric(cls: type[SummaryMetric]) -> type[SummaryMetric]:
+    """Register a metric under its ``tag``; summary.json lists metrics in registration order."""
+    if cls.tag in _METRICS:
+        raise ValueError(f"summary metric {cls.tag!r} is already registered by {_METRICS[cls.tag].__name__}")
+    if not hasattr(cls, "output"):
+        raise ValueError(f"summary metric {cls.__name__} ({cls.tag!r}) declares no output type")
+    _METRICS[cls.tag] = cls
+    return cls
+
+
+# ---------------------------------------------------------------------------------------- request counts
+
+
+class RequestCounts(_Block):
+    sent: int
+    in_window: int
+    ok: int
+    failed: int
+    error_rate: float | None
+    errors_by_class: dict[str, int]
+    retries: int
+    length_mismatch: int
+    errors_by_status: dict[str, int]  # HTTP status (as a string: JSON keys) -> count
+
+
+@summary_metric
+class RequestCountsMetric(SummaryMetric):
+    tag = "requests"
+    output = RequestCounts
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        records, window, ok, failed = run.records, run.window, run.ok, run.failed
+        return {
+            "sent": int(len(records)),
+            "in_window": int(len(window)),
+            "ok": int(len(ok)),
+            "failed": int(len(failed)),
+            "error_rate": _ratio(len(failed), len(window)),
+            "errors_by_class": {str(k): int(v) for k, v in failed["error_class"].value_counts().items()},
+            "retries": int((records["attempt"] > 0).sum()) if len(records) else 0,
+            "length_mismatch": int(ok["length_mismatch"].astype(bool).sum())
+            if len(ok) and "length_mismatch" in ok else 0,
+            "errors_by_status": {str(int(k)): int(v) for k, v in failed["http_status"].dropna().value_counts().items()},
+        }
+
+    def cell_columns(self, value: RequestCounts) -> dict[str, Any]:
+        return {"requests": value.sent, "ok": value.ok, "failed": value.failed, "error_rate": value.error_rate}
+
+
+@summary_metric
+class DurationMetric(SummaryMetric):
+    tag = "duration_s"
+    output = float
+
+    def compute(self, run: RunView) -> float:
+        return run.duration_s
+
+    def cell_columns(self, value: float) -> dict[str, Any]:
+        return {"duration_s": value}
+
+
+# -------------------------------------------------------------------------------------------- throughput
+
+
+@summary_metric
+class RequestThroughput(SummaryMetric):
+    tag = "throughput.requests_per_s"
+    output = float | None
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(len(run.ok), run.duration_s)
+
+    def cell_columns(self, value: float | None) -> dict[str, Any]:
+        return {"req_per_s": value}
+
+
+@summary_metric
+class OutputTokenThroughput(SummaryMetric):
+    tag = "throughput.output_tokens_per_s"
+    output = float | None
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(float(run.ok["output_tokens"].sum()), run.duration_s)
+
+    def cell_columns(self, value: float | None) -> dict[str, Any]:
+        return {"output_tok_per_s": value}
+
+
+@summary_metric
+class PromptTokenThroughput(SummaryMetric):
+    tag = "throughput.prompt_tokens_per_s"
+    output = float | None
+
+    def compute(self, run: RunView) -> float | None:
+        return _ratio(float(run.ok["prompt_tokens"].sum()), run.duration_s)
+
+    def cell_columns(self, value: float | None) -> dict[str, Any]:
+        return {"prompt_tok_per_s": value}
+
+
+# ----------------------------------------------------------------------------------------------- latency
+
+
+class Percentiles(_Block):
+    """Seconds; every figure is null when no successful request had the value."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+
+
+class _LatencyMetric(SummaryMetric):
+    """A latency distribution over successful requests: its percentiles, and four of them as cell columns
+    (``ttft_p50_s`` … ``ttft_mean_s`` for ``latency.ttft_s``)."""
+
+    output = Percentiles
+
+    def cell_columns(self, value: Percentiles) -> dict[str, Any]:
+        name = self.tag.rsplit(".", 1)[-1][:-2]
+        return {f"{name}_{q}_s": getattr(value, q) for q in ("p50", "p90", "p99", "mean")}
+
+
+@summary_metric
+class TimeToFirstToken(_LatencyMetric):
+    tag = "latency.ttft_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["ttft_s"].to_numpy(float))
+
+
+@summary_metric
+class TimePerOutputToken(_LatencyMetric):
+    tag = "latency.tpot_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["tpot_s"].dropna().to_numpy(float))
+
+
+@summary_metric
+class InterTokenLatency(_LatencyMetric):
+    tag = "latency.itl_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        ok = run.ok
+        return _pcts(np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_s"]]) if len(ok) else np.zeros(0))
+
+
+@summary_metric
+class EndToEndLatency(_LatencyMetric):
+    tag = "latency.e2e_s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok["e2e_s"].to_numpy(float))
+
+
+# ----------------------------------------------------------------------------------------------- goodput
+
+
+class Goodput(_Block):
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    requests_meeting_slo: int
+    fraction: float | None
+    goodput_req_per_s: float | None
+
+
+@summary_metric
+class GoodputMetric(SummaryMetric):
+    tag = "goodput"
+    output = Goodput | None
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        return goodput(run.ok, run.duration_s, run.slo_ttft_ms, run.slo_tpot_ms)
+
+    def cell_columns(self, value: Goodput | None) -> dict[str, Any]:
+        if value is None:
+            return {}
+        return {"goodput_fraction": value.fraction, "goodput_req_per_s": value.goodput_req_per_s}
+
+
+# --------------------------------------------------------------------------------------------- hit rates
+
+
+class HitRates(_Block):
+    """The hit rate three ways. `would_hit*` exist only when prefix caching is off (readers test for them)."""
+
+    prompt_tokens: int
+    server_cached_tokens: int
+    predicted_cached_tokens: int
+    server_per_request: float | None
+    predicted: float | None
+    metrics_counters: float | None
+    metrics_hits: float | None
+    metrics_queries: float | None
+    predicted_minus_server: float | None
+    server_minus_metrics: float | None
+    requests_compared: int
+    requests_predicted_exactly: int
+    would_hit: float | None = None
+    would_hit_cached_tokens: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_would_hit(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if "would_hit" not in self.model_fields_set:
+            out.pop("would_hit", None)
+            out.pop("would_hit_cached_tokens", None)
+        return out
+
+
+@summary_metric
+class HitRatesMetric(SummaryMetric):
+    tag = "hit_rate"
+    output = HitRates
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        return hit_rates(run.ok, run.deltas, run.prefix_caching)
+
+    def cell_columns(self, value: HitRates) -> dict[str, Any]:
+        return {"hit_server": value.server_per_request, "hit_metrics": value.metrics_counters,
+                "hit_predicted": value.predicted, "would_hit": value.would_hit,
+                "requests_predicted_exactly": value.requests_predicted_exactly,
+                "requests_compared": value.requests_compared}
+
+
+# ------------------------------------------------------------------------------------ speculative decoding
+
+
+class Speculative(_Block):
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    acceptance_by_position: list[float | None] | None  # per draft position; null where not measured
+    drafts: float | None
+    weights_random: bool | None
+    note: str | None
+
+
+@summary_metric
+class SpeculativeMetric(SummaryMetric):
+    tag = "speculative"
+    output = Speculative | None
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        deltas = run.deltas
+        if not (deltas and deltas.get("spec_decode_num_drafts")):
+            return None
+        return {
+            "acceptance_rate": deltas.get("spec_acceptance_rate"),
+            "mean_acceptance_length": deltas.get("spec_mean_acceptance_length"),
+            "acceptance_by_position": deltas.get("spec_acceptance_by_position"),
+            "drafts": deltas.get("spec_decode_num_drafts"),
+            "weights_random": run.weights_random,
+            "note": ("random weights: greedy output repeats itself, so n-gram drafts are accepted far more often "
+                     "than with a real model") if run.weights_random else None,
+        }
+
+    def cell_columns(self, value: Speculative | None) -> dict[str, Any]:
+        return {"spec_acceptance_rate": value.acceptance_rate if value else None,
+                "spec_mean_acceptance_length": value.mean_acceptance_length if value else None}
+
+
+# ------------------------------------------------------------------------------------------ data quality
+
+
+class DataQuality(_Block):
+    """Whether a cell's latencies can be trusted (DataQualityMetric says how each is measured); `flags` names
+    what is off."""
+
+    burst_share: float | None  # answers of > 1 token whose tokens all arrived together (TTFT ≈ e2e)
+    zero_gap_itl_share: float | None
+    client_cpu_utilization: float | None
+    client_saturated: bool
+    scrape_interval_s: float | None  # asked for
+    scrape_gap_s: float | None  # measured (median gap between scrapes)
+    scrapes: int
+    ttft_s_without_bursts: Percentiles
+    tpot_s_without_bursts: Percentiles
+    flags: list[str]
+
+
+@summary_metric
+class DataQualityMetric(SummaryMetric):
+    """Can the cell's latencies be trusted? Burst deliveries (TTFT ≈ e2e), zero-gap ITLs, a saturated client,
+    a /metrics series too coarse for the run, plus TTFT and TPOT percentiles without the burst answers.
+    ``flags`` names what is off (empty: nothing seen)."""
+
+    tag = "data_quality"
+    output = DataQuality | None
+    default = None  # absent in summaries written before it existed
+
+    def compute(self, run: RunView) -> dict[str, Any]:
+        ok = run.ok
+        multi = ok[ok["output_tokens"] > 1] if len(ok) else ok
+        abs_tol, rel_tol = BURST_TOLERANCE
+        gap = (multi["e2e_s"] - multi["ttft_s"]).to_numpy(float) if len(multi) else np.zeros(0)
+        burst = gap <= abs_tol + rel_tol * multi["e2e_s"].to_numpy(float) if len(multi) else np.zeros(0, bool)
+        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_s"]]) if len(ok) else np.zeros(0)
+        steady = multi[~burst] if len(multi) else multi
+        scrape_gaps = np.diff(np.unique(np.asarray(run.scrape_times_s, float)))
+        scrape_gap_s = float(np.median(scrape_gaps)) if len(scrape_gaps) else None
+        out: dict[str, Any] = {
+            "burst_share": _ratio(int(burst.sum()), len(multi)),
+            "zero_gap_itl_share": _ratio(int((itl < ZERO_GAP_ITL_S).sum()), len(itl)),
+            "client_cpu_utilization": run.client_cpu_utilization,
+            "client_saturated": bool(run.client_cpu_utilization is not None
+                                     and run.client_cpu_utilization > CLIENT_SATURATED_CPU_SHARE),
+            "scrape_interval_s": run.scrape_interval_s,
+            "scrape_gap_s": scrape_gap_s,
+            "scrapes": int(len(run.scrape_times_s)),
+            "ttft_s_without_bursts": _pcts(steady["ttft_s"].to_numpy(float) if len(steady) else np.zeros(0)),
+            "tpot_s_without_bursts": _pcts(steady["tpot_s"].dropna().to_numpy(float) if len(steady)
+                                           else np.zeros(0)),
+        }
+        flags = []
+        if (out["burst_share"] or 0) > 0.2:
+            flags.append("burst_deliveries")
+        if (out["zero_gap_itl_share"] or 0) > 0.2:
+            flags.append("zero_gap_itls")
+        if out["client_saturated"]:
+            flags.append("client_saturated")
+        if run.client_stalls:
+            flags.append("client_stalls")  # the client was held up: see summary.json client.stall_windows_s
+        if run.duration_s and (scrape_gap_s is None or run.duration_s / scrape_gap_s < 5):
+            flags.append("coarse_metrics_scrapes")  # fewer than 5 scrapes over the run: no time series to read
+        out["flags"] = flags
+        return out
+
+
+@summary_metric
+class ServerDeltas(SummaryMetric):
+    """Counter deltas from /metrics, one key per series the metrics watcher reconciles: which ones exist
+    depends on the vLLM version and the features on, so the block is open."""
+
+    tag = "server_deltas"
+    output = dict[str, Any] | None
+
+    def compute(self, run: RunView) -> dict[str, Any] | None:
+        return run.deltas or None
+
+
+# ----------------------------------------------------------------------------- the rest of summary.json
+
+
+#: A client stall: the replay's event loop woke up this much later than asked (its own work, or a host that did
+#: not run the process), so sessions waited and tokens that arrived meanwhile were timestamped late.  The replay
+#: measures it (``harness/replay/runner._StallProbe``), the console and the report caveat quote it.
+CLIENT_STALL_S = 0.1
+
+
+class ClientStats(_Block):
+    """The replay client's own cost: a saturated client inflates latencies."""
+
+    cpu_s: float
+    cpu_utilization: float | None
+    cpu_us_per_request: float | None
+    event_loop: str | None
+    stale_connection_resends: int
+    saturated: bool
+    note: str | None
+    #: Times the event loop woke > CLIENT_STALL_S late (the client was held up: sessions waited, tokens of the window
+    #: were timestamped late), the longest, and their sum.  Absent in summaries written before it existed.
+    stalls: int | None = None
+    stall_max_s: float | None = None
+    stalled_s: float | None = None
+    #: The longest stalls (at most 50) as [start s from the run's start, length s]: windows whose send times,
+    #: token times and done times are late by up to the length.
+    stall_windows_s: list[tuple[float, float]] | None = None
+    #: The event loop's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
+    priority: str | None = None
+
+
+class ServerFacts(BaseModel):
+    """What kvscope knows about a server: needed to predict hits (block size, capacity) and label results.
+    The serving backends produce it (``kvscope.harness.serving.backend``); summary.json and experiment.json
+    record it, so it is defined here, with the result files. Every fact a backend cannot know is None
+    (unknown), never a guess."""
+
+    endpoint: str | None = None  # always set by a backend; absent in hand-written files
+    backend: str = "vllm"
+    engine_version: str | None = None
+    vllm_version: str | None = None  # kept for readers of older result files; None for other engines
+    model: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_concurrency: float | None = None
+    prefix_caching: bool | None = None
+    kv_cache_dtype: str | None = None
+    num_gpu_blocks_override: int | None = None
+    prefix_caching_hash_algo: str | None = None
+    speculative: dict[str, Any] | None = None
+    speculative_enabled: bool | None = None
+    launched_by_kvscope: bool = False
+    config: dict[str, Any] | None = None
+
+    def as_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+#: summary.json's entries that are not metrics (the replay writes them after summarising), after the metrics.
+_RUN_FIELDS: dict[str, Any] = {
+    "aborted": (str | None, ...),
+    "client": (ClientStats, ...),
+    "server_facts": (list[ServerFacts], ...),  # one per endpoint
+}
+
+_MODELS: dict[tuple[type[SummaryMetric], ...], type[VersionedFile]] = {}
+
+
+def summary_file_model() -> type[VersionedFile]:
+    """The ``kvscope-summary`` file model of the metrics registered now: one field per metric at its tag
+    (dotted tags become nested blocks: ``throughput``, ``latency``), then the run's own entries. Built once
+    per registry state."""
+    key = tuple(_METRICS.values())
+    if key not in _MODELS:
+        tree: dict[str, Any] = {}
+        for tag, metric in _METRICS.items():
+            *parents, leaf = tag.split(".")
+            node = tree
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = (metric.output, metric.default)
+        fields = {name: _field(name, v) for name, v in tree.items()}
+        _MODELS[key] = create_model(  # type: ignore[call-overload]
+            "SummaryFile", __base__=VersionedFile, __module__=__name__,
+            FORMAT=(ClassVar[str], "kvscope-summary"), SUPPORTED_VERSIONS=(ClassVar[tuple[int, ...]], (1,)),
+            format=(Literal["kvscope-summary"], "kvscope-summary"), version=(int, 1), **fields, **_RUN_FIELDS)
+    return _MODELS[key]
+
+
+def _field(name: str, v: Any) -> tuple[Any, Any]:
+    if isinstance(v, tuple):
+        return v
+    block = create_model(name.title().replace("_", ""), __base__=_Block, __module__=__name__,  # type: ignore[call-overload]
+                         **{k: _field(k, sub) for k, sub in v.items()})
+    return block, Field(...)
+
+
+def cell_columns(summary: Any) -> dict[str, Any]:
+    """The columns every registered metric adds to a cell's row in ``load_results(...).cells``, from a
+    validated summary (a metric missing from it adds none)."""
+    row: dict[str, Any] = {}
+    for tag, metric in _METRICS.items():
+        node = summary
+        for part in tag.split("."):
+            node = getattr(node, part, None) if node is not None else None
+        row.update(metric().cell_columns(node))
+    return row
+
+
+def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
+              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+              weights_random: bool | None = None, client_cpu_utilization: float | None = None,
+              client_stalls: int | None = None,
+              scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None) -> dict[str, Any]:
+    """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
+    requests inside the window."""
+    window = records[records["in_window"].astype(bool)] if len(records) else records
+    run = RunView(records=records, window=window, ok=window[window["error_class"].isna()],
+                  failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
+                  prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                  weights_random=weights_random, client_cpu_utilization=client_cpu_utilization,
+                  client_stalls=client_stalls,
+                  scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s)
+    summary: dict[str, Any] = {}
+    for tag, metric in _METRICS.items():
+        *parents, leaf = tag.split(".")
+        node = summary
+        for part in parents:
+            node = node.setdefault(part, {})
+        value = metric().compute(run)
+        node[leaf] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    return _clean(summary)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
