@@ -64,9 +64,9 @@ class ServiceModel:
 
 def _shape(req: SimRequest, B: int) -> tuple[int, int, int]:
     """(hit cap in blocks, blocks held at the end, full blocks cached at the end)."""
-    P = req.prompt_tokens
-    computed = P + max(req.output_tokens, 1) - 1
-    return max(P - 1, 0) // B, -(-computed // B), computed // B
+    P, O = req.prompt_tokens, req.output_tokens
+    computed = P + (O - 1 if O > 0 else 0)
+    return ((P - 1) // B if P > 0 else 0), -(-computed // B), computed // B
 
 
 class Replica:
@@ -77,6 +77,7 @@ class Replica:
         # Sequential mode takes the ring pool's idle fast path (same results, no per-hit queue moves); timed
         # mode holds blocks of several running requests at once and runs on the reference pool.
         self.pool: Pool = make_pool(cfg.num_gpu_blocks, cfg.free_order, reference=mode != "sequential")
+        self._run_idle = self.pool.run_idle  # bound once: sequential mode calls it per request
         self.in_flight = 0
         self.routed_tokens = 0
         self.running = 0
@@ -93,7 +94,9 @@ class Replica:
         pool = self.pool
         if total > pool.usable_blocks:
             return 0, False
-        return pool.run_idle(req.full_hashes(full), cap, total, full, req.session_id) * B, True
+        h = req.hashes
+        return self._run_idle(h if len(h) == full else req.full_hashes(full), cap, total, full,
+                              req.session_id) * B, True
 
     # Timed mode: ref-counted admission; returns None if it must wait for free blocks.
     def try_admit(self, req: SimRequest) -> tuple[int, list[int] | None, bool]:
