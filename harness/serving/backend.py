@@ -87,6 +87,7 @@ class Backend(ABC):
         self._api_key_env = api_key_env or getattr(config, "api_key_env", None)
         self.ready_after_s: float | None = None
         self.log_path: Path | None = None
+        self._given_headers: dict[str, str] | None = None
 
     # ---- registry ----------------------------------------------------------------------------------------
     @classmethod
@@ -184,8 +185,16 @@ class Backend(ABC):
 
     def auth_headers(self) -> dict[str, str]:
         """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts."""
+        if self._given_headers is not None:
+            return dict(self._given_headers)
         key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def with_auth_headers(self, headers: Mapping[str, str]) -> "Backend":
+        """Use these auth headers instead of a key from `api_key_env` (a caller that holds the credential
+        itself: `kvscope record` has the ones its clients sent). Returns self."""
+        self._given_headers = dict(headers)
+        return self
 
     @abstractmethod
     def facts(self) -> ServerFacts:
