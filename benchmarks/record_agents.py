@@ -140,25 +140,16 @@ def run_framework(name: str, endpoint: str, model_dir: Path, template: Path, ven
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents-venv", default="/tmp/agents-venv", type=Path)
-    ap.add_argument("--frameworks", default="openai-agents,langgraph,pydantic-ai,smolagents")
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--model", default=os.environ.get("KVSCOPE_TEST_MODEL", str(REPO / "models" / "tiny")), type=Path)
-    ap.add_argument("--keep", type=Path, help="keep recordings and replays here (default: a temp dir)")
-    args = ap.parse_args()
+def start_tool_server(model: Path, work: Path):
+    """vLLM on the tiny model with a tool-aware template, the hermes tool parser and whitespace-free JSON tool
+    calls; returns (the started server, the template file)."""
     from kvscope.harness.serving.server import ServerConfig, VllmServer
     from kvscope.harness.testing.scripted_agent import TOOLS_TEMPLATE
 
-    if not (args.agents_venv / "bin" / "python").exists():
-        print(f"no agents venv at {args.agents_venv} (see the module doc)", file=sys.stderr)
-        return 2
-    work = args.keep or Path(tempfile.mkdtemp(prefix="kvscope-agents-"))
     work.mkdir(parents=True, exist_ok=True)
     template = work / "tools.jinja"
     template.write_text(TOOLS_TEMPLATE)
-    cfg = ServerConfig(model=str(args.model), served_model_name="tiny", max_model_len=8192,
+    cfg = ServerConfig(model=str(model), served_model_name="tiny", max_model_len=8192,
                        kv_cache_memory_bytes="64M", startup_timeout_s=300,
                        # required/named tool choice as a JSON-schema constraint, not hermes' structural tag
                        # (under which the untrained model pads the arguments with whitespace until max_tokens)
@@ -168,6 +159,22 @@ def main() -> int:
                            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'])
     server = VllmServer(cfg, log_path=work / "server.log")
     server.start()
+    return server, template
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents-venv", default="/tmp/agents-venv", type=Path)
+    ap.add_argument("--frameworks", default="openai-agents,langgraph,pydantic-ai,smolagents")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--model", default=os.environ.get("KVSCOPE_TEST_MODEL", str(REPO / "models" / "tiny")), type=Path)
+    ap.add_argument("--keep", type=Path, help="keep recordings and replays here (default: a temp dir)")
+    args = ap.parse_args()
+    if not (args.agents_venv / "bin" / "python").exists():
+        print(f"no agents venv at {args.agents_venv} (see the module doc)", file=sys.stderr)
+        return 2
+    work = args.keep or Path(tempfile.mkdtemp(prefix="kvscope-agents-"))
+    server, template = start_tool_server(args.model, work)
     results = []
     try:
         for name in args.frameworks.split(","):
