@@ -25,9 +25,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvscope.harness.common.secrets import REDACTED, redact_credential_fields
-from kvscope.harness.record.build import build_trace, finalize, read_exchanges_log
+from kvscope.harness.record.build import build_trace, read_exchanges_log
 from kvscope.harness.record.proxy import EXCHANGES_LOG, RecordingProxy, SseEvents, split_url_credentials
-from kvscope.harness.record.tokenize import LocalTokenize, MessageShapeError, RequestTokenizer, template_messages
+from kvscope.harness.record.tokenize import (
+    LocalTokenize,
+    MessageShapeError,
+    RequestTokenizer,
+    template_messages,
+)
 from kvscope.harness.results.exchanges import read_exchanges
 from kvscope.harness.serving.sse import SseLineSplitter
 from kvscope.harness.testing.scripted_agent import TOOLS, TOOLS_TEMPLATE

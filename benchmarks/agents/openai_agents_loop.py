@@ -5,8 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from agents import (Agent, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
-                    set_tracing_disabled)
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from common_tools import API_KEY, BASE_URL, INSTRUCTIONS, MAX_TOKENS, MODEL, TASK, TURNS, sights, weather
 from openai import AsyncOpenAI
 

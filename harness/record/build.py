@@ -90,8 +90,6 @@ def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
     """Every exchange of the log. A torn final line is dropped with a warning; a line that is not a record
     (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued to
     its end when there is one, so no whole record already on disk is lost."""
-    import orjson
-
     path = Path(record_dir) / EXCHANGES_LOG
     if not path.is_file():
         raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
