@@ -17,9 +17,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     rec = add_parser(sub, "record", "record an agent's OpenAI-compatible traffic into a text-mode trace",
                      "Run a reverse proxy on --listen that forwards everything to --upstream (vLLM or any "
                      "OpenAI-compatible provider) and records /v1/chat/completions and /v1/completions "
-                     "exchanges (streaming or not, tools, usage with cached tokens, timings). Ctrl-C stops it "
-                     "and writes the trace into --out; `--finalize DIR` builds the trace from a directory a "
-                     "killed proxy left. API keys are forwarded, never written. See docs/record.md.")
+                     "exchanges (streaming or not, tools, usage with cached tokens, timings). Ctrl-C or "
+                     "SIGTERM stops it (exchanges in flight get --drain-s seconds, then are recorded as "
+                     "interrupted; a second Ctrl-C stops at once) and writes the trace into --out; "
+                     "`--finalize DIR` builds the trace from a directory a stopped or killed proxy left. API keys "
+                     "are forwarded, never written; credential fields of request bodies are redacted. "
+                     "See docs/record.md.")
     rec.add_argument("--upstream", metavar="URL", help="the server to forward to, e.g. http://127.0.0.1:8000")
     rec.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
                      help="where the proxy listens (default 127.0.0.1:8001; port 0 picks a free one)")
@@ -169,6 +172,12 @@ def _print_trace(out: Path) -> None:
     meta = json.loads((Path(out) / "trace.json").read_text())
     print(f"wrote trace {out}: {meta['num_requests']} requests in {meta['num_sessions']} session(s), "
           f"{meta['num_segment_tokens']} distinct tokens (tokenized by {meta['record'].get('tokenized_by')})")
+    rec = meta["record"]
+    left_out = [f"{rec[k]} {what}" for k, what in (("incomplete_exchanges", "incomplete (errors, interrupted, "
+                                                    "client gone)"), ("skipped_exchanges", "not renderable"))
+                if rec.get(k)]
+    if left_out:
+        print(f"left out of the trace: {', '.join(left_out)}; all are kept in exchanges.jsonl")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
