@@ -105,9 +105,11 @@ def redact_text(text: str, secrets: Iterable[str]) -> str:
 # A JSON key that holds a credential in a request body: `api_key`, `apiKey`, `x-api-key`, `access_token`,
 # `client_secret`, `password`, `authorization`, `credentials`. Exact words, not substrings, so `max_tokens`,
 # `prompt_tokens` and `logit_bias` stay.
-CREDENTIAL_FIELD_RE = re.compile(
-    r"^(?:x[-_]?)?(?:(?:api|access|auth|bearer|secret|session|refresh|client|private)[-_]?)?"
-    r"(?:key|token|secret|password|passwd)$|^(?:authorization|credentials?|password|passwd)$", re.IGNORECASE)
+_CREDENTIAL_NAME = (r"(?:(?:x[-_]?)?(?:(?:api|access|auth|bearer|secret|session|refresh|client|private)[-_]?)?"
+                    r"(?:key|token|secret|password|passwd)|authorization|credentials?)")
+CREDENTIAL_FIELD_RE = re.compile(f"^{_CREDENTIAL_NAME}$", re.IGNORECASE)
+# The same names as JSON keys in serialized bytes: a cheap test before walking a large body.
+CREDENTIAL_KEY_IN_JSON_RE = re.compile(f'"{_CREDENTIAL_NAME}"\\s*:'.encode(), re.IGNORECASE)
 
 
 def redact_credential_fields(data: Any) -> Any:

@@ -41,7 +41,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
-from kvscope.harness.common.secrets import redact_credential_fields
+from kvscope.harness.common.secrets import CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields
 from kvscope.harness.results.records import RecordWriter
 from kvscope.harness.serving.sse import SseLineSplitter
 
@@ -231,6 +231,7 @@ class _Exchange:
     done: float | None = None
     status: int | str = 502
     logged: bool = False
+    may_hold_credentials: bool = True  # a credential-named key somewhere in the body's bytes
 
 
 class RecordingProxy:
@@ -374,7 +375,8 @@ class RecordingProxy:
         url = self.upstream + request.path_qs
         ex = None
         if api is not None and parsed is not None:
-            ex = _Exchange(api, parsed, request.headers.get(SESSION_HEADER), received, injected)
+            ex = _Exchange(api, parsed, request.headers.get(SESSION_HEADER), received, injected,
+                           may_hold_credentials=CREDENTIAL_KEY_IN_JSON_RE.search(body) is not None)
             self._inflight[task] = ex
         resp: web.StreamResponse | None = None
         try:
@@ -486,7 +488,8 @@ class RecordingProxy:
         rec = {"request_id": self._next_id, "api": ex.api, "received_unix_s": ex.received,
                "first_byte_unix_s": ex.first_byte, "done_unix_s": ex.done, "status": ex.status,
                "session_header": ex.session_header, "injected_include_usage": ex.injected,
-               "request": redact_credential_fields(ex.parsed), "response": ex.capture.as_dict(),
+               "request": redact_credential_fields(ex.parsed) if ex.may_hold_credentials else ex.parsed,
+               "response": ex.capture.as_dict(),
                "error": ex.capture.error}
         self._next_id += 1
         self.writer.write_line(orjson.dumps(rec) + b"\n")
