@@ -428,6 +428,25 @@ def test_url_credentials_become_a_header_and_are_never_printed(tmp_path):
     assert row["request"]["api_key"] == REDACTED
 
 
+def test_client_credentials_are_kept_in_memory_for_finalize_whatever_their_case(tmp_path):
+    from aiohttp import web
+
+    async def handler(request):
+        return web.json_response({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 0}})
+
+    up = _Upstream(handler)
+    px = _Proxy(f"http://127.0.0.1:{up.port}", tmp_path)
+    try:
+        for key in ("sk-one", "sk-two"):
+            httpx.post(px.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert px.proxy.auth_headers == {"Authorization": "Bearer sk-two"}  # /tokenize at finalize uses it
+    finally:
+        px.close()
+        up.close()
+    assert b"sk-" not in (tmp_path / EXCHANGES_LOG).read_bytes()
+
+
 def test_split_url_credentials_and_body_redaction():
     url, headers = split_url_credentials("https://a%40b:p%3Aw@host.example:8443/base")
     assert url == "https://host.example:8443/base"

@@ -49,6 +49,7 @@ EXCHANGES_LOG = "exchanges.jsonl"
 RECORD_META = "record.json"
 RECORDED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 SESSION_HEADER = "X-Session-ID"
+_AUTH_HEADERS = {"authorization", "x-api-key", "api-key"}
 INTERRUPTED = "interrupted"
 CLIENT_DISCONNECTED = "client_disconnected"
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -369,9 +370,9 @@ class RecordingProxy:
             body = orjson.dumps({**parsed, "stream_options": {**so, "include_usage": True}})
             injected = True
         if parsed is not None:
-            for k in ("Authorization", "X-Api-Key", "Api-Key"):
-                if k in headers:
-                    self.auth_headers[k] = headers[k]
+            for k, v in headers.items():
+                if k.lower() in _AUTH_HEADERS:
+                    self.auth_headers[k.title()] = v  # one entry per header, whatever its case
         url = self.upstream + request.path_qs
         ex = None
         if api is not None and parsed is not None:
