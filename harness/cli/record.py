@@ -17,9 +17,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     rec = add_parser(sub, "record", "record an agent's OpenAI-compatible traffic into a text-mode trace",
                      "Run a reverse proxy on --listen that forwards everything to --upstream (vLLM or any "
                      "OpenAI-compatible provider) and records /v1/chat/completions and /v1/completions "
-                     "exchanges (streaming or not, tools, usage with cached tokens, timings). Ctrl-C stops it "
-                     "and writes the trace into --out; `--finalize DIR` builds the trace from a directory a "
-                     "killed proxy left. API keys are forwarded, never written. See docs/record.md.")
+                     "exchanges (streaming or not, tools, usage with cached tokens, timings). Ctrl-C or "
+                     "SIGTERM stops it (exchanges in flight get --drain-s seconds, then are recorded as "
+                     "interrupted; a second Ctrl-C stops at once) and writes the trace into --out; "
+                     "`--finalize DIR` builds the trace from a directory a stopped or killed proxy left. API keys "
+                     "are forwarded, never written; credential fields of request bodies are redacted. "
+                     "See docs/record.md.")
     rec.add_argument("--upstream", metavar="URL", help="the server to forward to, e.g. http://127.0.0.1:8000")
     rec.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
                      help="where the proxy listens (default 127.0.0.1:8001; port 0 picks a free one)")
@@ -29,7 +32,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                      help="model directory with tokenizer.json and a chat template, for upstreams without "
                           "/tokenize (default: the upstream's /tokenize)")
     rec.add_argument("--chat-template", metavar="FILE", help="with --tokenizer: the chat template the server uses")
-    rec.add_argument("--api-key-env", metavar="VAR", help="with --finalize: env var holding the upstream's API key")
+    rec.add_argument("--api-key-env", metavar="VAR",
+                     help="environment variable holding the upstream's API key: sent upstream instead of the "
+                          "client's, and used to tokenize at finalize (credentials in the --upstream URL, "
+                          "user:password@, are sent as Basic auth and never printed)")
+    rec.add_argument("--drain-s", type=float, default=5.0, metavar="S",
+                     help="at Ctrl-C/SIGTERM, how long exchanges in flight get to end before they are recorded as "
+                          "interrupted (default 5; a second Ctrl-C stops at once)")
     rec.set_defaults(func=_cmd_record)
 
     ex = add_parser(sub, "explain", "attribute every prompt-cache miss of a trace or run to its cause",
@@ -58,59 +67,101 @@ def _listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _cmd_record(args: argparse.Namespace) -> int:
-    import os
+def _auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The upstream's auth headers from --api-key-env, by the serving layer's one rule (resolve_api_key)."""
+    from kvscope.harness.serving.backend import bearer_headers, resolve_api_key
 
+    return bearer_headers(resolve_api_key(api_key_env, "--api-key-env"))
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
     from kvscope.harness.common.errors import ConfigError
     from kvscope.harness.record.build import finalize
+    from kvscope.harness.record.proxy import split_url_credentials
 
     if args.finalize:
-        headers = {}
-        if args.api_key_env:
-            key = os.environ.get(args.api_key_env)
-            if not key:
-                raise ConfigError(f"--api-key-env: environment variable {args.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        out = finalize(args.finalize, upstream=args.upstream, tokenizer_dir=args.tokenizer,
-                       chat_template=args.chat_template, headers=headers)
+        upstream, url_auth = split_url_credentials(args.upstream) if args.upstream else (None, {})
+        out = finalize(args.finalize, upstream=upstream, tokenizer_dir=args.tokenizer,
+                       chat_template=args.chat_template, headers={**url_auth, **_auth_headers(args.api_key_env)})
         _print_trace(out)
         return 0
     if not args.upstream or not args.out:
         raise ConfigError("record: give --upstream URL and --out TRACE_DIR (or --finalize DIR)")
     if not args.upstream.startswith(("http://", "https://")):
-        raise ConfigError(f"--upstream {args.upstream!r}: expected an http:// or https:// URL")
+        raise ConfigError("--upstream: expected an http:// or https:// URL")
+    if args.drain_s < 0:
+        raise ConfigError(f"--drain-s {args.drain_s}: expected seconds >= 0")
     host, port = _listen(args.listen)
-    proxy = _run_proxy(args.upstream, args.out, host, port)
+    proxy, hard_stop = _run_proxy(args.upstream, args.out, host, port, _auth_headers(args.api_key_env),
+                                  args.drain_s)
+    from kvscope.harness.common.signals import handle_termination_like_sigint
+
+    handle_termination_like_sigint()  # the loop's handlers are gone: a signal while finalizing stops cleanly
+    hint = (f"the exchanges are in {args.out}/exchanges.jsonl; build the trace with "
+            f"`kvscope record --finalize {args.out}" + (f" --tokenizer {args.tokenizer}`" if args.tokenizer else "`"))
+    if proxy.interrupted:
+        print(f"{proxy.interrupted} exchange(s) in flight recorded as interrupted", file=sys.stderr)
+    if hard_stop:
+        print(f"stopped at once (second signal); {hint}", file=sys.stderr)
+        return 130
     if proxy.writer.count == 0:
         print(f"no exchanges recorded; {args.out} holds only record.json", file=sys.stderr)
         return 0
-    out = finalize(args.out, upstream=args.upstream, tokenizer_dir=args.tokenizer, chat_template=args.chat_template,
-                   headers=proxy.auth_headers)
+    try:
+        out = finalize(args.out, upstream=proxy.upstream, tokenizer_dir=args.tokenizer,
+                       chat_template=args.chat_template, headers=proxy.auth_headers)
+    except KeyboardInterrupt:
+        print(f"finalize interrupted; {hint}", file=sys.stderr)
+        raise
+    except Exception:
+        print(hint, file=sys.stderr)
+        raise
     _print_trace(out)
     return 0
 
 
-def _run_proxy(upstream: str, out: str, host: str, port: int):
+def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str, str], drain_s: float):
+    """Proxy until a signal (SIGINT, SIGTERM, SIGHUP); drain for ``drain_s``; a second signal stops at once.
+    Returns (the proxy, whether the second signal cut the drain short)."""
     import asyncio
     import signal
 
-    from kvscope.harness.record.proxy import RecordingProxy
+    from kvscope.harness.record.proxy import ProxyTimeouts, RecordingProxy, redact_url
     from kvscope.harness.replay.runner import run_event_loop  # uvloop where installed
 
-    async def run() -> RecordingProxy:
-        proxy = RecordingProxy(upstream, out)
+    async def run() -> tuple[RecordingProxy, bool]:
+        proxy = RecordingProxy(upstream, out, ProxyTimeouts(drain_s=drain_s), upstream_headers=headers)
         bound = await proxy.start(host, port)
-        print(f"recording on http://{host}:{bound} -> {upstream}; writing {out}/exchanges.jsonl. "
+        print(f"recording on http://{host}:{bound} -> {redact_url(upstream)}; writing {out}/exchanges.jsonl. "
               "Ctrl-C stops and writes the trace.", flush=True)
-        stop = asyncio.Event()
+        first, second = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+
+        def on_signal() -> None:
+            (second if first.is_set() else first).set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, on_signal)
         try:
-            await stop.wait()
+            await first.wait()
+
+            def draining(n: int) -> None:
+                print(f"stopping: waiting up to {drain_s:g} s for {n} exchange(s) in flight "
+                      "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+            shutdown = asyncio.ensure_future(proxy.shutdown(on_drain=draining))
+            hard = asyncio.ensure_future(second.wait())
+            await asyncio.wait({shutdown, hard}, return_when=asyncio.FIRST_COMPLETED)
+            cut = hard.done() and not shutdown.done()
+            if cut:
+                await proxy.cancel_inflight()
+            hard.cancel()
+            await shutdown
+            return proxy, cut
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
             await proxy.close()
-        return proxy
 
     return run_event_loop(run())
 
@@ -119,9 +170,14 @@ def _print_trace(out: Path) -> None:
     from kvscope.workloads.trace_schema import read_trace_file
 
     meta = read_trace_file(Path(out) / "trace.json")
-    tokenized_by = meta.record.get("tokenized_by") if meta.record else None  # the proxy's open facts block
+    rec = meta.record or {}  # the proxy's open facts block
     print(f"wrote trace {out}: {meta.num_requests} requests in {meta.num_sessions} session(s), "
-          f"{meta.num_segment_tokens} distinct tokens (tokenized by {tokenized_by})")
+          f"{meta.num_segment_tokens} distinct tokens (tokenized by {rec.get('tokenized_by')})")
+    left_out = [f"{rec[k]} {what}" for k, what in (("incomplete_exchanges", "incomplete (errors, interrupted, "
+                                                    "client gone)"), ("skipped_exchanges", "not renderable"))
+                if rec.get(k)]
+    if left_out:
+        print(f"left out of the trace: {', '.join(left_out)}; all are kept in exchanges.jsonl")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

@@ -100,3 +100,26 @@ def redact_text(text: str, secrets: Iterable[str]) -> str:
     for value in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return text
+
+
+# A JSON key that holds a credential in a request body: `api_key`, `apiKey`, `x-api-key`, `access_token`,
+# `client_secret`, `password`, `authorization`, `credentials`. Exact words, not substrings, so `max_tokens`,
+# `prompt_tokens` and `logit_bias` stay.
+_CREDENTIAL_NAME = (r"(?:(?:x[-_]?)?(?:(?:api|access|auth|bearer|secret|session|refresh|client|private)[-_]?)?"
+                    r"(?:key|token|secret|password|passwd)|authorization|credentials?)")
+CREDENTIAL_FIELD_RE = re.compile(f"^{_CREDENTIAL_NAME}$", re.IGNORECASE)
+# The same names as JSON keys in serialized bytes: a cheap test before walking a large body.
+CREDENTIAL_KEY_IN_JSON_RE = re.compile(f'"{_CREDENTIAL_NAME}"\\s*:'.encode(), re.IGNORECASE)
+
+
+def redact_credential_fields(data: Any) -> Any:
+    """A copy of a JSON-like request body with the value of every credential-named key replaced, at any depth
+    (an `api_key` a client put in the body, `extra_body={"api_key": ...}`, a tool server's `auth_token`).
+    Only string values are replaced (a tool schema's `"key": {"type": "string"}` property stays), and message
+    text is left alone: only key names decide."""
+    if isinstance(data, Mapping):
+        return {k: (REDACTED if isinstance(k, str) and isinstance(v, str) and v and CREDENTIAL_FIELD_RE.match(k)
+                    else redact_credential_fields(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact_credential_fields(x) for x in data]
+    return data

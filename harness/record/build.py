@@ -10,11 +10,19 @@ header, the content and the end-of-turn), kind by role, plus a final ``template`
 prompt). Identical spans share one segment, so an append-only session stores each message once. A request
 whose message ends are unknown is one ``imported`` segment. Timing: ``arrival_s`` from the first exchange,
 ``think_time_s`` = this request's arrival minus the end of the session's previous response.
+
+One bad exchange never costs the recording: an exchange whose body cannot be rendered (``messages`` not a list
+of messages, a template error) is left out with a warning and counted in ``trace.json``
+(``record.skipped_exchanges``), as are exchanges that did not complete (``record.incomplete_exchanges``:
+upstream errors, interrupted at shutdown, clients that left). Server facts (the block size hint) come through
+the serving :class:`~kvscope.harness.serving.backend.Backend` interface, transitions from the one rule of
+:mod:`kvscope.workloads.prefix`.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +31,9 @@ from typing import Any
 import numpy as np
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.record.proxy import EXCHANGES_LOG
-from kvscope.harness.record.tokenize import RequestTokenizer
+from kvscope.harness.record.tokenize import MessageShapeError, RequestTokenizer
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
-from kvscope.workloads.prefix import common_prefix_len
+from kvscope.workloads.prefix import common_prefix_len, transition_from
 from kvscope.workloads.trace import TraceBuilder
 
 _KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
@@ -60,12 +68,15 @@ class SessionAssigner:
             return f"{exchange['session_header']}", "header"
         if isinstance(body.get("user"), str) and body["user"]:
             return f"user:{body['user']}", "user"
-        keys = [_message_key(m) for m in body.get("messages") or [body.get("prompt")]]
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            messages = None
+        keys = [_message_key(m) for m in messages or [body.get("prompt")]]
+        system_first = messages is not None and isinstance(messages[0], dict) and messages[0].get("role") in (
+            "system", "developer")
         best, best_n = None, 0
         for s in self.sessions.values():
             n = common_prefix_len(keys, s.last_messages)
-            system_first = bool(body.get("messages")) and (body["messages"][0] or {}).get("role") in (
-                "system", "developer")
             need = 2 if system_first else 1
             if n >= need and n > best_n:
                 best, best_n = s, n
@@ -76,12 +87,37 @@ class SessionAssigner:
 
 
 def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
-    from kvscope.harness.results.records import read_jsonl_records
-
+    """Every exchange of the log. A torn final line is dropped with a warning; a line that is not a record
+    (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued to
+    its end when there is one, so no whole record already on disk is lost."""
     path = Path(record_dir) / EXCHANGES_LOG
     if not path.is_file():
         raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
-    return read_jsonl_records(path)
+    lines = path.read_bytes().split(b"\n")
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        row = _record(line)
+        if row is None:
+            start = line.rfind(b'{"request_id":')
+            row = _record(line[start:]) if start > 0 else None
+            what = "incomplete final record dropped" if i == len(lines) - 1 else (
+                "torn record dropped, the record after it kept" if row is not None else "not a record, skipped")
+            warnings.warn(f"{path}: line {i + 1}: {what} ({len(line)} bytes)", UserWarning, stacklevel=2)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    import orjson
+
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) and "request_id" in row and isinstance(row.get("request"), dict) else None
 
 
 def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
@@ -109,35 +145,35 @@ def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict
     return out
 
 
-def _transition(parent_ids: np.ndarray | None, ids: np.ndarray) -> str:
-    if parent_ids is None:
-        return "first"
-    n = min(len(parent_ids), len(ids))
-    if len(ids) >= len(parent_ids) and np.array_equal(parent_ids, ids[:len(parent_ids)]):
-        return "append"
-    if len(ids) < len(parent_ids) * 0.8 and not np.array_equal(parent_ids[:n], ids[:n]):
-        return "compaction"
-    return "edit"
-
-
 def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
                 meta: dict[str, Any] | None = None) -> Path:
     """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``."""
-    ok = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
-                key=lambda e: (e["received_unix_s"], e["request_id"]))
-    if not ok:
-        raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from")
+    exchanges = list(exchanges)
+    done = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
+                  key=lambda e: (e["received_unix_s"], e["request_id"]))
+    incomplete = len(exchanges) - len(done)
+    tokenized, skipped = [], []
+    for ex in done:  # tokenize first: an exchange that cannot be rendered is left out, not fatal
+        try:
+            tokenized.append((ex, tokenizer.tokenize(ex["api"], ex["request"])))
+        except (MessageShapeError, ValueError, TypeError) as exc:
+            skipped.append(f"exchange {ex.get('request_id')}: {exc}")
+    if skipped:
+        warnings.warn(f"{out_dir}: {len(skipped)} exchange(s) left out of the trace, their body cannot be "
+                      f"rendered (first: {skipped[0]})", UserWarning, stacklevel=2)
+    if not tokenized:
+        raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from ({len(exchanges)} recorded, "
+                           f"{incomplete} incomplete, {len(skipped)} not renderable)")
     builder = TraceBuilder()
     sessions = SessionAssigner()
-    t0 = ok[0]["received_unix_s"]
+    t0 = tokenized[0][0]["received_unix_s"]
     extras: list[ExchangeRow] = []
     prompts: list[np.ndarray] = []
     mismatched = 0
-    for row_index, ex in enumerate(ok):
+    for row_index, (ex, tok) in enumerate(tokenized):
         body, resp = ex["request"], ex.get("response") or {}
         sid, source = sessions.assign(ex)
         sess = sessions.sessions.get(sid)
-        tok = tokenizer.tokenize(ex["api"], body)
         ids = np.asarray(tok.prompt_ids, dtype=np.int32)
         prompts.append(ids)
         messages = body.get("messages") if ex["api"] == "chat" else None
@@ -154,7 +190,7 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
             "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
             "prompt_segment_ids": _prompt_segments(builder, ids, messages, tok.message_ends),
             "output_tokens": int(n_out), "max_tokens": int(max_tokens),
-            "transition": _transition(prompts[sess.last_row] if sess else None, ids),
+            "transition": transition_from(prompts[sess.last_row] if sess else None, ids),
             "input_kind": ex["api"], "tenant": 0,
             "messages": json.dumps(messages) if messages is not None else None,
         })
@@ -168,7 +204,8 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
             response_json=json.dumps({k: resp.get(k) for k in ("text", "tool_calls", "finish_reason")}),
             ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done - ex["received_unix_s"],
             session_source=source, **usage))
-    info = {"recorded_by": "kvscope record", "exchanges": len(ok), "text_mode": True,
+    info = {"recorded_by": "kvscope record", "exchanges": len(tokenized), "text_mode": True,
+            "incomplete_exchanges": incomplete, "skipped_exchanges": len(skipped),
             "prompt_tokens_mismatch_usage": mismatched, **(meta or {})}
     trace = builder.build({"source": "record", "record": info, "text": {"recorded": True}})
     out = trace.write(out_dir)
@@ -206,11 +243,11 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
 
 
 def _upstream_block_size(upstream: str, headers: dict[str, str] | None) -> int | None:
-    """The upstream's KV block size where it says (vLLM's /metrics), so explain and simulate use it."""
-    from kvscope.harness.common.errors import ServerError
-    from kvscope.harness.serving.server import read_server_facts
+    """The upstream's KV block size where it says (the vLLM backend's facts: /metrics), so explain and simulate
+    use it; None for an upstream that does not say."""
+    from kvscope.harness.serving.backend import endpoint_facts
 
     try:
-        return read_server_facts(upstream, headers=headers, timeout_s=5.0).block_size
-    except (ServerError, KvscopeError, ValueError):
+        return endpoint_facts(upstream, headers=headers or {}, timeout_s=5.0).block_size
+    except (KvscopeError, ValueError, OSError):
         return None

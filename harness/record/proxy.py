@@ -5,42 +5,113 @@ Response chunks are written to the client *before* they are parsed; the exchange
 tool calls, usage, wall-clock times) is appended to ``exchanges.jsonl`` as one whole line with one ``os.write``
 after the response ended (the replay records' crash-safety, :class:`RecordWriter`). Tokenization, session
 assignment and the trace are derived later from that log (:mod:`kvscope.harness.record.build`), at shutdown or
-by ``kvscope record --finalize``, so a killed proxy loses at most the exchanges in flight.
+by ``kvscope record --finalize``, so a killed proxy loses at most the exchanges in flight. On start a torn last
+line (a proxy killed mid-write) is cut off, so appending never glues a record onto half of another.
 
 Only ``/v1/chat/completions`` and ``/v1/completions`` are recorded; every other path (``/v1/models``,
 ``/tokenize``, ``/metrics`` …) is forwarded untouched. Request bodies are forwarded byte for byte, except that a
 streaming request without ``stream_options.include_usage`` gets it added (usage carries the cached tokens) and
-the extra usage-only chunk this produces is dropped from the client's stream. Headers (API keys included) are
-forwarded and never written; only ``X-Session-ID`` is kept.
+the extra usage-only event this produces is dropped from the client's stream. SSE is split with the project's
+one line splitter (:class:`~kvscope.harness.serving.sse.SseLineSplitter`: ``\\r\\n``, ``\\n`` and ``\\r``), so
+every framing streams through event by event.
+
+Secrets: headers (API keys included) are forwarded and never written; credentials in the upstream URL
+(``http://user:pass@host``) become an ``Authorization: Basic`` header and never reach a log or the terminal;
+credential-named fields of a request body (``api_key`` …) are redacted in the log
+(:func:`~kvscope.harness.common.secrets.redact_credential_fields`). Only ``X-Session-ID`` is kept.
+
+Shutdown (:meth:`RecordingProxy.shutdown`): the listener closes, exchanges in flight get ``drain_s`` to end,
+then are cancelled and written with ``status: "interrupted"`` (what they had streamed so far). A client that
+leaves mid-stream cancels its handler (aiohttp ``handler_cancellation``), which closes the upstream request and
+writes the exchange with ``status: "client_disconnected"``. Every wait has a bound: reading a request body,
+connecting upstream, each upstream read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from kvscope.harness.common.secrets import CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields
 from kvscope.harness.results.records import RecordWriter
+from kvscope.harness.serving.sse import SseLineSplitter
 
 EXCHANGES_LOG = "exchanges.jsonl"
 RECORD_META = "record.json"
 RECORDED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 SESSION_HEADER = "X-Session-ID"
+_AUTH_HEADERS = {"authorization", "x-api-key", "api-key"}
+INTERRUPTED = "interrupted"
+CLIENT_DISCONNECTED = "client_disconnected"
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "content-encoding"}
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyTimeouts:
+    """Bounds on every wait of the proxy (seconds)."""
+
+    connect_s: float = 30.0  # TCP connect to the upstream
+    upstream_read_s: float = 600.0  # silence between two upstream reads (a long prefill before the first token)
+    client_body_s: float = 60.0  # reading a client's request body
+    drain_s: float = 5.0  # at shutdown, how long exchanges in flight get to end
+
+
 def redact_url(url: str) -> str:
-    """The upstream URL without user:password@ (it is written to record.json)."""
+    """The URL without user:password@ (it is written to record.json and printed)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
     netloc = host + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def split_url_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """(the URL without ``user:password@``, the ``Authorization: Basic`` header they stand for, or {})."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    clean = urlunsplit((parts.scheme, redact_url(url).split("//", 1)[1].split("/", 1)[0], parts.path, parts.query,
+                        parts.fragment))
+    return clean, {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
+def repair_torn_log(path: Path) -> int:
+    """Cut a torn last line (no newline: the writer was killed mid-write) off ``path``; the bytes removed."""
+    if not path.is_file():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        pos, keep = size, 0
+        while pos > 0:  # find the last newline, reading backwards in 64 KiB steps
+            step = min(pos, 1 << 16)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                keep = pos + i + 1
+                break
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
 
 
 @dataclass(slots=True)
@@ -48,6 +119,7 @@ class ResponseCapture:
     """What a response said, assembled from SSE chunks or one JSON body."""
 
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -59,17 +131,22 @@ class ResponseCapture:
         if "error" in obj and not obj.get("choices"):
             self.error = str(obj["error"])[:500]
         for choice in obj.get("choices") or ():
-            if choice.get("index", 0) != 0:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             part = choice.get("delta") or choice.get("message")
-            if part is None:  # completions
-                if choice.get("text"):
+            if not isinstance(part, dict):  # completions
+                if isinstance(choice.get("text"), str):
                     self.text.append(choice["text"])
             else:
-                if part.get("content"):
+                if isinstance(part.get("content"), str):
                     self.text.append(part["content"])
+                for key in ("reasoning_content", "reasoning"):
+                    if isinstance(part.get(key), str):
+                        self.reasoning.append(part[key])
+                        break
                 for j, call in enumerate(part.get("tool_calls") or ()):
-                    self._tool_call(call.get("index", j), call)
+                    if isinstance(call, dict):
+                        self._tool_call(call.get("index", j), call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -80,18 +157,19 @@ class ResponseCapture:
             got["id"] = delta["id"]
         fn = delta.get("function") or {}
         got["function"]["name"] += fn.get("name") or ""
-        got["function"]["arguments"] += fn.get("arguments") or ""
+        args = fn.get("arguments")
+        got["function"]["arguments"] += args if isinstance(args, str) else (orjson.dumps(args).decode() if args
+                                                                            else "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"text": "".join(self.text), "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
-                "finish_reason": self.finish_reason, "usage": self.usage}
+        out = {"text": "".join(self.text), "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
+               "finish_reason": self.finish_reason, "usage": self.usage}
+        if self.reasoning:
+            out["reasoning"] = "".join(self.reasoning)
+        return out
 
 
-def _sse_data(line: bytes) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith(b"data:"):
-        return None
-    data = line[5:].strip()
+def _json_object(data: bytes) -> dict[str, Any] | None:
     if not data or data == b"[DONE]":
         return None
     try:
@@ -101,43 +179,145 @@ def _sse_data(line: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+class SseEvents:
+    """SSE events of a byte stream: ``feed(piece)`` -> the events it completed, each as (its ``data`` payload,
+    its lines as received). Data lines of one event are joined with ``\\n`` (the SSE rule)."""
+
+    __slots__ = ("lines", "_data", "_raw", "terminator")
+
+    def __init__(self) -> None:
+        self.lines = SseLineSplitter()
+        self._data: list[bytes] = []
+        self._raw: list[bytes] = []
+        self.terminator: bytes | None = None  # the upstream's line end, reused when an event is re-emitted
+
+    def feed(self, piece: bytes) -> list[tuple[bytes, list[bytes]]]:
+        if self.terminator is None:
+            self.terminator = b"\r\n" if b"\r\n" in piece else b"\r" if b"\r" in piece else (
+                b"\n" if b"\n" in piece else None)
+        events = []
+        for line in self.lines.feed(piece):
+            if not line:
+                if self._raw:
+                    events.append((b"\n".join(self._data), self._raw))
+                self._data, self._raw = [], []
+                continue
+            self._raw.append(line)
+            if line[:5] == b"data:":
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+        return events
+
+    def close(self) -> list[tuple[bytes, list[bytes]]]:
+        """The last event of a stream that ended without a blank line."""
+        if self.lines.tail:
+            self.feed(b"\n")
+        if self._raw:
+            ev = [(b"\n".join(self._data), self._raw)]
+            self._data, self._raw = [], []
+            return ev
+        return []
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """One recorded exchange in flight."""
+
+    api: str
+    parsed: dict[str, Any]
+    session_header: str | None
+    received: float
+    injected: bool
+    capture: ResponseCapture = field(default_factory=ResponseCapture)
+    first_byte: float | None = None
+    done: float | None = None
+    status: int | str = 502
+    logged: bool = False
+    may_hold_credentials: bool = True  # a credential-named key somewhere in the body's bytes
+
+
 class RecordingProxy:
     """Forward to ``upstream``; append one line per chat/completions exchange to ``out_dir/exchanges.jsonl``."""
 
-    def __init__(self, upstream: str, out_dir: str | Path) -> None:
-        self.upstream = upstream.rstrip("/")
+    def __init__(self, upstream: str, out_dir: str | Path, timeouts: ProxyTimeouts | None = None,
+                 upstream_headers: dict[str, str] | None = None) -> None:
+        clean, url_auth = split_url_credentials(upstream.rstrip("/"))
+        self.upstream = clean
+        #: headers every upstream request carries (credentials from the URL); they replace the client's
+        self.upstream_headers = {**url_auth, **(upstream_headers or {})}
+        self.timeouts = timeouts or ProxyTimeouts()
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        torn = repair_torn_log(self.out_dir / EXCHANGES_LOG)
+        if torn:
+            warnings.warn(f"{self.out_dir / EXCHANGES_LOG}: cut off a torn last line ({torn} bytes; the previous "
+                          "proxy was killed mid-write)", stacklevel=2)
         self.writer = RecordWriter(self.out_dir, flush_interval_s=0.0, file_name=EXCHANGES_LOG)
-        self._next_id = self._existing_count()
+        self._next_id = self.writer.lines_on_disk
         self._session: ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._inflight: dict[asyncio.Task, _Exchange | None] = {}
+        self._stopping = False
         self.port: int | None = None
+        self.interrupted = 0
         #: auth headers last seen, kept in memory only, for the /tokenize calls of the finalize step
-        self.auth_headers: dict[str, str] = {}
-
-    def _existing_count(self) -> int:
-        path = self.out_dir / EXCHANGES_LOG
-        return path.read_bytes().count(b"\n") if path.exists() else 0
+        self.auth_headers: dict[str, str] = dict(self.upstream_headers)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=30),
-                                      connector=TCPConnector(limit=0, ttl_dns_cache=300))
+        t = self.timeouts
+        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=t.connect_s,
+                                                            sock_read=t.upstream_read_s),
+                                      connector=TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False)
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        server = site._server
+        self._site = web.TCPSite(self._runner, host, port, reuse_address=True, shutdown_timeout=1.0)
+        await self._site.start()
+        server = self._site._server
         self.port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
         meta = {"format": "kvscope-record", "version": 1, "upstream": redact_url(self.upstream),
                 "started_unix_s": time.time()}
         (self.out_dir / RECORD_META).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2) + b"\n")
         return self.port
 
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for ex in self._inflight.values() if ex is not None)
+
+    async def shutdown(self, drain_s: float | None = None, on_drain=None) -> int:
+        """Stop accepting; give exchanges in flight ``drain_s`` to end (``on_drain(n)`` is called first when
+        some are), then cancel them (written as interrupted) and close. Returns how many were interrupted."""
+        self._stopping = True
+        drain_s = self.timeouts.drain_s if drain_s is None else drain_s
+        if self._site is not None:
+            server = self._site._server
+            if server is not None:
+                server.close()  # no new connections; open ones finish their exchange
+        pending = [t for t in self._inflight if not t.done()]
+        if pending and self.in_flight and on_drain is not None:
+            on_drain(self.in_flight)
+        if pending and drain_s > 0:
+            await asyncio.wait(pending, timeout=drain_s)
+        before = self.interrupted
+        await self.cancel_inflight()
+        await self.close()
+        return self.interrupted - before
+
+    async def cancel_inflight(self) -> None:
+        """Cancel every handler still running (each writes its exchange as interrupted) and wait for them."""
+        self._stopping = True
+        pending = [t for t in self._inflight if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
+
     async def close(self) -> None:
+        self._stopping = True
+        if self._inflight:
+            await self.cancel_inflight()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -148,11 +328,31 @@ class RecordingProxy:
 
     # ------------------------------------------------------------------ handlers
     def _forward_headers(self, request: web.Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if self.upstream_headers:
+            override = {k.lower() for k in self.upstream_headers}
+            headers = {k: v for k, v in headers.items() if k.lower() not in override}
+            headers.update(self.upstream_headers)
+        return headers
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight[task] = None
+        try:
+            return await self._proxy(request, task)
+        finally:
+            self._inflight.pop(task, None)
+
+    async def _proxy(self, request: web.Request, task: asyncio.Task) -> web.StreamResponse:
         received = time.time()
-        body = await request.read()
+        try:
+            async with asyncio.timeout(self.timeouts.client_body_s):
+                body = await request.read()
+        except TimeoutError:
+            return web.json_response({"error": {"message": "kvscope record: request body not received within "
+                                                f"{self.timeouts.client_body_s:.0f} s", "type": "Timeout"}},
+                                     status=408)
         api = RECORDED_PATHS.get(request.path) if request.method == "POST" else None
         parsed: dict[str, Any] | None = None
         if api is not None:
@@ -164,117 +364,133 @@ class RecordingProxy:
                 api, parsed = None, None
         headers = self._forward_headers(request)
         injected = False
-        if parsed is not None and parsed.get("stream") and not (parsed.get("stream_options") or {}).get(
-                "include_usage"):
-            parsed_out = {**parsed, "stream_options": {**(parsed.get("stream_options") or {}), "include_usage": True}}
-            body = orjson.dumps(parsed_out)
+        if parsed is not None and parsed.get("stream") and not (
+                isinstance(parsed.get("stream_options"), dict) and parsed["stream_options"].get("include_usage")):
+            so = parsed.get("stream_options") if isinstance(parsed.get("stream_options"), dict) else {}
+            body = orjson.dumps({**parsed, "stream_options": {**so, "include_usage": True}})
             injected = True
         if parsed is not None:
-            for k in ("Authorization", "X-Api-Key", "Api-Key"):
-                if k in request.headers:
-                    self.auth_headers[k] = request.headers[k]
+            for k, v in headers.items():
+                if k.lower() in _AUTH_HEADERS:
+                    self.auth_headers[k.title()] = v  # one entry per header, whatever its case
         url = self.upstream + request.path_qs
-        capture = ResponseCapture() if parsed is not None else None
-        times: dict[str, float | None] = {"first_byte": None, "done": None}
-        status = 502
+        ex = None
+        if api is not None and parsed is not None:
+            ex = _Exchange(api, parsed, request.headers.get(SESSION_HEADER), received, injected,
+                           may_hold_credentials=CREDENTIAL_KEY_IN_JSON_RE.search(body) is not None)
+            self._inflight[task] = ex
+        resp: web.StreamResponse | None = None
         try:
             assert self._session is not None
             async with self._session.request(request.method, url, data=body, headers=headers,
                                              allow_redirects=False) as up:
-                status = up.status
+                if ex is not None:
+                    ex.status = up.status
                 resp = web.StreamResponse(status=up.status, headers={
                     k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
                 await resp.prepare(request)
                 if "text/event-stream" in up.headers.get("Content-Type", ""):
-                    await self._pump_sse(up, resp, capture, injected, times)
+                    await self._pump_sse(up, resp, ex)
                 else:
                     data = await up.read()
-                    times["first_byte"] = time.time()
+                    if ex is not None:
+                        ex.first_byte = time.time()
                     await resp.write(data)
-                    if capture is not None:
-                        try:
-                            obj = orjson.loads(data)
-                            if isinstance(obj, dict):
-                                capture.feed(obj)
-                        except orjson.JSONDecodeError:
-                            capture.error = "response body is not JSON"
+                    if ex is not None:
+                        obj = _json_object(data)
+                        if obj is not None:
+                            ex.capture.feed(obj)
+                        else:
+                            ex.capture.error = "response body is not JSON"
                 try:
                     await resp.write_eof()
                 except ConnectionResetError:
                     # The whole body (the last SSE event included) was written; a client that closes its
                     # connection on `data: [DONE]` (the openai SDK may) only misses the chunked terminator.
                     pass
-                times["done"] = time.time()
+                if ex is not None:
+                    ex.done = time.time()
+        except asyncio.CancelledError:
+            if ex is not None:
+                ex.status = INTERRUPTED if self._stopping else CLIENT_DISCONNECTED
+                ex.capture.error = ex.capture.error or (
+                    "interrupted: the proxy stopped before the response ended" if self._stopping
+                    else "the client closed the connection before the response ended")
+                if self._stopping:
+                    self.interrupted += 1
+                self._log(ex)
+            raise
         except (TimeoutError, ClientError, OSError) as exc:
-            if capture is not None:
-                capture.error = f"{exc.__class__.__name__}: {exc}"[:500]
-            if times["first_byte"] is None:
-                self._log(api, parsed, request, received, times, status, injected, capture)
+            if ex is not None:
+                ex.capture.error = f"{exc.__class__.__name__}: {exc}"[:500]
+                self._log(ex)
+            if resp is None or not resp.prepared:
                 return web.json_response({"error": {"message": f"kvscope record: upstream {redact_url(url)} "
                                                     f"failed ({exc.__class__.__name__})", "type": "BadGateway"}},
-                                         status=502)
-            raise
+                                         status=502 if not isinstance(exc, TimeoutError) else 504)
+            # Mid-stream: the status line is out, so the client must see a broken stream, not a clean end.
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         finally:
-            if times["first_byte"] is not None or capture is None:
-                self._log(api, parsed, request, received, times, status, injected, capture)
+            if ex is not None:
+                self._log(ex)
+        assert resp is not None
         return resp
 
-    async def _pump_sse(self, up, resp: web.StreamResponse, capture: ResponseCapture | None, injected: bool,
-                        times: dict[str, float | None]) -> None:
-        buf = b""
+    async def _pump_sse(self, up, resp: web.StreamResponse, ex: _Exchange | None) -> None:
+        events = SseEvents()
+        capture = ex.capture if ex is not None else None
         async for data in up.content.iter_any():
-            if times["first_byte"] is None:
-                times["first_byte"] = time.time()
-            if not injected:
-                await resp.write(data)
-                if capture is None:
-                    continue
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    obj = _sse_data(line)
-                    if obj is not None:
-                        capture.feed(obj)
+            if ex is not None and ex.first_byte is None:
+                ex.first_byte = time.time()
+            if ex is None or not ex.injected:
+                await resp.write(data)  # bytes first, parsing after: the client never waits for the parser
+                if capture is not None:
+                    for payload, _ in events.feed(data):
+                        obj = _json_object(payload)
+                        if obj is not None:
+                            capture.feed(obj)
                 continue
-            buf += data
-            *events, buf = buf.split(b"\n\n")
-            out = []
-            for ev in events:
-                obj = _sse_data(ev)
-                if obj is not None and capture is not None:
-                    capture.feed(obj)
-                    if obj.get("usage") and not obj.get("choices"):
-                        continue  # the usage chunk the client did not ask for
-                out.append(ev + b"\n\n")
+            out = self._filter_events(events.feed(data), events.terminator or b"\n", capture)
             if out:
-                await resp.write(b"".join(out))
-        if buf:
-            await resp.write(buf)
-            if capture is not None:
-                obj = _sse_data(buf)
-                if obj is not None:
-                    capture.feed(obj)
-
-    def _log(self, api: str | None, parsed: dict[str, Any] | None, request: web.Request, received: float,
-             times: dict[str, float | None], status: int, injected: bool, capture: ResponseCapture | None) -> None:
-        if api is None or parsed is None or capture is None:
+                await resp.write(out)
+        if ex is None:
             return
-        rec = {"request_id": self._next_id, "api": api, "received_unix_s": received,
-               "first_byte_unix_s": times["first_byte"], "done_unix_s": times["done"], "status": status,
-               "session_header": request.headers.get(SESSION_HEADER), "injected_include_usage": injected,
-               "request": parsed, "response": capture.as_dict(), "error": capture.error}
+        if not ex.injected:  # the bytes are out already; parse an event the stream did not close
+            for payload, _ in events.close():
+                obj = _json_object(payload)
+                if obj is not None:
+                    ex.capture.feed(obj)
+            return
+        out = self._filter_events(events.close(), events.terminator or b"\n", capture, last=True)
+        if out:
+            await resp.write(out)
+
+    @staticmethod
+    def _filter_events(events: list[tuple[bytes, list[bytes]]], eol: bytes, capture: ResponseCapture | None,
+                       last: bool = False) -> bytes:
+        """Events to forward, re-framed with the upstream's own line end; the usage-only event the proxy
+        asked for (the client did not) is dropped."""
+        out = []
+        for payload, raw in events:
+            obj = _json_object(payload)
+            if obj is not None and capture is not None:
+                capture.feed(obj)
+                if obj.get("usage") and not obj.get("choices"):
+                    continue
+            out.append(eol.join(raw) + eol + (b"" if last else eol))
+        return b"".join(out)
+
+    def _log(self, ex: _Exchange) -> None:
+        if ex.logged:
+            return
+        ex.logged = True
+        rec = {"request_id": self._next_id, "api": ex.api, "received_unix_s": ex.received,
+               "first_byte_unix_s": ex.first_byte, "done_unix_s": ex.done, "status": ex.status,
+               "session_header": ex.session_header, "injected_include_usage": ex.injected,
+               "request": redact_credential_fields(ex.parsed) if ex.may_hold_credentials else ex.parsed,
+               "response": ex.capture.as_dict(),
+               "error": ex.capture.error}
         self._next_id += 1
         self.writer.write_line(orjson.dumps(rec) + b"\n")
-
-
-async def serve(upstream: str, out_dir: str | Path, host: str, port: int, ready=None) -> RecordingProxy:
-    """Start a proxy and wait until cancelled; the caller finalizes. ``ready(proxy)`` is called once bound."""
-    proxy = RecordingProxy(upstream, out_dir)
-    await proxy.start(host, port)
-    if ready is not None:
-        ready(proxy)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await proxy.close()
-    return proxy

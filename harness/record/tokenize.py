@@ -6,6 +6,13 @@ and let ``kvscope explain`` say *which* message a prompt diverges in. Prefix ren
 digest of (tools, messages[:i+1]), so an append-only session costs one call per new message, not per prefix.
 Where a prefix rendering is not a token prefix of the full prompt (a template that rewrites earlier turns),
 the request keeps its full prompt and has no message ends.
+
+A local tokenizer renders what vLLM's chat endpoint renders (:func:`template_messages`, vLLM's "string"
+content format, the one for templates that print ``message['content']``): content parts joined with ``\n``,
+images (audio, video) as a placeholder each in front of the text, ``content: null`` as ``""``, assistant tool
+call arguments parsed from their JSON string into objects, ``reasoning`` passed on (also as
+``reasoning_content``), ``name`` and ``tool_call_id`` kept. A body whose ``messages`` is not a list of
+messages raises :class:`MessageShapeError`; the trace builder skips that one exchange and counts it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,114 @@ from kvscope.harness.serving.tls import tls_context
 # Request fields that change how vLLM renders a chat prompt (sent along to /tokenize).
 _CHAT_RENDER_FIELDS = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
                        "continue_final_message", "add_special_tokens", "documents")
+
+
+class MessageShapeError(KvscopeError):
+    """A request body whose messages cannot be rendered (not a list of role-bearing objects)."""
+
+
+_TEXT_PARTS = {"text", "input_text", "output_text"}
+_MEDIA_PLACEHOLDER = {"image_url": "<image>", "input_image": "<image>", "image": "<image>",
+                      "image_embeds": "<image>", "image_pil": "<image>", "audio_url": "<audio>",
+                      "input_audio": "<audio>", "audio_embeds": "<audio>", "video_url": "<video>",
+                      "video_embeds": "<video>"}
+
+
+def _content_text(content: Any, where: str) -> str:
+    """One message's content as the text a "string"-format chat template receives (vLLM's rule)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise MessageShapeError(f"{where}: content is {type(content).__name__}, expected a string or a list of parts")
+    texts: list[str] = []
+    media: list[str] = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise MessageShapeError(f"{where}: a content part is {type(part).__name__}, expected an object")
+        kind = part.get("type")
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in _MEDIA_PLACEHOLDER:
+            media.append(_MEDIA_PLACEHOLDER[kind])
+    text = "\n".join(texts)
+    return "\n".join([*media, text]) if media and text else ("\n".join(media) if media else text)
+
+
+def _template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]] | None:
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        raise MessageShapeError(f"{where}: tool_calls is {type(calls).__name__}, expected a list")
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise MessageShapeError(f"{where}: a tool call without a function object")
+        fn = dict(call["function"])
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args else {}
+            except json.JSONDecodeError:
+                args = {}  # vLLM coerces malformed arguments to an empty object
+        fn["arguments"] = args if isinstance(args, dict) else {}
+        out.append({**call, "function": fn})
+    return out or None
+
+
+def template_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Tools as vLLM hands them to a chat template: its request model dumped (``type``, ``function`` with
+    ``name``, ``description`` and ``parameters`` -- None when absent -- and ``strict`` only when set); other
+    fields a client sent are dropped, as vLLM's model drops them."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise MessageShapeError(f"tools is {type(tools).__name__}, expected a list")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise MessageShapeError(f"tools[{i}]: expected {{type: function, function: {{name: ...}}}}")
+        f: dict[str, Any] = {"name": fn["name"], "description": fn.get("description"),
+                             "parameters": fn.get("parameters")}
+        for opt in ("strict", "defer_loading"):
+            if fn.get(opt) is not None:
+                f[opt] = fn[opt]
+        out.append({"type": t.get("type", "function"), "function": f})
+    return out
+
+
+def template_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages as vLLM hands them to a chat template (see the module doc); MessageShapeError if malformed."""
+    if not isinstance(messages, list):
+        raise MessageShapeError(f"messages is {type(messages).__name__}, expected a list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise MessageShapeError(f"{where}: expected an object with a role")
+        msg: dict[str, Any] = {"role": m["role"], "content": _content_text(m.get("content"), where)}
+        if m["role"] == "assistant":
+            calls = _template_tool_calls(m.get("tool_calls"), where)
+            if calls:
+                msg["tool_calls"] = calls
+            reasoning = m.get("reasoning")
+            if isinstance(reasoning, str):
+                msg["reasoning"] = msg["reasoning_content"] = reasoning
+        if m["role"] == "tool" and "tool_call_id" in m:
+            msg["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        if m["role"] == "developer":
+            msg["tools"] = m.get("tools")
+        out.append(msg)
+    return out
 
 
 @dataclass(slots=True)
@@ -120,8 +235,8 @@ class LocalTokenize:
 
     def chat(self, model: str | None, messages: list[dict], fields: dict[str, Any], generation: bool) -> list[int]:
         kwargs = dict(fields.get("chat_template_kwargs") or {})
-        text = self.template.render(messages=messages, tools=fields.get("tools"), documents=fields.get("documents"),
-                                    bos_token=self.bos, eos_token=self.eos, add_generation_prompt=generation,
+        text = self.template.render(messages=template_messages(messages), tools=template_tools(fields.get("tools")),
+                                    documents=fields.get("documents"), bos_token=self.bos, eos_token=self.eos, add_generation_prompt=generation,
                                     **kwargs)
         special = bool(fields.get("add_special_tokens", False))
         return list(self.tok.encode(text, add_special_tokens=special).ids)
@@ -148,7 +263,9 @@ class RequestTokenizer:
                 prompt = prompt[0] if prompt else ""
             return Tokenized(self.backend.text(model, str(prompt or ""), bool(body.get("add_special_tokens", True))),
                              None)
-        messages = body.get("messages") or []
+        messages = body.get("messages")
+        template_messages(messages)  # MessageShapeError before any backend call
+        template_tools(body.get("tools"))
         fields = {k: body[k] for k in _CHAT_RENDER_FIELDS if k in body and k != "add_generation_prompt"}
         generation = bool(body.get("add_generation_prompt", True)) and not body.get("continue_final_message")
         full = self.backend.chat(model, messages, fields, generation)

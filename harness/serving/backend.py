@@ -177,6 +177,7 @@ class Backend(ABC):
         """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts."""
         return bearer_headers(self.api_key())
 
+
     @abstractmethod
     def facts(self, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
         """What the server says about itself; unknown facts are None. ``headers`` replace the backend's own

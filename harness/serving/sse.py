@@ -6,6 +6,10 @@ splits them into SSE lines, folds each ``data:`` JSON object into the request's 
 result. One decoder means one set of rules for what counts as a token chunk, a truncated stream or a bad line,
 whichever HTTP client carried the bytes. :func:`apply_chunk` starts with the shape vLLM streams for token-id
 completions (one choice with ``token_ids``, no usage), because it is nearly every chunk of a replay.
+
+Lines end in ``\r\n``, ``\n`` or a lone ``\r``, as the WHATWG SSE spec allows (sse-starlette, and so
+llama-cpp-python's server, frames with ``\r\n``): :class:`SseLineSplitter` is the one splitter, used by the
+decoder and by the recording proxy, and its fast path (no ``\r`` in the piece) is a plain ``split(b"\n")``.
 """
 
 from __future__ import annotations
@@ -108,6 +112,32 @@ def check_sse_line(line: bytes) -> bool:
     return not line.strip() or line.startswith(_SSE_FIELDS)
 
 
+class SseLineSplitter:
+    """Incremental SSE line splitter: ``feed(piece)`` returns the lines the piece completed, terminators
+    removed; a line cut across pieces waits in ``tail``. A ``\r`` ending one piece and a ``\n`` opening the
+    next are one terminator."""
+
+    __slots__ = ("tail", "_cr")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self._cr = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._cr:
+            self._cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\r" in data:
+            self._cr = data[-1:] == b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self.tail:
+            data = self.tail + data
+        lines = data.split(b"\n")
+        self.tail = lines.pop()
+        return lines
+
+
 class SseDecoder:
     """Incremental decoder of one streamed response body into its :class:`CompletionResult`.
 
@@ -116,24 +146,22 @@ class SseDecoder:
     ``[DONE]`` (``saw_done``) further data lines are ignored.
     """
 
-    __slots__ = ("result", "tail", "saw_done")
+    __slots__ = ("result", "lines", "saw_done")
 
     def __init__(self, result: CompletionResult) -> None:
         self.result = result
-        self.tail = b""
+        self.lines = SseLineSplitter()
         self.saw_done = False
 
+    @property
+    def tail(self) -> bytes:
+        return self.lines.tail
+
     def feed(self, data: bytes, now: float) -> bool:
-        if self.tail:
-            data = self.tail + data
-            self.tail = b""
-        lines = data.split(b"\n")
-        last = lines.pop()
-        if last:
-            if len(last) > MAX_SSE_LINE_BYTES:
-                self.result.fail("malformed_stream", "SSE line over 16 MiB")
-                return False
-            self.tail = last
+        lines = self.lines.feed(data)
+        if len(self.lines.tail) > MAX_SSE_LINE_BYTES:
+            self.result.fail("malformed_stream", "SSE line over 16 MiB")
+            return False
         for line in lines:
             if line[:5] != b"data:":
                 if check_sse_line(line):
