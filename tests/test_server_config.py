@@ -242,6 +242,7 @@ def test_vllm_backend_authenticates_facts_reset_scrape_and_warm_up(auth_server, 
     import aiohttp
 
     from kvscope.harness.experiment.runner import _warm_up
+    from kvscope.harness.results.summary import ServerFacts
     from kvscope.harness.replay.watch import MetricsWatcher
 
     monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
@@ -249,7 +250,7 @@ def test_vllm_backend_authenticates_facts_reset_scrape_and_warm_up(auth_server, 
     facts = backend.facts()
     assert (facts.backend, facts.engine_version, facts.block_size, facts.num_blocks) == ("vllm", "9.9.9", 16, 100)
     assert backend.reset_prefix_cache().ok
-    assert _warm_up(backend, "tiny", {"max_model_len": 64}, extra_requests=2, seed=0) == 2
+    assert _warm_up(backend, "tiny", ServerFacts(max_model_len=64), extra_requests=2, seed=0) == 2
 
     async def scrape() -> dict:
         w = MetricsWatcher([backend.endpoint], backends=[backend])
@@ -269,11 +270,12 @@ def test_vllm_backend_authenticates_facts_reset_scrape_and_warm_up(auth_server, 
 def test_warm_up_without_the_key_fails_loudly(auth_server):
     from kvscope.harness.common.errors import KvscopeError
     from kvscope.harness.experiment.runner import _warm_up
+    from kvscope.harness.results.summary import ServerFacts
 
     backend = Backend.create("vllm", endpoint=auth_server.endpoint)
     assert backend.auth_headers() == {}
     with pytest.raises(KvscopeError, match="HTTP 401"):
-        _warm_up(backend, "tiny", {"max_model_len": 64}, extra_requests=1, seed=0)
+        _warm_up(backend, "tiny", ServerFacts(max_model_len=64), extra_requests=1, seed=0)
 
 
 def test_openai_backend_knows_only_what_models_and_the_config_say(auth_server, monkeypatch):
