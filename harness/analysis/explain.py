@@ -435,6 +435,7 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
         index.add(v.request_id, hashes)
+    del index  # one entry per distinct block chain: free it before the what-if simulations
     causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress)
     preset = provider_preset or "openai-gpt-4.1"
     if provider_observed is not None:
