@@ -58,7 +58,8 @@ def _record_kind(rec: Any) -> str | None:
         return "mooncake"
     if "prompt_token_ids" in rec:
         return "jsonl"
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else rec
+    inner = rec.get("request")
+    req: dict = inner if isinstance(inner, dict) else rec
     if isinstance(req.get("messages"), list):
         return "openai-chat"
     if "sessionId" in rec or "parentUuid" in rec or (rec.get("type") in ("user", "assistant")
