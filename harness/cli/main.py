@@ -47,8 +47,9 @@ PLUGIN_MODULES = ("kvscope.harness.cli.workload", "kvscope.harness.cli.offline",
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
     from kvscope.harness.model.tinymodel import build_tiny_model
 
-    info = build_tiny_model(args.out, seed=args.seed, train_steps=args.train_steps)
-    print(f"wrote {args.out}: {info.num_parameters / 1e6:.2f} M parameters, vocab {info.shape.vocab_size}, "
+    info = build_tiny_model(args.out, seed=args.seed, train_steps=args.train_steps, tokenizer=args.tokenizer)
+    print(f"wrote {args.out}: {info.num_parameters / 1e6:.2f} M parameters, vocab {info.shape.vocab_size} "
+          f"({info.tokenizer} tokenizer), "
           f"{info.shape.num_attention_heads} query / {info.shape.num_key_value_heads} KV heads, head_dim "
           f"{info.shape.head_dim}, weights {info.weights}"
           + (f" ({info.train_steps} training steps)" if info.train_steps else ""))
@@ -148,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
               "The same --seed gives byte-identical files.")
     bt.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced if it exists)")
     bt.add_argument("--seed", type=int, default=0, help="seed for corpus, tokenizer and weights (default 0)")
+    bt.add_argument("--tokenizer", choices=("trained", "tekken", "tekken-240718"), default="trained",
+                    help="trained: byte-level BPE (8,192 tokens) trained on generated text (default); tekken: "
+                         "Mistral's production Tekken tokenizer (131,072 tokens, from mistral_common, installed "
+                         "with vLLM), so real transcripts get realistic token counts; same KV bytes per token")
     bt.add_argument("--train-steps", type=int, default=0, metavar="N",
                     help="AdamW steps on generated agent-like text (~0.9 s each on one core); 0 keeps random "
                          "weights, which make n-gram speculation look ~100%% accepted (default 0)")

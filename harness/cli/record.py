@@ -55,6 +55,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                     help="provider cache model shown beside observed provider cache reads (default: "
                          "anthropic-sonnet-5m for Anthropic usage, else openai-gpt-4.1)")
     ex.add_argument("--all", action="store_true", help="list every request, not only those with recomputed tokens")
+    ex.add_argument("--no-progress", action="store_true", help="do not show progress bars (stderr)")
     ex.set_defaults(func=_cmd_explain)
 
 
@@ -183,7 +184,7 @@ def _print_trace(out: Path) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from kvscope.harness.analysis.explain import explain_path
 
-    ex = explain_path(args.path, args.block_size, args.provider)
+    ex = explain_path(args.path, args.block_size, args.provider, progress=not args.no_progress)
     if args.json:
         text = json.dumps(ex.to_json(), indent=2)
         if args.json == "-":

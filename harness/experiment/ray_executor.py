@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.errors import KvscopeError, ServerError
 from kvscope.harness.results.schemas import CapacityEntry, ExecutorEntry
 from kvscope.harness.experiment.runner import (
     Cell,
@@ -382,6 +382,63 @@ class _Tracked:
     client_pid: int | None = None
 
 
+#: Seconds to reach a Ray cluster before giving up (``KVSCOPE_RAY_CONNECT_TIMEOUT_S``). Ray's own retries of an
+#: unreachable address (20 attempts of its GCS client, each waiting up to a minute) ran for over 5 minutes.
+RAY_CONNECT_TIMEOUT_S = 30.0
+
+
+def ray_connect_timeout_s() -> float:
+    raw = os.environ.get("KVSCOPE_RAY_CONNECT_TIMEOUT_S")
+    if raw is None:
+        return RAY_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise KvscopeError(f"KVSCOPE_RAY_CONNECT_TIMEOUT_S={raw!r}: a number of seconds > 0")
+    return value
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray address (``host:port`` or ``ray://host:port``); None if it names no port."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_reachable(address: str, timeout_s: float) -> None:
+    """The cluster's address accepts a TCP connection and speaks gRPC (Ray's GCS and client server both do)
+    within ``timeout_s`` in all, else a one-line error. ``ray.init`` itself retries an address that does
+    neither for minutes, and a deadline around it cannot stop it (its retry loop swallows the interruption)."""
+    import socket
+    import time
+
+    hp = _host_port(address)
+    if hp is None:
+        return  # Ray resolves other forms itself
+    limit = f"{timeout_s:g} s limit; KVSCOPE_RAY_CONNECT_TIMEOUT_S sets it"
+    start = time.monotonic()
+    try:
+        with socket.create_connection(hp, timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
+        raise ServerError(f"--ray-address {address}: cannot reach a Ray cluster there ({why}; {limit})") from None
+    import grpc
+
+    channel = grpc.insecure_channel(f"{hp[0]}:{hp[1]}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.1, timeout_s - (time.monotonic() - start)))
+    except grpc.FutureTimeoutError:
+        raise ServerError(f"--ray-address {address}: something listens there but it is not a Ray cluster (no gRPC "
+                          f"answer; {limit})") from None
+    finally:
+        channel.close()
+
+
 def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
                        resume: bool = False, only_cells: list[str] | None = None, address: str | None = None,
                        files: str | None = None, on_event: Callable[[str, Event], None] | None = None) -> Path:
@@ -392,11 +449,13 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
     use it to kill an actor mid-run).
     """
     ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here and address not in (None, "", "auto", "local"):
+        check_ray_reachable(address, ray_connect_timeout_s())  # before a run directory is made
     prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
     run = prepared.run
     files = files or run.spec.executor.files
     run.manifest.executor = ExecutorEntry(kind="ray", address=address, files=files)
-    started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"

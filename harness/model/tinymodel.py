@@ -5,6 +5,15 @@ does not depend on what the weights say, so kvscope builds its own model: a byte
 on generated agent-like text, a Llama-3-style chat template, a GQA `config.json` with head_dim 64 (supported
 by both vLLM's CPU attention and GPU FlashAttention) and seeded random weights in safetensors.
 
+``tokenizer="tekken"`` builds the same architecture on a production tokenizer instead: Mistral's Tekken
+(131,072 tokens), shipped in the data folder of ``mistral_common``, which vLLM depends on, so it is present
+wherever vLLM is and needs no download. The generated-text BPE tokenizes real transcripts very differently from any
+real model; Tekken gives recorded and imported traffic realistic token counts and block boundaries. It
+is converted to a Hugging Face ``tokenizer.json`` (transformers' Mistral converter; the ids equal
+mistral_common's own), with a Mistral-style chat template made of Tekken's control tokens. Only the
+embedding grows (tied with the output layer to keep the file small); the KV cache per token is set by layers
+and heads and does not change.
+
 Same seed and options give byte-identical files (numpy's PCG64 drives every random choice; tokenizer
 training runs single-threaded). The weights are random unless ``train_steps`` > 0, and ``kvscope_model.json``
 says which: everything that reports speculative-decoding acceptance reads that flag, because greedy decoding
@@ -44,6 +53,24 @@ CHAT_TEMPLATE = (
     "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- endif %}"
 )
+
+# Mistral layout on Tekken's control tokens; each message's content appears exactly once (text mode splits
+# renderings into template and content segments).
+MISTRAL_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}{{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}"
+    "{%- else %}{{- '[INST]' + message['content'] + '[/INST]' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
+#: Production tokenizers in mistral_common's data folder: ``--tokenizer`` name → file.
+PRODUCTION_TOKENIZERS = {"tekken": "tekken_240911.json", "tekken-240718": "tekken_240718.json"}
+#: ``trained``: the byte-level BPE trained on generated agent-like text (the default).
+TOKENIZER_CHOICES = ("trained", *PRODUCTION_TOKENIZERS)
 
 MODEL_CARD_FILE = "kvscope_model.json"
 
@@ -91,6 +118,7 @@ class BuildInfo:
     corpus_chars: int
     num_parameters: int
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    tokenizer: str = "trained"  # TOKENIZER_CHOICES
 
 
 # ----------------------------------------------------------------------------------------------- corpus
@@ -188,6 +216,23 @@ def train_tokenizer(corpus: str, vocab_size: int):
     lines = corpus.split("\n")
     tokenizer.train_from_iterator(lines, trainer=trainer, length=len(lines))
     return tokenizer
+
+
+def production_tokenizer(name: str):
+    """A production tokenizer of mistral_common's data folder as a ``tokenizers.Tokenizer`` (its ids are
+    mistral_common's own)."""
+    if name not in PRODUCTION_TOKENIZERS:
+        raise ValueError(f"tokenizer {name!r}: one of {', '.join(TOKENIZER_CHOICES)}")
+    try:
+        import mistral_common
+        from transformers.integrations.mistral.tokenizer import MistralConverter
+    except ImportError as exc:
+        raise ValueError(f"tokenizer {name!r} needs mistral_common and transformers (installed with vLLM): "
+                         f"{exc}") from None
+    path = Path(mistral_common.__file__).parent / "data" / PRODUCTION_TOKENIZERS[name]
+    if not path.is_file():
+        raise ValueError(f"tokenizer {name!r}: {path} is not there (mistral_common {mistral_common.__version__})")
+    return MistralConverter(vocab_file=str(path), add_prefix_space=False).converted()
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -313,21 +358,23 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _write_hf_files(tmp: Path, tokenizer: Any, shape: TinyModelShape, bos_id: int, eos_ids: list[int]) -> None:
+def _write_hf_files(tmp: Path, tokenizer: Any, shape: TinyModelShape, bos_id: int, eos_ids: list[int],
+                    specials: tuple[str, str, str] = (BOS, EOT, PAD), chat_template: str = CHAT_TEMPLATE) -> None:
     """Tokenizer, tokenizer config, chat template and model configs, as Hugging Face loaders expect them."""
+    bos, eos, pad = specials
     tokenizer.save(str(tmp / "tokenizer.json"))
     (tmp / "tokenizer_config.json").write_text(
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": BOS,
-                "eos_token": EOT,
-                "pad_token": PAD,
+                "bos_token": bos,
+                "eos_token": eos,
+                "pad_token": pad,
                 "add_bos_token": False,
                 "add_eos_token": False,
                 "clean_up_tokenization_spaces": False,
                 "model_max_length": shape.max_position_embeddings,
-                "chat_template": CHAT_TEMPLATE,
+                "chat_template": chat_template,
             },
             indent=2,
             sort_keys=True,
@@ -335,9 +382,9 @@ def _write_hf_files(tmp: Path, tokenizer: Any, shape: TinyModelShape, bos_id: in
         + "\n"
     )
     (tmp / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": BOS, "eos_token": EOT, "pad_token": PAD}, indent=2, sort_keys=True) + "\n"
+        json.dumps({"bos_token": bos, "eos_token": eos, "pad_token": pad}, indent=2, sort_keys=True) + "\n"
     )
-    (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
+    (tmp / "chat_template.jinja").write_text(chat_template + "\n")
     (tmp / "config.json").write_text(json.dumps(_config_json(shape, bos_id, eos_ids), indent=2) + "\n")
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}, indent=2) + "\n"
@@ -351,32 +398,48 @@ def build_tiny_model(
     train_steps: int = 0,
     corpus_chars: int = 1_500_000,
     overwrite: bool = True,
+    tokenizer: str = "trained",
 ) -> BuildInfo:
-    """Write the model directory; returns what was built (also saved as ``kvscope_model.json``)."""
+    """Write the model directory; returns what was built (also saved as ``kvscope_model.json``).
+    ``tokenizer``: ``trained`` (BPE trained on generated text) or a production one (:data:`PRODUCTION_TOKENIZERS`)."""
+    from dataclasses import replace
+
     shape = shape or TinyModelShape()
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty")
-    corpus = generate_corpus(seed, corpus_chars)
-    tokenizer = train_tokenizer(corpus, shape.vocab_size)
-    if tokenizer.get_vocab_size() != shape.vocab_size:
-        raise RuntimeError(
-            f"tokenizer learned {tokenizer.get_vocab_size()} tokens, wanted {shape.vocab_size}: corpus too small"
-        )
-    bos_id = tokenizer.token_to_id(BOS)
-    eos_ids = [tokenizer.token_to_id(EOS), tokenizer.token_to_id(EOT)]
+    if tokenizer == "trained":
+        corpus = generate_corpus(seed, corpus_chars)
+        tok = train_tokenizer(corpus, shape.vocab_size)
+        if tok.get_vocab_size() != shape.vocab_size:
+            raise RuntimeError(
+                f"tokenizer learned {tok.get_vocab_size()} tokens, wanted {shape.vocab_size}: corpus too small"
+            )
+        specials, template = (BOS, EOT, PAD), CHAT_TEMPLATE
+        bos_id = tok.token_to_id(BOS)
+        eos_ids = [tok.token_to_id(EOS), tok.token_to_id(EOT)]
+    else:
+        if train_steps > 0:  # 131k-way logits: a training step costs ~16x the default model's memory and time
+            raise ValueError(f"--train-steps with --tokenizer {tokenizer}: training is only offered for the "
+                             "trained tokenizer's 8,192-token model")
+        tok = production_tokenizer(tokenizer)
+        corpus, corpus_chars = "", 0
+        shape = replace(shape, vocab_size=tok.get_vocab_size(), tie_word_embeddings=True)
+        specials, template = ("<s>", "</s>", "<pad>"), MISTRAL_CHAT_TEMPLATE
+        bos_id = tok.token_to_id("<s>")
+        eos_ids = [tok.token_to_id("</s>")]
 
     tensors = init_weights(shape, seed)
     losses: list[float] = []
     if train_steps > 0:
-        ids = np.array(tokenizer.encode(corpus).ids, dtype=np.int32)
+        ids = np.array(tok.encode(corpus).ids, dtype=np.int32)
         tensors, losses = train_weights(tensors, shape, ids, train_steps, seed)
 
     # Write into a temporary sibling then rename, so a half-built directory is never served.
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tinymodel-", dir=out.parent))
     try:
-        _write_hf_files(tmp, tokenizer, shape, bos_id, eos_ids)
+        _write_hf_files(tmp, tok, shape, bos_id, eos_ids, specials, template)
         _write_safetensors(tensors, tmp / "model.safetensors")
         info = BuildInfo(
             seed=seed,
@@ -385,6 +448,7 @@ def build_tiny_model(
             train_steps=train_steps,
             corpus_chars=corpus_chars,
             num_parameters=shape.num_parameters(),
+            tokenizer=tokenizer,
         )
         for f in sorted(tmp.iterdir()):
             info.files[f.name] = _sha256(f)

@@ -300,7 +300,13 @@ class ReportFile(VersionedFile):
 # -------------------------------------------------------------------------------------- calibration.json
 
 
-class CalibrationServer(_Block):
+class _FiniteBlock(_Block):
+    """Calibration numbers are finite: an ``Infinity`` step cost predicted "capacity below 1" without a word."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class CalibrationServer(_FiniteBlock):
     """The server settings the scheduler model needs, as measured (``kvscope capacity --server``)."""
 
     endpoint: str | None = None
@@ -313,7 +319,7 @@ class CalibrationServer(_Block):
     enable_chunked_prefill: bool = True
 
 
-class CalibrationCost(_Block):
+class CalibrationCost(_FiniteBlock):
     """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
     + per_prefill_pair_s*prefill_pairs`` (`cachemodel.calibration.StepCostModel`)."""
 
@@ -325,7 +331,7 @@ class CalibrationCost(_Block):
     per_prefill_pair_s: float = Field(ge=0)
 
 
-class CalibrationSample(_Block):
+class CalibrationSample(_FiniteBlock):
     """One measured shape (`cachemodel.calibration.TimingSample`): its summed step features and seconds."""
 
     kind: Literal["prefill", "decode"]
@@ -340,6 +346,8 @@ class CalibrationSample(_Block):
 
 class CalibrationFile(VersionedFile):
     """A step-cost calibration of one server (`kvscope.harness.replay.calibrate`), read by `kvscope capacity`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     FORMAT = "kvscope-calibration"
     #: Version 2 split attention into decode context and prefill (query, key) pairs: a version-1 cost model

@@ -271,6 +271,10 @@ def calls_to_trace(calls: Iterable[ModelCall], tokenizer: str | Path, *, name: s
     from kvscope.workloads.prefix import common_prefix_len as _lcp
 
     calls = list(calls)
+    if not calls:
+        from kvscope.workloads.importers.sniff import refuse_empty
+
+        refuse_empty(source, importer)
     b = TraceBuilder()
     tokens = _Tokens(tokenizer, b)
     times = [c.request_s for c in calls if c.request_s is not None]

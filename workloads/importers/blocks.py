@@ -92,14 +92,23 @@ def blocks_to_trace(reqs: list[BlockRequest], source: TokenSource | None = None,
 
 
 def import_mooncake(path: str | Path, source: TokenSource | None = None, seed: int = 0) -> Trace:
+    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
+
+    check_kind(path, "mooncake")
     reqs = read_mooncake(path)
+    if not reqs:
+        refuse_empty(path, "mooncake", "requests")
     return blocks_to_trace(reqs, source, seed, fill_tail=False,
                            meta={"name": Path(path).stem, "spec": {"importer": "mooncake", "source": str(path)}})
 
 
 def import_kvcache_tester(src: str | Path, source: TokenSource | None = None, seed: int = 0,
                           limit: int | None = None, session_interval_s: float = 0.0) -> Trace:
+    from kvscope.workloads.importers.sniff import refuse_empty
+
     reqs = read_kvcache_tester(src, limit=limit, session_interval_s=session_interval_s)
+    if not reqs:
+        refuse_empty(src, "kvcache-tester", "requests")
     return blocks_to_trace(reqs, source, seed, fill_tail=True,
                            meta={"name": Path(src).name.split(".")[0],
                                  "spec": {"importer": "kvcache-tester", "source": str(src), "limit": limit}})

@@ -156,6 +156,9 @@ class _Tree:
 def read_claude_code(path: str | Path) -> list[ModelCall]:
     """One call per assistant ``message.id``; its request is the record chain above its first record, so a
     compaction (a new chain root) or a rewind (a fork of the chain) is seen as the agent sent it."""
+    from kvscope.workloads.importers.sniff import check_kind
+
+    check_kind(path, "claude-code")
     recs = _records(Path(path))
     tree = _Tree(recs)
     groups: dict[tuple[str, str], list[dict]] = {}

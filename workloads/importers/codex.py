@@ -67,7 +67,10 @@ class _State:
 def read_codex(path: str | Path) -> list[ModelCall]:
     from kvscope.workloads.errors import TraceFileError, iter_json_lines
 
+    from kvscope.workloads.importers.sniff import check_kind
+
     p = Path(path)
+    check_kind(p, "codex")
     st = _State(p.stem)
     calls: list[ModelCall] = []
     for line_no, rec in iter_json_lines(p):

@@ -34,7 +34,12 @@ def _reused_segments(b: TraceBuilder, parent_segments: list[int], common: int) -
 
 
 def import_jsonl(path: str | Path) -> Trace:
+    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
+
+    check_kind(path, "jsonl")
     lines = read_token_jsonl(path)
+    if not lines:
+        refuse_empty(path, "jsonl", "requests")
     b = TraceBuilder()
     sessions = [r.session_id if r.session_id is not None else f"line{i:06d}" for i, r in enumerate(lines)]
     order = sorted(range(len(lines)), key=lambda i: (sessions[i], lines[i].step, i))

@@ -75,7 +75,10 @@ def _session_of(explicit: str | None, msgs: list[tuple[str, str]], last: dict[st
 def read_openai_chat(path: str | Path) -> list[ModelCall]:
     from kvscope.workloads.errors import TraceFileError, iter_json_lines
 
+    from kvscope.workloads.importers.sniff import check_kind
+
     p = Path(path)
+    check_kind(p, "openai-chat")
     calls: list[ModelCall] = []
     last: dict[str, list[dict]] = {}
     for line_no, rec in iter_json_lines(p):

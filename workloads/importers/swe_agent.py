@@ -23,7 +23,9 @@ from kvscope.workloads.trace import Trace
 
 def _load(p: Path) -> dict:
     from kvscope.workloads.errors import TraceFileError, parse_json
+    from kvscope.workloads.importers.sniff import check_kind
 
+    check_kind(p, "swe-agent")
     try:
         data = parse_json(p.read_bytes(), str(p))
     except OSError as exc:

@@ -91,7 +91,10 @@ def import_tracelab(path: str | Path, source: TokenSource | None = None, seed: i
     from kvscope.workloads.errors import TraceFileError, iter_json_lines, require_fields
     from kvscope.workloads.prefix import classify_transition
 
+    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
+
     p = Path(path)
+    check_kind(p, "tracelab")
     source = source or TokenSource.uniform()
     rng = np.random.default_rng(seed)
     b = TraceBuilder()
@@ -104,6 +107,8 @@ def import_tracelab(path: str | Path, source: TokenSource | None = None, seed: i
             raise TraceFileError(f"{p}: line {line_no}: prefix_tokens {prefix} must be within 0..input_tokens_total "
                                  f"({total})")
         rows.append((line_no, r))
+    if not rows:
+        refuse_empty(p, "tracelab", "rounds")
     rows.sort(key=lambda x: (str(x[1]["session_id"]), int(x[1]["round_index"])))
     t0: dict[str, float] = {}  # each session starts at 0: TraceLab sessions come from different users and days
     for _, r in rows:
