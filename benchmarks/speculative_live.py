@@ -56,6 +56,21 @@ def _stream(client, url: str, prompt: list[int], max_tokens: int) -> dict:
             "spec": (metrics or {}).get("speculative_decoding")}
 
 
+def _decode_s(snap) -> float:
+    h = snap.histogram("vllm:request_decode_time_seconds")
+    return h.sum if h is not None else float("nan")
+
+
+def _measured(client, endpoint: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streamed request with the engine's own decode time for it (/metrics before and after)."""
+    from kvscope.harness.serving.metrics import fetch_metrics
+
+    before = _decode_s(fetch_metrics(endpoint))
+    out = _stream(client, endpoint + "", prompt, max_tokens)
+    out["server_decode_s"] = _decode_s(fetch_metrics(endpoint)) - before
+    return out
+
+
 def _server(model: str, log_dir: Path, name: str, **fields):
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
@@ -65,13 +80,61 @@ def _server(model: str, log_dir: Path, name: str, **fields):
     return VllmServer(ServerConfig(**cfg), log_path=log_dir / f"{name}.log")
 
 
+def _weighted_tpot_ms(rows: list[dict], seconds: list[float]) -> float:
+    tokens = sum(max(r["output_tokens"] - 1, 0) for r in rows)
+    return 1e3 * float(np.nansum(seconds)) / tokens if tokens else float("nan")
+
+
+def _cost_seconds(rows: list[dict], cost) -> list[float]:
+    return [r["steps"] * (cost.base_s + cost.per_seq_s) + cost.per_token_s * r["step_tokens"]
+            + cost.per_context_token_s * r["step_context_tokens"] for r in rows]
+
+
+def analyze_tpot(report: dict) -> dict:
+    """TPOT (decode time over decode tokens, all requests together; the engine's own decode time) measured
+    beside predicted: (a) from the baseline's calibration, every step costing what it says for 1 + d tokens;
+    (b) from step costs fitted to the *other* n-gram setting's requests (steps and tokens from the offline
+    model), which carries the cost of a speculative step on this engine that a plain calibration cannot see."""
+    from kvscope.harness.cachemodel.calibration import StepCostModel, TimingSample, fit_cost_model
+
+    cal = StepCostModel(**report["calibration"])
+    out: dict = {"baseline": {}, "settings": []}
+    rows = report["baseline"]["rows"]
+    meas = _weighted_tpot_ms(rows, [r["server_decode_s"] for r in rows])
+    pred = _weighted_tpot_ms(rows, _cost_seconds(rows, cal))
+    out["baseline"] = {"measured_ms": meas, "calibration_ms": pred, "calibration_error": pred / meas - 1}
+    fits = {}
+    for s in report["settings"]:
+        samples = [TimingSample(r["steps"], r["step_tokens"], r["steps"], r["step_context_tokens"],
+                                r["server_decode_s"], "decode", 0.0, 0.0)
+                   for r in s["rows"] if r["steps"] > 0 and np.isfinite(r["server_decode_s"])]
+        fits[s["setting"]] = fit_cost_model(samples).model
+    for s in report["settings"]:
+        rows = s["rows"]
+        meas = _weighted_tpot_ms(rows, [r["server_decode_s"] for r in rows])
+        pred = _weighted_tpot_ms(rows, _cost_seconds(rows, cal))
+        entry = {"setting": s["setting"], "measured_ms": meas, "calibration_ms": pred,
+                 "calibration_error": pred / meas - 1,
+                 "measured_speedup_vs_baseline": out["baseline"]["measured_ms"] / meas}
+        others = [k for k in fits if k != s["setting"]]
+        if others:
+            cross = _weighted_tpot_ms(rows, _cost_seconds(rows, fits[others[0]]))
+            entry.update({"spec_fit_from": others[0], "spec_fit_ms": cross, "spec_fit_error": cross / meas - 1})
+        out["settings"].append(entry)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a trained tiny model (kvscope model build-tiny --train-steps 50)")
     ap.add_argument("--settings", default="3:2:4,5:1:3", help="k:prompt_lookup_min:prompt_lookup_max, comma list")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "speculative_live.json"))
+    ap.add_argument("--reanalyze", metavar="FILE", help="recompute the TPOT comparison from a saved result")
     args = ap.parse_args()
+    if args.reanalyze:
+        print(json.dumps(analyze_tpot(json.loads(Path(args.reanalyze).read_text())), indent=2))
+        return 0
 
     import httpx
 
@@ -97,7 +160,7 @@ def main() -> int:
         cal = calibrate_server(base.endpoint, work / "calibration.json")
         with httpx.Client(timeout=120) as client:
             _stream(client, base.endpoint, prompts[0][:64], 4)  # warm-up
-            plain = [_stream(client, base.endpoint, p, m) for p, m in zip(prompts, max_tokens)]
+            plain = [_measured(client, base.endpoint, p, m) for p, m in zip(prompts, max_tokens)]
     finally:
         base.stop()
     cost = cal.cost_model()
@@ -111,6 +174,12 @@ def main() -> int:
           f"{plain_entry['tpot_pred_mean_ms']:.2f} ms vs measured {plain_entry['tpot_live_mean_ms']:.2f} ms "
           f"({plain_entry['tpot_rel_error']:+.1%})", flush=True)
 
+    plain_entry["rows"] = [
+        {"output_tokens": len(r["token_ids"]), "server_decode_s": r["server_decode_s"],
+         "client_decode_s": r["e2e_s"] - r["ttft_s"], "steps": max(len(r["token_ids"]) - 1, 0),
+         "step_tokens": max(len(r["token_ids"]) - 1, 0),
+         "step_context_tokens": int(sum(len(p) + j for j in range(1, len(r["token_ids"]))))}
+        for p, r in zip(prompts, plain)]
     report: dict = {"model": args.model, "requests": len(rids), "calibration_r2": cal.fit_r2,
                     "calibration": cal.cost.model_dump(), "baseline": plain_entry, "settings": []}
     for s in args.settings.split(","):
@@ -124,7 +193,7 @@ def main() -> int:
         try:
             with httpx.Client(timeout=120) as client:
                 _stream(client, server.endpoint, prompts[0][:64], 4)  # warm-up
-                live = [_stream(client, server.endpoint, p, m) for p, m in zip(prompts, max_tokens)]
+                live = [_measured(client, server.endpoint, p, m) for p, m in zip(prompts, max_tokens)]
         finally:
             server.stop()
         rows = []
@@ -139,7 +208,10 @@ def main() -> int:
                          lv["token_ids"] == plain[rids.index(rid)]["token_ids"],
                          "pred_steps": [sim.per_step_drafted(), sim.per_step_accepted()],
                          "live_steps": [sd.get("per_step_drafted"), sd.get("per_step_accepted")],
-                         "tpot_pred_s": predicted_tpot_s(sim, cost), "tpot_live_s": lv["tpot_s"]})
+                         "tpot_pred_s": predicted_tpot_s(sim, cost), "tpot_live_s": lv["tpot_s"],
+                         "server_decode_s": lv["server_decode_s"], "client_decode_s": lv["e2e_s"] - lv["ttft_s"],
+                         "steps": sim.decode_steps, "step_tokens": int((1 + sim.drafted).sum()),
+                         "step_context_tokens": int(sim.context_tokens.sum())})
         matched = sum(r["match"] for r in rows)
         tp = np.array([r["tpot_pred_s"] for r in rows])
         tl = np.array([r["tpot_live_s"] for r in rows])
@@ -158,8 +230,17 @@ def main() -> int:
               f"accepted {entry['accepted_pred']} vs {entry['accepted_live']}; TPOT predicted "
               f"{entry['tpot_pred_mean_ms']:.2f} ms vs measured {entry['tpot_live_mean_ms']:.2f} ms "
               f"({entry['tpot_rel_error']:+.1%})", flush=True)
+    report["tpot"] = analyze_tpot(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
+    t = report["tpot"]
+    print(f"TPOT, decode time over decode tokens (engine's timestamps): without speculation measured "
+          f"{t['baseline']['measured_ms']:.2f} ms, calibration {t['baseline']['calibration_ms']:.2f} ms "
+          f"({t['baseline']['calibration_error']:+.0%})")
+    for e in t["settings"]:
+        print(f"  {e['setting']}: measured {e['measured_ms']:.2f} ms; calibration {e['calibration_ms']:.2f} ms "
+              f"({e['calibration_error']:+.0%}); step costs fitted on {e.get('spec_fit_from')}: "
+              f"{e.get('spec_fit_ms', float('nan')):.2f} ms ({e.get('spec_fit_error', float('nan')):+.0%})")
     print(f"wrote {args.out}")
     return 0
 

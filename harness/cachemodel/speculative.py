@@ -295,31 +295,52 @@ def _chain_stream(trace: Trace, chain: list[int]) -> tuple[np.ndarray, list[tupl
 # ------------------------------------------------------------------------------------------------ n-gram
 
 
-def ngram_first_ends(stream: np.ndarray, max_n: int) -> list[np.ndarray]:
+def _first_positions(key: np.ndarray) -> np.ndarray:
+    """For each position, the first position holding the same key. ``pd.factorize`` numbers keys in order
+    of first appearance (a hash table, O(n)), so a position is a first appearance where its code exceeds
+    every earlier code."""
+    import pandas as pd
+
+    codes, _ = pd.factorize(key, sort=False)
+    codes = codes.astype(np.int64, copy=False)
+    is_first = np.empty(codes.size, bool)
+    is_first[0] = True
+    is_first[1:] = codes[1:] > np.maximum.accumulate(codes[:-1])
+    return np.flatnonzero(is_first)[codes]
+
+
+def ngram_first_ends(stream: np.ndarray, max_n: int, min_n: int = 1) -> list[np.ndarray]:
     """``first[n][e]``: the end position of the first occurrence of the n-gram ending at ``e`` (-1 where
-    ``e < n-1``), for n = 1..max_n (index 0 unused). Exact: an n-gram's id is the pair (id of the (n-1)-gram
-    ending one token earlier, token id), re-densified by ``np.unique`` (stable, so its index is the first)."""
+    ``e < n-1``), for n = min_n..max_n (other entries empty). Exact: an n-gram's key packs its token codes
+    in one int64 while they fit, else it is the pair (code of the (n-1)-gram ending one token earlier, token
+    code), re-numbered."""
+    import pandas as pd
+
     size = int(stream.size)
-    first: list[np.ndarray] = [np.empty(0, np.int64)]
+    first: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(max_n + 1)]
     if size == 0:
-        return first + [np.empty(0, np.int64)] * max_n
-    _, tok = np.unique(stream, return_inverse=True)
-    tok = tok.ravel().astype(np.int64)
-    width = int(tok.max()) + 1
-    ids = tok
+        return first
+    tok, uniq = pd.factorize(stream, sort=False)
+    tok = tok.astype(np.int64, copy=False)
+    width = max(int(len(uniq)), 1)
+    bits = max(1, (width - 1).bit_length())
+    prev_key = tok
     for n in range(1, max_n + 1):
         if n == 1:
             key = tok
-            valid = np.ones(size, bool)
         else:
-            prev = np.full(size, -1, np.int64)
-            prev[1:] = ids[:-1]
-            valid = prev >= 0
-            key = np.where(valid, prev * width + tok, -1)
-        _, first_idx, inv = np.unique(key, return_index=True, return_inverse=True)
-        inv = inv.ravel()
-        ids = np.where(valid, inv, -1)
-        first.append(np.where(valid, first_idx[inv], -1).astype(np.int64))
+            shifted = np.full(size, -1, np.int64)
+            shifted[1:] = prev_key[:-1]
+            valid = shifted >= 0
+            if n * bits > 62:  # re-number the (n-1)-grams so the pair fits
+                codes, _ = pd.factorize(prev_key, sort=False)
+                shifted[1:] = codes[:-1]
+                shifted[~valid] = -1
+            key = np.where(valid, shifted * width + tok, -1)
+        prev_key = key
+        if n >= min_n:
+            f = _first_positions(key)
+            first[n] = np.where(key >= 0, f, -1) if n > 1 else f
     return first
 
 
@@ -353,21 +374,50 @@ def simulate_ngram(trace: Trace, cfg: NgramConfig, max_model_len: int | None = N
     sessions = trace.requests["session_id"].tolist()
     for chain in _progress(chains, progress, "ngram"):
         stream, spans = _chain_stream(trace, chain)
-        first = ngram_first_ends(stream, cfg.prompt_lookup_max)
+        first = ngram_first_ends(stream, cfg.prompt_lookup_max, cfg.prompt_lookup_min)
         for rid, plen, n_out in spans:
             start, length = _ngram_request(stream, first, plen, n_out, cfg, max_model_len)
-
-            def draft_at(p: int, start=start, length=length) -> np.ndarray:
-                s, n = int(start[p - 1]), int(length[p - 1])
-                return stream[s:s + n] if n > 0 else _EMPTY
-
-            d, a, c, oe = _walk(n_out, plen, draft_at, stream, plen)
+            d, a, c, oe = _walk_precomputed(stream, plen, n_out, start, length, cfg.num_speculative_tokens)
             out.append(RequestSpeculation(rid, str(sessions[rid]), plen, n_out, d, a, c, oe))
     out.sort(key=lambda r: r.request_id)
     return SpeculationResult(cfg, out, trace.num_requests - len(out))
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def _walk_precomputed(stream: np.ndarray, plen: int, n_out: int, start: np.ndarray, length: np.ndarray,
+                      k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """`_walk` when the draft at every position is known in advance (n-gram): the accepted length at every
+    position is computed at once (draft token j against the output token j ahead, while both exist), and the
+    walk only jumps from step to step."""
+    if n_out <= 1:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), False
+    npos = n_out - 1
+    p = np.arange(1, n_out, dtype=np.int64)
+    known = n_out - p  # output tokens still known at position p
+    j = np.arange(max(k, 1), dtype=np.int64)
+    cmp = np.minimum(length, known)[:, None] > j[None, :]
+    d_idx = np.clip(start[:, None] + j[None, :], 0, stream.size - 1)
+    t_idx = np.clip((plen + p)[:, None] + j[None, :], 0, stream.size - 1)
+    eq = cmp & (stream[d_idx] == stream[t_idx])
+    acc = np.where(eq.all(axis=1), eq.shape[1], np.argmin(eq, axis=1))
+    acc = np.minimum(acc, np.minimum(length, known))
+    length_l, acc_l = length.tolist(), acc.tolist()
+    drafted: list[int] = []
+    accepted: list[int] = []
+    positions: list[int] = []
+    i = 0  # i = p - 1
+    while i < npos:
+        a = acc_l[i]
+        drafted.append(length_l[i])
+        accepted.append(a)
+        positions.append(i)
+        i += a + 1
+    last = positions[-1]
+    open_ended = bool(accepted[-1] == n_out - 1 - last and drafted[-1] > accepted[-1])
+    return (np.asarray(drafted, np.int32), np.asarray(accepted, np.int32),
+            plen + 1 + np.asarray(positions, np.int64), open_ended)
 
 
 def _progress(items: list, enabled: bool, what: str) -> Iterable:

@@ -186,3 +186,22 @@ def test_summary_and_predicted_tpot():
     cost = StepCostModel(base_s=0.01, per_token_s=0.001, per_seq_s=0.0, per_context_token_s=1e-5)
     want = (3 * 0.01 + 0.001 * (3 + 3 + 1) + 1e-5 * (101 + 104 + 106)) / 8
     assert predicted_tpot_s(r, cost) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("distinct", [3, 3000])
+def test_first_occurrence_ends_match_brute_force_packed_and_renumbered(distinct):
+    # 3000 distinct tokens x 8-grams do not fit one int64: the pairwise re-numbered keys are used
+    rng = np.random.default_rng(distinct)
+    motif = rng.integers(0, distinct, 12)
+    s = np.concatenate([rng.integers(0, distinct, 200), motif, rng.integers(0, distinct, 50), motif, motif[:7]])
+    first = ngram_first_ends(s, 8, 2)
+    seen: dict = {}
+    for n in range(2, 9):
+        seen.clear()
+        for e in range(len(s)):
+            if e < n - 1:
+                assert first[n][e] == -1
+                continue
+            key = tuple(s[e - n + 1:e + 1].tolist())
+            seen.setdefault(key, e)
+            assert first[n][e] == seen[key]
