@@ -95,15 +95,23 @@ def _configs(a: argparse.Namespace) -> list:
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
+        return "-".rjust(int(width) if width else 1)
+    return format(v, spec)
 
 
 def _cmd_speculate(a: argparse.Namespace) -> int:
     from kvscope.harness.analysis.speculative import load_speculation_input, predict_methods
     from kvscope.harness.results.speculation_file import write_speculation_file
 
+    from kvscope.harness.common.errors import KvscopeError
+
     configs = _configs(a)
     trace = load_speculation_input(a.path)
+    if (trace.requests["output_segment_id"] < 0).all():
+        raise KvscopeError(f"{a.path}: no request has recorded output tokens (the trace knows only output "
+                           "lengths); replay it and give the run directory, whose records keep the generated tokens")
     res = predict_methods(trace, configs, source=a.path, max_model_len=a.max_model_len, calibration=a.calibration,
                           progress=not a.no_progress and sys.stderr.isatty())
     n_req = res.methods[0].requests if res.methods else 0
