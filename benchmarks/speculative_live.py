@@ -152,9 +152,13 @@ def main() -> int:
         return 0
 
     import httpx
-
-    from kvscope.harness.cachemodel.speculative import (NgramConfig, matches_live, plain_tpot_s,
-                                                         predicted_tpot_s, simulate_request)
+    from kvscope.harness.cachemodel.speculative import (
+        NgramConfig,
+        matches_live,
+        plain_tpot_s,
+        predicted_tpot_s,
+        simulate_request,
+    )
     from kvscope.harness.replay.calibrate import calibrate_server
     from kvscope.workloads.trace import Trace
 

@@ -33,7 +33,6 @@ def main() -> int:
     args = ap.parse_args()
 
     import httpx
-
     from kvscope.harness.common.errors import KvscopeError
     from kvscope.harness.serving.server import ServerConfig, VllmServer
     from kvscope.workloads.trace import Trace

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from kvscope.harness.results.speculation_file import load_speculation_file
 from kvscope.workloads.trace import TraceBuilder
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-
 from kvscope.harness.cachemodel.speculative import NgramConfig, simulate_request
 from kvscope.harness.serving.metrics import fetch_metrics, metrics_delta
 

@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-
-from kvscope.harness.cachemodel.speculative import (NgramConfig, OracleConfig, SpecConfig, SpeculationResult,
-                                                     SuffixConfig, plain_tpot_s, predicted_tpot_s,
-                                                     simulate)
+from kvscope.harness.cachemodel.speculative import (
+    NgramConfig,
+    OracleConfig,
+    SpecConfig,
+    SpeculationResult,
+    SuffixConfig,
+    plain_tpot_s,
+    predicted_tpot_s,
+    simulate,
+)
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.results.speculation_file import MethodPrediction, SpeculationFile
 
@@ -33,8 +40,16 @@ if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
     from kvscope.workloads.trace import Trace
 
-__all__ = ["default_configs", "load_speculation_input", "predict_methods", "prediction_table",
-           "position_table", "measured_beside_predicted", "result_row", "speculative_configs_of_servers"]
+__all__ = [
+    "default_configs",
+    "load_speculation_input",
+    "measured_beside_predicted",
+    "position_table",
+    "predict_methods",
+    "prediction_table",
+    "result_row",
+    "speculative_configs_of_servers",
+]
 
 
 def default_configs(k: int = 4, windows: Sequence[tuple[int, int]] = ((2, 4), (1, 3))) -> list[SpecConfig]:
@@ -249,7 +264,7 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
         files.append(f)
     rows = []
     if len(cells) and "speculative" in cells:
-        for _, c in cells[cells["speculative"] == True].iterrows():  # noqa: E712 - object column
+        for _, c in cells[cells["speculative"] == True].iterrows():
             cfg = own.get(c["server"])
             cell_dir = res.cell_dirs.get(c["cell"])
             if cfg is None or cell_dir is None:

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -322,7 +323,7 @@ def ngram_first_ends(stream: np.ndarray, max_n: int, min_n: int = 1) -> list[np.
         return first
     tok, uniq = pd.factorize(stream, sort=False)
     tok = tok.astype(np.int64, copy=False)
-    width = max(int(len(uniq)), 1)
+    width = max(len(uniq), 1)
     bits = max(1, (width - 1).bit_length())
     prev_key = tok
     for n in range(1, max_n + 1):
@@ -345,7 +346,7 @@ def ngram_first_ends(stream: np.ndarray, max_n: int, min_n: int = 1) -> list[np.
 
 
 def _ngram_request(stream: np.ndarray, first: list[np.ndarray], plen: int, n_out: int, cfg: NgramConfig,
-                   max_model_len: int | None) -> RequestSpeculation | tuple:
+                   max_model_len: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Draft start and length at every output position p = 1..n_out-1 of one request, vectorized."""
     if n_out <= 1:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -523,7 +524,8 @@ def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.nda
         max_tokens = min(max_spec, int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6))
         if max_tokens <= 0:
             continue
-        prob, score, toks, cur = 1.0, 0.0, [], occ
+        prob, score, cur = 1.0, 0.0, occ
+        toks: list[int] = []
         while len(toks) < max_tokens and m + len(toks) < depth_cap:
             nxt = cur + 1
             nxt = nxt[nxt < limit]
@@ -546,6 +548,47 @@ def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.nda
     return best, best_score
 
 
+def _suffix_request(rid: int, session: str, plen: int, n_out: int, stream: np.ndarray, index: _TokenIndex,
+                    glob: _GrowingIndex, cached: list[tuple[int, int]], cfg: SuffixConfig,
+                    max_model_len: int | None) -> RequestSpeculation:
+    """One request's steps; its answer joins the global tree as it is generated (and stays, FIFO)."""
+    output = stream[plen:plen + n_out]
+    depth = cfg.max_tree_depth
+    g_start = glob.separator()
+    in_global = cfg.max_cached_requests != 0
+    if in_global:
+        cached.append((g_start, g_start))
+        while cfg.max_cached_requests > 0 and len(cached) > cfg.max_cached_requests:
+            s, e = cached.pop(0)
+            glob.evict(s, e)
+    added = 0
+
+    def draft_at(p: int) -> np.ndarray:
+        nonlocal added
+        if in_global and p > added:  # the answer so far joins the global tree
+            glob.extend(output[added:p])
+            added = p
+            cached[-1] = (g_start, g_start + added)
+        T = plen + p
+        max_spec = cfg.num_speculative_tokens
+        if max_model_len is not None:
+            if T >= max_model_len:
+                return _EMPTY
+            max_spec = min(max_spec, max_model_len - T - 1)
+        pattern = stream[max(0, T - depth):T]
+        last = int(pattern[-1])
+        local, s_local = _suffix_draft(stream, T, index.ends(last, T), pattern, max_spec, cfg)
+        ends = glob.ends(last) if in_global else _EMPTY
+        glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg)
+        return local if s_local >= s_glob else glob_draft
+
+    d, a, c, oe = _walk(n_out, plen, draft_at, stream, plen)
+    if in_global and added < n_out:
+        glob.extend(output[added:])
+        cached[-1] = (g_start, g_start + n_out)
+    return RequestSpeculation(rid, session, plen, n_out, d, a, c, oe)
+
+
 def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None = None,
                     progress: bool = False) -> SpeculationResult:
     chains = _chains(trace)
@@ -562,44 +605,10 @@ def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None =
     cached: list[tuple[int, int]] = []  # FIFO of (start, stop) in the global array
     sessions = trace.requests["session_id"].tolist()
     out: list[RequestSpeculation] = []
-    depth = cfg.max_tree_depth
     for rid in _progress(sorted(where), progress, "suffix"):
         ci, plen, n_out = where[rid]
-        stream, index = streams[ci], indexes[ci]
-        output = stream[plen:plen + n_out]
-        g_start = glob.separator()
-        if cfg.max_cached_requests != 0:
-            cached.append((g_start, g_start))
-            while cfg.max_cached_requests > 0 and len(cached) > cfg.max_cached_requests:
-                s, e = cached.pop(0)
-                glob.evict(s, e)
-        in_global = cfg.max_cached_requests != 0
-        added = 0
-
-        def draft_at(p: int) -> np.ndarray:
-            nonlocal added
-            if in_global and p > added:  # the answer so far joins the global tree
-                glob.extend(output[added:p])
-                added = p
-                cached[-1] = (g_start, g_start + added)
-            T = plen + p
-            max_spec = cfg.num_speculative_tokens
-            if max_model_len is not None:
-                if T >= max_model_len:
-                    return _EMPTY
-                max_spec = min(max_spec, max_model_len - T - 1)
-            pattern = stream[max(0, T - depth):T]
-            last = int(pattern[-1])
-            local, s_local = _suffix_draft(stream, T, index.ends(last, T), pattern, max_spec, cfg)
-            ends = glob.ends(last) if in_global else _EMPTY
-            glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg)
-            return local if s_local >= s_glob else glob_draft
-
-        d, a, c, oe = _walk(n_out, plen, draft_at, stream, plen)
-        if in_global and added < n_out:
-            glob.extend(output[added:])
-            cached[-1] = (g_start, g_start + n_out)
-        out.append(RequestSpeculation(rid, str(sessions[rid]), plen, n_out, d, a, c, oe))
+        out.append(_suffix_request(rid, str(sessions[rid]), plen, n_out, streams[ci], indexes[ci], glob, cached,
+                                   cfg, max_model_len))
     return SpeculationResult(cfg, out, trace.num_requests - len(out))
 
 

@@ -35,7 +35,7 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
-def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p = add_parser(
         subparsers, "speculate", "predict speculative-decoding acceptance per method from the tokens (no GPU)",
         "With greedy decoding a proposer's drafts and the accepted prefix are a function of the tokens, so\n"
@@ -103,9 +103,8 @@ def _fmt(v, spec: str) -> str:
 
 def _cmd_speculate(a: argparse.Namespace) -> int:
     from kvscope.harness.analysis.speculative import load_speculation_input, predict_methods
-    from kvscope.harness.results.speculation_file import write_speculation_file
-
     from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.speculation_file import write_speculation_file
 
     configs = _configs(a)
     trace = load_speculation_input(a.path)

@@ -7,11 +7,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kvscope.harness.cachemodel.calibration import StepCostModel
-from kvscope.harness.cachemodel.speculative import (NgramConfig, OracleConfig, RequestSpeculation, SuffixConfig,
-                                                     matches_live, ngram_first_ends, predicted_tpot_s, simulate,
-                                                     simulate_request, summarize)
+from kvscope.harness.cachemodel.speculative import (
+    NgramConfig,
+    OracleConfig,
+    RequestSpeculation,
+    SuffixConfig,
+    matches_live,
+    ngram_first_ends,
+    predicted_tpot_s,
+    simulate,
+    simulate_request,
+    summarize,
+)
 from kvscope.workloads.trace import TraceBuilder
 
 
