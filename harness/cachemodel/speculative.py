@@ -506,14 +506,52 @@ class _GrowingIndex:
         return pos[self.buf[pos] == token] if pos.size else pos
 
 
+def _suffix_path(arr: np.ndarray, limit: int, occ: np.ndarray, m: int, max_tokens: int,
+                 cfg: SuffixConfig) -> tuple[list[int], float]:
+    """Arctic's ``_speculate_path`` from the node of a length-``m`` match (occurrence end positions ``occ``):
+    the most frequent child while the path probability stays ``>= min_token_prob``; float32 as there."""
+    prob = np.float32(1.0)
+    score = np.float32(0.0)
+    toks: list[int] = []
+    room = min(max_tokens, cfg.max_tree_depth - m)
+    cur = occ
+    while len(toks) < room:
+        if cur.size == 1:  # one occurrence: its continuation, probability unchanged, up to a separator
+            e = int(cur[0])
+            tail = arr[e + 1:min(limit, e + 1 + room - len(toks))]
+            stop = np.flatnonzero(tail < 0)
+            tail = tail[:stop[0]] if stop.size else tail
+            if prob >= cfg.min_token_prob:
+                toks.extend(int(t) for t in tail)
+                score = np.float32(score + np.float32(prob) * np.float32(len(tail)))
+            break
+        nxt = cur + 1
+        nxt = nxt[nxt < limit]
+        tok = arr[nxt]
+        keep = tok >= 0
+        nxt, tok = nxt[keep], tok[keep]
+        if nxt.size == 0:
+            break
+        vals, counts = np.unique(tok, return_counts=True)
+        j = int(np.argmax(counts))  # the first of equal counts: the smallest token id
+        new_prob = np.float32(prob * (np.float32(counts[j]) / np.float32(cur.size)))
+        if new_prob < cfg.min_token_prob:
+            break
+        prob = new_prob
+        toks.append(int(vals[j]))
+        score = np.float32(score + prob)
+        cur = nxt[tok == vals[j]]
+    return toks, float(score)
+
+
 def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.ndarray, max_spec: int,
                   cfg: SuffixConfig) -> tuple[np.ndarray, float]:
-    """Arctic's ``SuffixTree::speculate`` (path mode) over the occurrences in ``arr[:limit]``: for each
-    match length the most-frequent-child path, the best by score."""
-    best: np.ndarray = _EMPTY
-    best_score = 0.0
+    """Arctic's ``SuffixTree::speculate`` (path mode) over the occurrences in ``arr[:limit]``: for each match
+    length ``m`` (shortest first) the most-frequent-child path, the first best by score.  A draft from match
+    ``m`` scores at most its length, so the paths are computed longest match first and a shorter match is
+    skipped once it cannot reach the best score (equal scores still go to the shorter match, as there)."""
+    occs: list[tuple[int, np.ndarray]] = []
     occ = ends
-    depth_cap = cfg.max_tree_depth
     for m in range(1, int(pattern.size)):
         if m > 1:
             back = occ - (m - 1)
@@ -521,31 +559,18 @@ def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.nda
             occ = occ[arr[occ - (m - 1)] == pattern[-m]]
         if occ.size == 0:
             break
+        occs.append((m, occ))
+    best: list[int] = []
+    best_score = 0.0
+    for m, occ in reversed(occs):
         max_tokens = min(max_spec, int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6))
-        if max_tokens <= 0:
+        bound = min(max_tokens, cfg.max_tree_depth - m)
+        if bound <= 0 or bound < best_score:
             continue
-        prob, score, cur = 1.0, 0.0, occ
-        toks: list[int] = []
-        while len(toks) < max_tokens and m + len(toks) < depth_cap:
-            nxt = cur + 1
-            nxt = nxt[nxt < limit]
-            tok = arr[nxt]
-            keep = tok >= 0
-            nxt, tok = nxt[keep], tok[keep]
-            if nxt.size == 0:
-                break
-            vals, counts = np.unique(tok, return_counts=True)
-            j = int(np.argmax(counts))
-            new_prob = prob * float(np.float32(counts[j]) / np.float32(cur.size))
-            if new_prob < cfg.min_token_prob:
-                break
-            prob = new_prob
-            toks.append(int(vals[j]))
-            score += prob
-            cur = nxt[tok == vals[j]]
-        if score > best_score:
-            best_score, best = score, np.asarray(toks, np.int64)
-    return best, best_score
+        toks, score = _suffix_path(arr, limit, occ, m, max_tokens, cfg)
+        if score > 0 and score >= best_score:
+            best, best_score = toks, score
+    return np.asarray(best, np.int64), best_score
 
 
 def _suffix_request(rid: int, session: str, plen: int, n_out: int, stream: np.ndarray, index: _TokenIndex,

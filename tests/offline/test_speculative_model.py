@@ -213,3 +213,66 @@ def test_first_occurrence_ends_match_brute_force_packed_and_renumbered(distinct)
             key = tuple(s[e - n + 1:e + 1].tolist())
             seen.setdefault(key, e)
             assert first[n][e] == seen[key]
+
+
+def arctic_speculate(seqs: list[list[int]], context: list[int], max_spec: int, cfg: SuffixConfig):
+    """Arctic Inference's `SuffixTree::speculate` (path mode) on an uncompressed depth-limited trie of
+    substring counts, float32 as in its C++: the reference for the occurrence-list implementation."""
+    depth = cfg.max_tree_depth
+    counts: dict[tuple, int] = {}
+    for s in seqs:
+        for i in range(len(s)):
+            for n in range(1, min(depth, len(s) - i) + 1):
+                key = tuple(s[i:i + n])
+                counts[key] = counts.get(key, 0) + 1
+    vocab = sorted({t for s in seqs for t in s})
+    best, best_score = [], np.float32(0.0)
+    for m in range(1, len(context)):
+        cur = tuple(context[-m:])
+        if counts.get(cur, 0) == 0:
+            continue
+        max_tokens = max(0, min(max_spec, int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6)))
+        prob, score, toks = np.float32(1.0), np.float32(0.0), []
+        while len(toks) < max_tokens and prob >= cfg.min_token_prob and len(cur) < depth:
+            kids = [(counts.get(cur + (t,), 0), t) for t in vocab]
+            c, t = max(kids, key=lambda x: (x[0], -x[1]))
+            if c == 0:
+                break
+            prob = np.float32(prob * (np.float32(c) / np.float32(counts[cur])))
+            if prob < cfg.min_token_prob:
+                break
+            toks.append(t)
+            score = np.float32(score + prob)
+            cur = cur + (t,)
+        if score > best_score:
+            best, best_score = toks, score
+    return best, float(best_score)
+
+
+def suffix_reference_steps(prompt: list[int], output: list[int], cfg: SuffixConfig):
+    drafted, accepted = [], []
+    p = 1
+    while p < len(output):
+        ctx = prompt + output[:p]
+        pattern = ctx[-cfg.max_tree_depth:]
+        local = arctic_speculate([ctx], pattern, cfg.num_speculative_tokens, cfg)
+        glob = arctic_speculate([output[:p]], pattern, cfg.num_speculative_tokens, cfg)
+        d = local[0] if local[1] >= glob[1] else glob[0]
+        a = 0
+        while a < len(d) and p + a < len(output) and d[a] == output[p + a]:
+            a += 1
+        drafted.append(len(d))
+        accepted.append(a)
+        p += a + 1
+    return drafted, accepted
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=40), output=st.lists(st.integers(0, 3), min_size=1,
+       max_size=25), k=st.integers(1, 8), depth=st.integers(2, 10), min_prob=st.sampled_from([0.0, 0.1, 0.3, 0.6]))
+def test_suffix_model_equals_arctics_algorithm_step_by_step(prompt, output, k, depth, min_prob):
+    cfg = SuffixConfig(num_speculative_tokens=k, max_tree_depth=depth, min_token_prob=min_prob)
+    got = simulate_request(np.array(prompt), np.array(output), cfg)
+    want_d, want_a = suffix_reference_steps(prompt, output, cfg)
+    assert got.drafted.tolist() == want_d
+    assert got.accepted.tolist() == want_a
