@@ -65,3 +65,27 @@ def test_a_path_that_is_neither_trace_nor_run_is_named(tmp_path):
     r = kvscope("speculate", str(tmp_path))
     assert r.returncode == 2
     assert f"{tmp_path}: neither a trace directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_page_predicts_every_method_per_workload_and_maps_the_servers_ngram_settings(trace_dir):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from kvscope.harness.analysis.speculative import experiment_predictions, speculative_configs_of_servers
+    from kvscope.harness.cachemodel.speculative import NgramConfig
+
+    servers = {"base": {"config": {"max_model_len": 4096}},
+               "ng": {"config": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                        "prompt_lookup_max": 3}}}}
+    assert speculative_configs_of_servers({k: v["config"].get("speculative_config") for k, v in servers.items()}) \
+        == {"ng": NgramConfig(3, 3, 3)}  # one of min/max given: the other mirrors it, as vLLM does
+    res = SimpleNamespace(manifest={"servers": servers},
+                          cells=pd.DataFrame({"cell": ["c0", "c1"], "server": ["base", "ng"], "workload": ["w", "w"],
+                                              "speculative": [False, True]}),
+                          cell_dirs={}, trace_dir=lambda w: trace_dir, server_facts=lambda s: {})
+    pred, pos, same = experiment_predictions(res)
+    assert set(pred["setting"]) == {"ngram k=3 n=3-3", "ngram k=4 n=2-4", "ngram k=4 n=1-3",
+                                    "suffix depth=24 k<=24", "oracle k=4"}
+    assert (pred["trace"] == "w").all() and len(pos) > 0
+    assert same.empty  # no cell directory with generated tokens

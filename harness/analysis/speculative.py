@@ -273,7 +273,7 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
                 trace = _run_as_trace(Path(cell_dir))
             except KvscopeError:
                 continue
-            mml = (_server_spec_config(res, c["server"]) or {}).get("max_model_len")
+            mml = (((res.manifest.get("servers") or {}).get(c["server"]) or {}).get("config") or {}).get("max_model_len")
             s = simulate(trace, cfg, mml).summary()
             rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"],
                          "measured_acceptance_rate": c.get("spec_acceptance_rate"),

@@ -426,7 +426,7 @@ def _progress(items: list, enabled: bool, what: str) -> Iterable:
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=f"speculate {what}", unit="chain")
+    return tqdm(items, desc=f"speculate {what}", unit="chain" if what == "ngram" else "request")
 
 
 # ------------------------------------------------------------------------------------------------ oracle
