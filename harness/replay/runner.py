@@ -289,7 +289,7 @@ class Replayer:
             predicted_cached_tokens=predicted, output_tokens=n_out, planned_output_tokens=self._planned_out[rid],
             finish_reason=res.finish_reason, http_status=res.http_status, error_class=res.error_class,
             error=res.error, in_window=sent_rel >= self.opts.warmup_s, length_mismatch=mismatch,
-            output_text_head=res.text_head,
+            output_text_head=res.text_head, output_token_ids=list(res.token_ids),
         )
         self.writer.write(rec)
         st.done += 1

@@ -69,7 +69,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              parameters=("pricing", "gpu_hourly_usd"), key_figures=("provider_cost_per_session",),
              from_spec=_cost_from_spec),
     Notebook("speculative", "Speculative decoding: does it pay off for this traffic?",
-             figures=("acceptance_and_tpot", "acceptance_by_position"), key_figures=("acceptance_and_tpot",)),
+             figures=("acceptance_and_tpot", "acceptance_by_position", "predicted_by_method",
+                      "predicted_acceptance_by_position"), key_figures=("acceptance_and_tpot",)),
     # One attribution per workload trace, not per cell: cheap (a few simulator passes over each trace).
     Notebook("explain", "Explain: why each prompt missed the prefix cache",
              figures=("recomputed_by_cause", "what_if_hit_rate"), key_figures=("recomputed_by_cause",),

@@ -71,6 +71,7 @@ class RequestRecord:
     in_window: bool = True  # False inside the warm-up / cool-down windows
     length_mismatch: bool = False  # tokens received != max_tokens asked (ignore_eos) or != usage.completion_tokens
     output_text_head: str = ""  # first 200 characters of the generated text (untrusted: reports escape it)
+    output_token_ids: list[int] = field(default_factory=list)  # the generated tokens (kvscope speculate RUN)
 
     @property
     def ok(self) -> bool:

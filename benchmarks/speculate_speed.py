@@ -1,0 +1,47 @@
+"""Speed of `kvscope speculate` on the full-size agent preset (agent-coding, 100 sessions: 6,237 requests,
+621 M prompt tokens, 12.1 M distinct segment tokens, 3.8 M output tokens), process start to exit.
+
+Usage: .venv/bin/python benchmarks/speculate_speed.py [--trace DIR] [--methods ngram,oracle]
+Without --trace the preset is generated first (a few seconds; not timed) with models/tiny's tokenizer.
+Target: under 60 s for `--method ngram` (one setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", default=None)
+    ap.add_argument("--tokenizer", default=str(REPO / "models" / "tiny"))
+    ap.add_argument("--runs", default="ngram:2-4,ngram:1-3,oracle:2-4",
+                    help="comma list of METHOD:LOOKUP cases, each its own process")
+    args = ap.parse_args()
+    kvscope = str(Path(sys.executable).parent / "kvscope")
+    trace = args.trace
+    if trace is None:
+        trace = str(Path(tempfile.mkdtemp(prefix="kvscope-spec-speed-")) / "agent-coding-100")
+        subprocess.run([kvscope, "workload", "generate", "agent-coding", "--tokenizer", args.tokenizer,
+                        "--sessions", "100", "--out", trace, "--no-progress"], check=True)
+    for case in args.runs.split(","):
+        method, _, lookup = case.partition(":")
+        cmd = [kvscope, "speculate", trace, "--method", method, "--k", "4", "--lookup", lookup or "2-4",
+               "--no-progress"]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - t0
+        print(out.stdout.strip())
+        print(f"==> {' '.join(cmd[1:])}: {wall:.1f} s process start to exit (target < 60 s)\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

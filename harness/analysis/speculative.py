@@ -1,0 +1,284 @@
+"""Predicted speculative decoding for every method, from the traffic itself, and the tables the page shows.
+
+Why here: the offline model (``kvscope.harness.cachemodel.speculative``) gives steps per request; what a reader
+compares is one row per method and setting (vLLM's counters and rates, predicted TPOT and output throughput
+from a calibration's step costs), beside what the server measured where that method ran live. This module
+turns traces and run directories into those rows and into the typed ``speculation.json``
+(``kvscope.harness.results.speculation_file``); ``kvscope speculate`` and the speculative page both call it,
+so the command line and the report cannot disagree.
+
+A *run* directory is predicted on the tokens its server generated (``output_token_ids`` in its records, kept
+since that field exists): the prompt as sent (recorded mode: the trace's; live mode: with the generated
+answers substituted) and the generated answer. A *trace* is predicted on its recorded outputs (what the
+agent's own model said), which is the question before deploying.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from kvscope.harness.cachemodel.speculative import (
+    NgramConfig,
+    OracleConfig,
+    SpecConfig,
+    SpeculationResult,
+    SuffixConfig,
+    plain_tpot_s,
+    predicted_tpot_s,
+    simulate,
+)
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.speculation_file import MethodPrediction, SpeculationFile
+
+if TYPE_CHECKING:
+    from kvscope.harness.cachemodel.calibration import StepCostModel
+    from kvscope.workloads.trace import Trace
+
+__all__ = [
+    "default_configs",
+    "load_speculation_input",
+    "measured_beside_predicted",
+    "position_table",
+    "predict_methods",
+    "prediction_table",
+    "result_row",
+    "speculative_configs_of_servers",
+]
+
+
+def default_configs(k: int = 4, windows: Sequence[tuple[int, int]] = ((2, 4), (1, 3))) -> list[SpecConfig]:
+    """n-gram at each lookup window, suffix decoding with vLLM's defaults, and the oracle at ``k``."""
+    return [*(NgramConfig(k, lo, hi) for lo, hi in windows), SuffixConfig(), OracleConfig(k)]
+
+
+def _nan_to_none(v: float) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _params(cfg: SpecConfig) -> dict[str, float | int]:
+    return {k: v for k, v in vars(cfg).items() if k != "method"}
+
+
+def result_row(res: SpeculationResult, seconds: float, cost: StepCostModel | None = None) -> MethodPrediction:
+    s = res.summary()
+    tpot = tput = None
+    if cost is not None:
+        t = np.array([predicted_tpot_s(r, cost) for r in res.requests if r.output_tokens > 1])
+        if t.size:
+            tpot = float(np.mean(t) * 1e3)
+            # decode throughput of one request alone: decode tokens over decode time
+            total_tokens = sum(r.output_tokens - 1 for r in res.requests if r.output_tokens > 1)
+            total_s = sum(predicted_tpot_s(r, cost) * (r.output_tokens - 1) for r in res.requests
+                          if r.output_tokens > 1)
+            tput = total_tokens / total_s if total_s > 0 else None
+    return MethodPrediction(
+        method=res.config.method, label=res.config.label, params=_params(res.config), requests=s["requests"],
+        skipped_requests=res.skipped_requests, output_tokens=s["output_tokens"], decode_steps=s["decode_steps"],
+        num_drafts=s["num_drafts"], num_draft_tokens=s["num_draft_tokens"],
+        num_accepted_tokens=s["num_accepted_tokens"], acceptance_rate=_nan_to_none(s["acceptance_rate"]),
+        mean_acceptance_length=_nan_to_none(s["mean_acceptance_length"]),
+        accepted_per_position=s["accepted_per_position"],
+        acceptance_by_position=[_nan_to_none(x) for x in s["acceptance_by_position"]],
+        tokens_per_step=_nan_to_none(s["tokens_per_step"]), draft_share_of_steps=_nan_to_none(s["draft_share_of_steps"]),
+        open_ended_requests=s["open_ended_requests"], predicted_tpot_ms_mean=tpot,
+        predicted_output_tokens_per_s=tput, seconds=seconds)
+
+
+def load_speculation_input(path: str | Path) -> Trace:
+    """A trace directory as is; a run directory as a trace of the prompts it sent and the tokens its server
+    generated. Errors name the path and what is missing."""
+    from kvscope.workloads.trace import Trace
+
+    p = Path(path)
+    if not p.exists():
+        raise KvscopeError(f"{p}: no such trace or run directory")
+    if (p / "trace.json").is_file():
+        try:
+            return Trace.read(p)
+        except KvscopeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a malformed trace is one line
+            raise KvscopeError(f"{p}: cannot read the trace: {exc}") from None
+    if (p / "requests.jsonl").is_file() or (p / "requests.parquet").is_file():
+        return _run_as_trace(p)
+    raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (requests.jsonl)")
+
+
+def _run_as_trace(run_dir: Path) -> Trace:
+    from kvscope.harness.results.loaders import load_run_manifest
+    from kvscope.harness.results.records import read_records
+    from kvscope.workloads.trace import Trace, TraceBuilder
+
+    manifest = load_run_manifest(run_dir / "manifest.json")
+    trace_path = Path(manifest.trace.path) if getattr(manifest, "trace", None) else None
+    if trace_path is None or not (trace_path / "trace.json").is_file():
+        raise KvscopeError(f"{run_dir}: the run's trace ({trace_path}) is not there; its prompts are needed")
+    trace = Trace.read(trace_path)
+    recs = read_records(run_dir)
+    if "output_token_ids" not in recs.columns:
+        raise KvscopeError(f"{run_dir}: the run's records keep no generated token ids (recorded before "
+                           "kvscope kept output_token_ids); give the trace instead")
+    recs = recs[recs["error_class"].isna()].sort_values(["request_id", "attempt"]).drop_duplicates(
+        "request_id", keep="last")
+    live = manifest.options.get("mode") == "live" if isinstance(getattr(manifest, "options", None), dict) else False
+    generated = {int(r): np.asarray(t if t is not None else [], np.int32)
+                 for r, t in zip(recs["request_id"], recs["output_token_ids"])}
+    b = TraceBuilder()
+    for rid in sorted(generated):
+        out = generated[rid]
+        if out.size == 0:
+            continue
+        row = trace.requests.iloc[rid]
+        sub = None
+        if live:
+            sub = {trace.output_segment_id(int(q)): generated[int(q)] for q in [row["parent_request_id"]]
+                   if int(q) >= 0 and int(q) in generated}
+        prompt = trace.prompt_token_ids(rid, sub)
+        pid = b.shared_segment(prompt, "imported")
+        oid = b.add_segment(out, "assistant")
+        b.add_request(session_id=str(row["session_id"]), step=int(row["step"]), parent_request_id=-1,
+                      arrival_s=float(rid), session_start_s=0.0, prompt_segment_ids=[pid], output_segment_id=oid,
+                      output_tokens=int(out.size), transition=str(row["transition"]))
+    if not b.rows:
+        raise KvscopeError(f"{run_dir}: no successful request with generated token ids")
+    return b.build({"name": f"run {run_dir.name}"})
+
+
+def predict_methods(trace: Trace, configs: Sequence[SpecConfig], *, source: str, max_model_len: int | None = None,
+                    calibration: str | Path | None = None, progress: bool = False) -> SpeculationFile:
+    """Every config over ``trace``; with a calibration, predicted TPOT and throughput from its step costs."""
+    cost = None
+    baseline = None
+    if calibration is not None:
+        from kvscope.harness.results.loaders import load_calibration
+
+        cost = load_calibration(calibration).cost_model()
+        tp = [plain_tpot_s(int(P), int(n), cost) for P, n in
+              zip(trace.requests["prompt_tokens"], trace.requests["output_tokens"]) if int(n) > 1]
+        baseline = float(np.mean(tp) * 1e3) if tp else None
+    rows = []
+    for cfg in configs:
+        t0 = time.perf_counter()
+        res = simulate(trace, cfg, max_model_len, progress)
+        rows.append(result_row(res, time.perf_counter() - t0, cost))
+    return SpeculationFile(trace=str(source), trace_name=str(trace.meta.get("name") or "") or None,
+                           max_model_len=max_model_len, calibration=str(calibration) if calibration else None,
+                           baseline_tpot_ms_mean=baseline, methods=rows)
+
+
+def prediction_table(data: SpeculationFile | Sequence[SpeculationFile]) -> pd.DataFrame:
+    """One row per trace x method: acceptance rate, mean acceptance length, tokens per step, TPOT."""
+    files = [data] if isinstance(data, SpeculationFile) else list(data)
+    rows = []
+    for f in files:
+        for m in f.methods:
+            rows.append({"trace": f.trace_name or f.trace, "method": m.method, "setting": m.label,
+                         "requests": m.requests, "acceptance_rate": m.acceptance_rate,
+                         "mean_acceptance_length": m.mean_acceptance_length, "tokens_per_step": m.tokens_per_step,
+                         "draft_share_of_steps": m.draft_share_of_steps,
+                         "predicted_tpot_ms": m.predicted_tpot_ms_mean,
+                         "predicted_speedup": (f.baseline_tpot_ms_mean / m.predicted_tpot_ms_mean
+                                               if f.baseline_tpot_ms_mean and m.predicted_tpot_ms_mean else None)})
+    return pd.DataFrame(rows)
+
+
+def position_table(data: SpeculationFile | Sequence[SpeculationFile]) -> pd.DataFrame:
+    """Long table: acceptance at each draft position (accepted at i / steps that drafted), per method."""
+    files = [data] if isinstance(data, SpeculationFile) else list(data)
+    rows = []
+    for f in files:
+        for m in f.methods:
+            for i, a in enumerate(m.acceptance_by_position):
+                rows.append({"trace": f.trace_name or f.trace, "setting": m.label, "position": i, "acceptance": a})
+    return pd.DataFrame(rows)
+
+
+def speculative_configs_of_servers(servers: dict[str, dict | None]) -> dict[str, SpecConfig]:
+    """The n-gram servers of an experiment (server name -> its ``speculative_config``) as model configs."""
+    out: dict[str, SpecConfig] = {}
+    for name, sc in servers.items():
+        if not sc or sc.get("method", "ngram" if sc.get("model") in ("ngram", "[ngram]") else None) != "ngram":
+            continue
+        k = int(sc.get("num_speculative_tokens", 1))
+        lo, hi = sc.get("prompt_lookup_min"), sc.get("prompt_lookup_max")
+        lo, hi = (lo or hi or 5), (hi or lo or 5)
+        out[name] = NgramConfig(k, int(lo), int(hi))
+    return out
+
+
+def measured_beside_predicted(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The speculative page's table: per workload, the server's measured acceptance (``speculative_table``
+    rows: workload, server, acceptance_rate, mean_acceptance_length) and every predicted method's."""
+    m = measured[["workload", "server", "acceptance_rate", "mean_acceptance_length"]].copy() \
+        if len(measured) else pd.DataFrame(columns=["workload", "server", "acceptance_rate", "mean_acceptance_length"])
+    m = m.groupby(["workload", "server"], as_index=False).mean(numeric_only=True)
+    m.insert(2, "source", "measured")
+    m = m.rename(columns={"server": "setting"})
+    p = predicted.rename(columns={"trace": "workload"})[["workload", "setting", "acceptance_rate",
+                                                         "mean_acceptance_length"]].copy()
+    p.insert(2, "source", "predicted")
+    return pd.concat([m, p], ignore_index=True).sort_values(["workload", "source", "setting"]).reset_index(drop=True)
+
+
+def _server_spec_config(res, server: str) -> dict | None:
+    servers = res.manifest.get("servers") or {}
+    entry = servers.get(server) or {}
+    cfg = (entry.get("config") or {}).get("speculative_config")
+    return cfg or (res.server_facts(server) or {}).get("speculative")
+
+
+def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The speculative page's data for an experiment (or a single run):
+
+    * every method predicted per workload on the trace's recorded outputs (n-gram at the experiment's own
+      settings and at k with lookup 2-4 and 1-3, suffix decoding, oracle): the question before deploying;
+    * acceptance by position for the same;
+    * each speculative cell's measured acceptance beside the model's prediction of that same configuration on
+      the tokens the server generated in that cell (``output_token_ids``), where the records keep them.
+    """
+    if res is None:
+        return pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
+    cells = res.cells
+    servers = sorted(set(cells["server"])) if len(cells) else []
+    own = speculative_configs_of_servers({s: _server_spec_config(res, s) for s in servers})
+    configs: list[SpecConfig] = list(dict.fromkeys([*own.values(), *default_configs(k)]))
+    files = []
+    workloads = sorted(set(cells["workload"])) if len(cells) else []
+    from kvscope.workloads.trace import Trace
+
+    for w in workloads:
+        td = res.trace_dir(w)
+        if td is None or not (Path(td) / "trace.json").is_file():
+            continue
+        trace = Trace.read(td)
+        if (trace.requests["output_segment_id"] < 0).all():
+            continue
+        f = predict_methods(trace, configs, source=str(td))
+        f.trace_name = w
+        files.append(f)
+    rows = []
+    if len(cells) and "speculative" in cells:
+        for _, c in cells[cells["speculative"] == True].iterrows():
+            cfg = own.get(c["server"])
+            cell_dir = res.cell_dirs.get(c["cell"])
+            if cfg is None or cell_dir is None:
+                continue
+            try:
+                trace = _run_as_trace(Path(cell_dir))
+            except KvscopeError:
+                continue
+            mml = (((res.manifest.get("servers") or {}).get(c["server"]) or {}).get("config") or {}).get("max_model_len")
+            s = simulate(trace, cfg, mml).summary()
+            rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"],
+                         "measured_acceptance_rate": c.get("spec_acceptance_rate"),
+                         "predicted_acceptance_rate": s["acceptance_rate"],
+                         "measured_mean_acceptance_length": c.get("spec_mean_acceptance_length"),
+                         "predicted_mean_acceptance_length": s["mean_acceptance_length"]})
+    return (prediction_table(files) if files else pd.DataFrame(), position_table(files) if files else pd.DataFrame(),
+            pd.DataFrame(rows))

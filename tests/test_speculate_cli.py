@@ -1,0 +1,91 @@
+"""`kvscope speculate`: every method on a trace and on a run's generated tokens, the versioned file it writes,
+and one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvscope.harness.results.speculation_file import load_speculation_file
+from kvscope.workloads.trace import TraceBuilder
+
+
+def kvscope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    b = TraceBuilder()
+    motif = rng.integers(10, 60, 8)
+    for s in range(3):
+        ids: list[int] = []
+        for step in range(3):
+            ids.append(b.add_segment(np.concatenate([rng.integers(10, 60, 30), motif]).astype(np.int32), "user"))
+            out = b.add_segment(np.concatenate([motif, rng.integers(10, 60, 10)]).astype(np.int32), "assistant")
+            b.add_request(session_id=f"s{s}", step=step, parent_request_id=-1, arrival_s=float(3 * s + step),
+                          prompt_segment_ids=list(ids), output_segment_id=out, output_tokens=18,
+                          transition="first" if step == 0 else "append")
+            ids.append(out)
+    return b.build({"name": "motifs"}).write(tmp_path_factory.mktemp("spec") / "trace")
+
+
+def test_every_method_is_predicted_and_written_as_a_versioned_file(trace_dir, tmp_path):
+    out = tmp_path / "speculation.json"
+    r = kvscope("speculate", str(trace_dir), "--k", "3,5", "--lookup", "2-4", "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    f = load_speculation_file(out)
+    labels = [m.label for m in f.methods]
+    assert labels == ["ngram k=3 n=2-4", "ngram k=5 n=2-4", "suffix depth=24 k<=24", "oracle k=3", "oracle k=5"]
+    by = {m.label: m for m in f.methods}
+    # the answers start with a motif the prompts hold: n-gram and suffix drafts are accepted
+    assert by["ngram k=3 n=2-4"].num_accepted_tokens > 0 and by["suffix depth=24 k<=24"].num_accepted_tokens > 0
+    assert by["oracle k=3"].acceptance_rate == 1.0
+    assert all(m.requests == 9 for m in f.methods)
+    assert "ngram k=3 n=2-4" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "eagle"], "--method: unknown eagle; allowed: ngram, suffix, oracle"),
+    (["--lookup", "4-2"], "need 1 <= MIN <= MAX"),
+    (["--k", "0"], "a comma list of positive integers"),
+])
+def test_bad_flags_are_one_line_errors(trace_dir, args, message):
+    r = kvscope("speculate", str(trace_dir), *args)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_path_that_is_neither_trace_nor_run_is_named(tmp_path):
+    r = kvscope("speculate", str(tmp_path))
+    assert r.returncode == 2
+    assert f"{tmp_path}: neither a trace directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_page_predicts_every_method_per_workload_and_maps_the_servers_ngram_settings(trace_dir):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from kvscope.harness.analysis.speculative import experiment_predictions, speculative_configs_of_servers
+    from kvscope.harness.cachemodel.speculative import NgramConfig
+
+    servers = {"base": {"config": {"max_model_len": 4096}},
+               "ng": {"config": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                        "prompt_lookup_max": 3}}}}
+    assert speculative_configs_of_servers({k: v["config"].get("speculative_config") for k, v in servers.items()}) \
+        == {"ng": NgramConfig(3, 3, 3)}  # one of min/max given: the other mirrors it, as vLLM does
+    res = SimpleNamespace(manifest={"servers": servers},
+                          cells=pd.DataFrame({"cell": ["c0", "c1"], "server": ["base", "ng"], "workload": ["w", "w"],
+                                              "speculative": [False, True]}),
+                          cell_dirs={}, trace_dir=lambda w: trace_dir, server_facts=lambda s: {})
+    pred, pos, same = experiment_predictions(res)
+    assert set(pred["setting"]) == {"ngram k=3 n=3-3", "ngram k=4 n=2-4", "ngram k=4 n=1-3",
+                                    "suffix depth=24 k<=24", "oracle k=4"}
+    assert (pred["trace"] == "w").all() and len(pos) > 0
+    assert same.empty  # no cell directory with generated tokens
