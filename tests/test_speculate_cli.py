@@ -80,10 +80,13 @@ def test_the_page_predicts_every_method_per_workload_and_maps_the_servers_ngram_
                                                         "prompt_lookup_max": 3}}}}
     assert speculative_configs_of_servers({k: v["config"].get("speculative_config") for k, v in servers.items()}) \
         == {"ng": NgramConfig(3, 3, 3)}  # one of min/max given: the other mirrors it, as vLLM does
-    res = SimpleNamespace(manifest={"servers": servers},
+    from kvscope.harness.results.schemas import ServerEntry
+
+    entries = {k: ServerEntry(config=v["config"], log="") for k, v in servers.items()}
+    res = SimpleNamespace(server=entries.get,
                           cells=pd.DataFrame({"cell": ["c0", "c1"], "server": ["base", "ng"], "workload": ["w", "w"],
                                               "speculative": [False, True]}),
-                          cell_dirs={}, trace_dir=lambda w: trace_dir, server_facts=lambda s: {})
+                          cell_dirs={}, trace_dir=lambda w: trace_dir)
     pred, pos, same = experiment_predictions(res)
     assert set(pred["setting"]) == {"ngram k=3 n=3-3", "ngram k=4 n=2-4", "ngram k=4 n=1-3",
                                     "suffix depth=24 k<=24", "oracle k=4"}

@@ -227,10 +227,18 @@ def measured_beside_predicted(measured: pd.DataFrame, predicted: pd.DataFrame) -
 
 
 def _server_spec_config(res, server: str) -> dict | None:
-    servers = res.manifest.get("servers") or {}
-    entry = servers.get(server) or {}
-    cfg = (entry.get("config") or {}).get("speculative_config")
-    return cfg or (res.server_facts(server) or {}).get("speculative")
+    """The speculative config a server ran with: its config as launched, else what its facts say."""
+    entry = res.server(server)
+    if entry is None:
+        return None
+    return entry.config.get("speculative_config") or (entry.facts.speculative if entry.facts else None)
+
+
+def _server_max_model_len(res, server: str) -> int | None:
+    entry = res.server(server)
+    if entry is None:
+        return None
+    return entry.config.get("max_model_len") or (entry.facts.max_model_len if entry.facts else None)
 
 
 def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -273,8 +281,7 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
                 trace = _run_as_trace(Path(cell_dir))
             except KvscopeError:
                 continue
-            mml = (((res.manifest.get("servers") or {}).get(c["server"]) or {}).get("config") or {}).get("max_model_len")
-            s = simulate(trace, cfg, mml).summary()
+            s = simulate(trace, cfg, _server_max_model_len(res, c["server"])).summary()
             rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"],
                          "measured_acceptance_rate": c.get("spec_acceptance_rate"),
                          "predicted_acceptance_rate": s["acceptance_rate"],
