@@ -63,7 +63,10 @@ def _decode_s(snap) -> float:
 
 def _measured(client, endpoint: str, prompt: list[int], max_tokens: int) -> dict:
     """One streamed request with the engine's own decode time for it (/metrics before and after)."""
-    from kvscope.harness.serving.metrics import fetch_metrics
+    from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
+
+    def fetch_metrics(url: str):
+        return Backend.create(DEFAULT_BACKEND, endpoint=url).scrape_metrics()
 
     before = _decode_s(fetch_metrics(endpoint))
     out = _stream(client, endpoint + "", prompt, max_tokens)

@@ -9,9 +9,14 @@ import httpx
 import numpy as np
 import pytest
 from kvscope.harness.cachemodel.speculative import NgramConfig, simulate_request
-from kvscope.harness.serving.metrics import fetch_metrics, metrics_delta
+from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
+from kvscope.harness.serving.metrics import metrics_delta
 
 pytestmark = pytest.mark.vllm
+
+
+def fetch_metrics(endpoint: str):
+    return Backend.create(DEFAULT_BACKEND, endpoint=endpoint).scrape_metrics()
 
 
 def _prompts(n: int) -> list[list[int]]:
