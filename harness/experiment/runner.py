@@ -93,7 +93,7 @@ def describe_plan(spec: ExperimentSpec) -> str:
         sw = spec.sweep
         levels = ", ".join(f"{x:g}" for x in sw.levels)
         text += (f"; then a {sw.kind} sweep over [{levels}] per configuration x workload "
-                 f"(TTFT p90 <= {sw.slo_ttft_p90_ms:g} ms, no preemption"
+                 f"(TTFT p90 <= {_slo_plan_text(sw)}, no preemption"
                  + (f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
                     if sw.adaptive else "") + ")")
     return text
@@ -517,6 +517,13 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
         print(f"capacity: {sentence}", flush=True)
         print(f"predicted: {predicted.get('sentence') or predicted.get('skipped')}", flush=True)
     run.save()
+
+
+def _slo_plan_text(sweep: Any) -> str:
+    slo = sweep.ttft_slo
+    if slo.unloaded_factor is None:
+        return f"{slo.ms:g} ms"
+    return f"{slo.unloaded_factor:g}x the lowest level's TTFT p90"
 
 
 def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: Any
