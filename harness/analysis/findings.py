@@ -56,7 +56,7 @@ __all__ = [
 HEADLINE_QUESTIONS = ("habit", "capacity", "speculative", "ab")
 PAGE_OF_CAVEAT = {"block_size": "hit_rates", "min_cacheable": "cost", "eviction": "concurrency",
                   "tiny_model": "speculative", "burst": "latency", "sessions_below_concurrency": "concurrency",
-                  "client_stalls": "latency"}
+                  "client_stalls": "latency", "cache_not_reset": "hit_rates"}
 #: Cells whose replay client was held up for more than this share of their run get a caveat.
 CLIENT_STALL_SHARE = 0.01
 PAGE_QUESTIONS = {"hit_rates": ("habit", "hit_rate"), "concurrency": ("capacity",), "latency": ("latency",),
@@ -601,9 +601,23 @@ def _caveat_client_stalls(res: ExperimentResults):
             {"client_stalled_s": stalled, "client_stalled_share": stalled / duration})
 
 
+def _caveat_cache_not_reset(res: ExperimentResults):
+    """Cells replayed on a prefix cache that could not be emptied first (summary.json ``data_quality``
+    ``cache_not_reset``: vLLM without VLLM_SERVER_DEV_MODE=1)."""
+    bad = {cell: s.data_quality.cache_not_reset for cell, s in res.summaries.items()
+           if getattr(getattr(s, "data_quality", None), "cache_not_reset", None)}
+    if not bad:
+        return None
+    cell, why = next(iter(bad.items()))
+    return ((f"{len(bad)} of {len(res.summaries)} cell(s) started on a prefix cache that could not be emptied "
+             f"(e.g. {cell}: {why}): they hit what earlier runs left, so measured hit rates exceed the "
+             "predicted ones and TTFTs are those of a warm cache. Start vLLM with VLLM_SERVER_DEV_MODE=1."),
+            {"cells_cache_not_reset": float(len(bad))})
+
+
 _CAVEATS = {"block_size": _caveat_block_size, "min_cacheable": _caveat_min_cacheable, "eviction": _caveat_eviction,
             "tiny_model": _caveat_tiny_model, "burst": _caveat_burst, "sessions_below_concurrency": _caveat_sessions,
-            "client_stalls": _caveat_client_stalls}
+            "client_stalls": _caveat_client_stalls, "cache_not_reset": _caveat_cache_not_reset}
 
 
 # ---- entry points ------------------------------------------------------------------------------------------

@@ -619,11 +619,14 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         backend.start(log_path)
         reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
     entry["prefix_cache_reset"] = reset.detail
+    # an attached server that cannot reset: the replay asks again, so the warning and the summary's
+    # cache_not_reset flag come from the one place that makes them (replay.runner._reset_prefix_caches)
+    options = _cell_options(spec, cell, loads, model).model_copy(update={"reset_prefix_cache": not reset.ok})
     cell_dir = safe_child(run.run_dir, "cells", cell.name)
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)
     print(f"[{cell.name}] replaying …", flush=True)
-    outcome = run.replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backend)
+    outcome = run.replay(trace_dir, cell_dir, options, backend)
     s = outcome.summary
     reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
     entry.update(status="failed" if reason else "ok", reason=reason,

@@ -160,6 +160,9 @@ class DataQuality(_Block):
     ttft_s_without_bursts: Percentiles
     tpot_s_without_bursts: Percentiles
     flags: list[str]
+    #: Why the prefix cache was not emptied before the run (vLLM without VLLM_SERVER_DEV_MODE=1: HTTP 404),
+    #: null when it was or no reset was asked; with it, flags holds "cache_not_reset".
+    cache_not_reset: str | None = None
 
 
 class SummaryFile(VersionedFile):
