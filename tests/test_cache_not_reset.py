@@ -45,3 +45,15 @@ def test_a_reset_cache_or_one_kept_on_purpose_is_not_flagged(tmp_path, capsys):
     assert "cache_not_reset" not in summary["data_quality"]["flags"] and summary["data_quality"]["cache_not_reset"] is None
     rc, err, summary, _ = _replay(tmp_path, capsys, False, "--no-reset-prefix-cache")  # asked for a warm cache
     assert rc == 0 and "not reset" not in err and "cache_not_reset" not in summary["data_quality"]["flags"]
+
+
+def test_a_server_launched_for_the_run_needs_no_reset_and_is_not_flagged():
+    from kvscope.harness.replay.runner import _reset_prefix_caches
+    from kvscope.harness.serving.backend import Backend
+
+    with FaultServer(FaultConfig(model="tiny", dev_mode=False)) as server:
+        backend = Backend.create("vllm", endpoint=server.endpoint)
+        details, why = _reset_prefix_caches([backend], fresh=True)  # `kvscope replay --server`: nothing served yet
+        assert why is None and "empty anyway" in details[server.endpoint]
+        details, why = _reset_prefix_caches([backend])
+        assert why is not None and "HTTP 404" in why

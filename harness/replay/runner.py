@@ -506,7 +506,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     try:
         if launched:
             bks[0].start(run_dir / "server.log")
-        facts, reset, not_reset = _prepare_servers(trace, bks, opts)
+        facts, reset, not_reset = _prepare_servers(trace, bks, opts, fresh=launched)
         replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, facts, backends=bks)
         st = _drive(replayer, trace, opts)
     finally:
@@ -555,17 +555,18 @@ def _backends_for(opts: ReplayOptions, endpoints: Sequence[str] | None,
     return backends
 
 
-def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions
+def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions, fresh: bool = False
                      ) -> tuple[list[dict[str, Any]], dict[str, str] | None, str | None]:
     """Wait for each server, read its facts, check the vocabulary, reset the prefix caches if asked: (facts,
-    the reset's outcome per endpoint, why a reset that was asked for failed)."""
+    the reset's outcome per endpoint, why a reset that was asked for failed). ``fresh``: the servers were
+    launched for this run and have served nothing, so a failed reset leaves an empty cache all the same."""
     facts = []
     for b in backends:
         b.wait_ready(30.0)
         facts.append(b.facts().model_dump(mode="json"))
     headers = backends[0].auth_headers()
     _check_vocab(trace, facts, [b.endpoint for b in backends], headers)
-    reset, not_reset = _reset_prefix_caches(backends) if opts.reset_prefix_cache else (None, None)
+    reset, not_reset = _reset_prefix_caches(backends, fresh) if opts.reset_prefix_cache else (None, None)
     return facts, reset, not_reset
 
 
@@ -631,7 +632,8 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     return summary
 
 
-def _reset_prefix_caches(backends: "Sequence[Backend]") -> tuple[dict[str, str], str | None]:
+def _reset_prefix_caches(backends: "Sequence[Backend]", fresh: bool = False
+                         ) -> tuple[dict[str, str], str | None]:
     """Empty each server's prefix cache through its backend; the outcome per endpoint goes into the manifest.
 
     A failed reset (vLLM without ``VLLM_SERVER_DEV_MODE=1`` answers 404) is said on stderr at once, one line:
@@ -639,11 +641,13 @@ def _reset_prefix_caches(backends: "Sequence[Backend]") -> tuple[dict[str, str],
     what an earlier run left, and summary.json flags it (``data_quality.flags``: ``cache_not_reset``).
     Returns (outcome per endpoint, for the manifest; the failures in one line, or None)."""
     outcomes = {b.endpoint: b.reset_prefix_cache(timeout_s=30) for b in backends}
+    if fresh:  # launched for this run: nothing was served yet, the cache is empty without a reset
+        return {ep: o.detail + ("" if o.ok else "; a fresh server, empty anyway") for ep, o in outcomes.items()}, None
     failed = [f"{ep}: {o.detail}" for ep, o in outcomes.items() if not o.ok]
     if failed:
-        print(f"kvscope: warning: prefix cache not reset ({'; '.join(failed)}): the run starts on whatever an "
-              "earlier run left cached, so measured hit rates exceed the predicted ones and summary.json is "
-              "flagged cache_not_reset", file=sys.stderr, flush=True)
+        print(f"kvscope: warning: prefix cache not reset ({'; '.join(failed)}): the run starts on whatever "
+              "earlier requests left cached, so measured hit rates may exceed the predicted ones; summary.json "
+              "is flagged cache_not_reset", file=sys.stderr, flush=True)
     return {ep: o.detail for ep, o in outcomes.items()}, "; ".join(failed) or None
 
 
