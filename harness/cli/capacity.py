@@ -46,6 +46,9 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     src.add_argument("--calibration", metavar="FILE", help="a calibration.json written by an earlier run")
     p.add_argument("--save-calibration", metavar="FILE", default="calibration.json",
                    help="with --server: where the calibration is written (default calibration.json)")
+    p.add_argument("--client-priority", choices=["normal", "realtime", "auto"], default="normal",
+                   help="with --server: the calibration client's CPU scheduling, as in replay (default normal; "
+                   "realtime: SCHED_FIFO, auto: realtime where permitted); use the replays' choice")
     p.add_argument("--slo-ttft-p90", "--slo-ttft-ms", dest="slo_ttft", type=_slo, default="2000", metavar="SLO",
                    help="TTFT p90 objective for the capacity: milliseconds (2000, 2000ms) or a multiple of the "
                    "server's unloaded TTFT p90, i.e. the predicted lowest level's (3x_unloaded); default 2000 ms")
@@ -72,7 +75,7 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=_cmd_capacity)
 
 
-def _calibrate(config_path: str, out: str):
+def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
     from kvscope.harness.replay.calibrate import calibrate_server
     from kvscope.harness.serving.backend import load_backend
 
@@ -80,7 +83,8 @@ def _calibrate(config_path: str, out: str):
     cfg = getattr(backend, "config", None)
     backend.start()
     try:
-        cal = calibrate_server(backend.endpoint, out, max_num_seqs=getattr(cfg, "max_num_seqs", None),
+        cal = calibrate_server(backend.endpoint, out, client_priority_mode=client_priority,  # type: ignore[arg-type]
+                               max_num_seqs=getattr(cfg, "max_num_seqs", None),
                                max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
     finally:
         backend.stop()
@@ -102,7 +106,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         args.slo_ttft = _slo(args.slo_ttft)
     speculative = False
     if args.server:
-        cal, speculative = _calibrate(args.server, args.save_calibration)
+        cal, speculative = _calibrate(args.server, args.save_calibration, args.client_priority)
         print(f"calibrated {cal.server.endpoint}: {len(cal.samples)} samples, R² {cal.fit_r2:.3f}, "
               f"load average {cal.load_average_1m:.1f}; saved {args.save_calibration}")
     else:

@@ -548,7 +548,8 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[{name}] calibrating the scheduler model (a few dozen requests) …", flush=True)
         t0 = time.perf_counter()
-        cal = calibrate_server(backend.endpoint, path, max_num_seqs=getattr(backend.config, "max_num_seqs", None),
+        cal = calibrate_server(backend.endpoint, path, client_priority_mode=run.spec.replay.client_priority,
+                               max_num_seqs=getattr(backend.config, "max_num_seqs", None),
                                max_num_batched_tokens=getattr(backend.config, "max_num_batched_tokens", None))
         print(f"[{name}] calibrated in {time.perf_counter() - t0:.0f} s: {len(cal.samples)} samples, "
               f"R² {cal.fit_r2:.3f}", flush=True)

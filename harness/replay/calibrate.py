@@ -30,7 +30,7 @@ from typing import Sequence
 from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, fit_cost_model, median_of_repeats,
                                                      prefill_sample, timing_cv)
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.replay.priority import client_priority
+from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority, client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
 from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.versioned_file import write_versioned
@@ -123,8 +123,11 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
 
 
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
-                     max_num_batched_tokens: int | None = None, seed: int = 0) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its /metrics."""
+                     max_num_batched_tokens: int | None = None, seed: int = 0,
+                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
+    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its /metrics.
+    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
+    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
     from kvscope.harness.serving.server import read_server_facts
 
     facts = read_server_facts(endpoint)
@@ -135,9 +138,9 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
                                max_num_batched_tokens=max_num_batched_tokens or 2048,
                                max_model_len=facts.max_model_len)
     load = os.getloadavg()[0]
-    # The requests go out from real-time threads where permitted, so the times are the server's and not this
-    # host's wake-up delays (replay/priority.py).
-    with client_priority("auto", threads_inherit=True) as priority:
+    # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
+    # this host's wake-up delays (replay/priority.py).
+    with client_priority(client_priority_mode, threads_inherit=True) as priority:
         timings = measure_samples(endpoint, facts.model or "default", server, seed=seed)
     samples = median_of_repeats(timings)
     fit = fit_cost_model(samples)
@@ -170,7 +173,7 @@ def preemptions_total(endpoint: str) -> float:
 
 
 def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_dir: str | Path,
-                  time_scale: float = 0.0):
+                  time_scale: float = 0.0, client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY):
     """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
     (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
     import pandas as pd
@@ -180,7 +183,7 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
 
     before = preemptions_total(endpoint)
     opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
-                         reset_prefix_cache=True)
+                         reset_prefix_cache=True, client_priority=client_priority_mode)
     out = replay(trace_dir, run_dir, opts, endpoints=[endpoint])
     df = pd.read_parquet(Path(out.run_dir) / "requests.parquet")
     return df, preemptions_total(endpoint) - before, os.getloadavg()[0]
