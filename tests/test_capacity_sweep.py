@@ -39,7 +39,10 @@ def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level
                                                                                   tmp_path: Path):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(SPEC.format(model=tiny_model_dir, slo="3x_unloaded"))
-    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="r1")
+    phases: dict[str, float] = {}
+    run_dir = run_experiment(spec, out=tmp_path / "results", run_id="r1", phases_s=phases)
+    assert list(phases) == ["model", "traces", "servers", "grid", "sweep"]  # where the wall time went
+    assert phases["sweep"] > 0 and all(v >= 0 for v in phases.values())
     recorded = load_experiment_file(run_dir)
     assert recorded.capacity is not None and len(recorded.capacity) == 1
     cap = recorded.capacity[0]

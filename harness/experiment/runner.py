@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -225,6 +225,12 @@ class RunContext:
     manifest: dict[str, Any]
     manifest_path: Path
     model_path: str
+    #: Wall seconds per phase of this process's work (model, traces, servers, grid, sweep), printed at the
+    #: end (`phase_report`): where a slow machine's hour goes. Not recorded: a resumed run times only its part.
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, phase: str, since: float) -> None:
+        self.phases_s[phase] = self.phases_s.get(phase, 0.0) + time.perf_counter() - since
 
     def save(self) -> None:
         _write_json(self.manifest_path, self.manifest)
@@ -261,11 +267,14 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     run_dir = _resolve_run_dir(spec, Path(out), run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
+    t0 = time.perf_counter()
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
+    model_s = time.perf_counter() - t0
     manifest["model"] = {"path": model_path, "tokenizer": tokenizer_dir, "card": card,
                          "weights_random": bool(card and card.get("weights") == "random")}
     manifest["kvscope_version"] = kvscope_version()
     run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
+    run.phases_s["model"] = model_s
     cells = plan_cells(spec)
     if only_cells:
         cells = [c for c in cells if c.name in only_cells]
@@ -273,7 +282,9 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
         manifest["cells"].setdefault(c.name, {"server": c.server, "workload": c.workload, "load": c.load,
                                               "repeat": c.repeat, "status": "pending"})
     run.save()
+    t0 = time.perf_counter()
     _generate_traces(run, spec_path, tokenizer_dir)
+    run.timed("traces", t0)
     todo = [c for c in cells if manifest["cells"][c.name]["status"] != "ok"]
     manifest["cell_order"] = describe_plan(spec)
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
@@ -289,8 +300,10 @@ def finish_run(run: RunContext) -> None:
 
 def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
                    resume: bool = False, only_cells: list[str] | None = None, progress: bool = True,
-                   after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
-    """Run (or resume) an experiment on this host; returns the run directory.
+                   after_cell: Callable[[Cell, Any], None] | None = None,
+                   phases_s: dict[str, float] | None = None) -> Path:
+    """Run (or resume) an experiment on this host; returns the run directory. ``phases_s``, where given, is
+    filled with the wall seconds of each phase (:func:`phase_report` prints them).
 
     ``after_cell(cell, server)`` is called after each cell with the launched server (the backend where kvscope
     launched none); tests use it to inject faults between cells. `kvscope.harness.experiment.ray_executor`
@@ -298,11 +311,23 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     """
     prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
     run = prepared.run
+    if phases_s is not None:
+        phases_s.update(run.phases_s)
+        run.phases_s = phases_s
     run.manifest["executor"] = {"kind": "local"}
     run_configurations(run, prepared.todo, list(run.spec.servers), with_sweeps=not only_cells,
                        after_cell=after_cell)
     finish_run(run)
     return run.run_dir
+
+
+def phase_report(phases_s: dict[str, float]) -> str:
+    """``phases: model 41 s, traces 1 s, servers 84 s, grid 6.1 min, sweep 5.0 min (total 12.9 min)``."""
+    def fmt(s: float) -> str:
+        return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+    return ("phases: " + ", ".join(f"{k} {fmt(v)}" for k, v in phases_s.items())
+            + f" (total {fmt(sum(phases_s.values()))})")
 
 
 def run_configurations(run: RunContext, cells: list[Cell], server_names: list[str], with_sweeps: bool,
@@ -319,13 +344,19 @@ def run_configurations(run: RunContext, cells: list[Cell], server_names: list[st
             from kvscope.harness.experiment.sweep import plan_sweeps
 
             swept = [sw.server for sw in plan_sweeps(run.spec) if sw.server in server_names] if with_sweeps else []
+            t0 = time.perf_counter()
             servers.start_together([c.server for c in cells] + swept)
+            run.timed("servers", t0)
+        t0 = time.perf_counter()
         for cell in cells:
             if run.spec.servers_up == "one":
                 servers.stop_all_but(cell.server)
             _run_one(run, servers, cell, after_cell)
+        run.timed("grid", t0)
         if with_sweeps:
+            t0 = time.perf_counter()
             _run_sweeps(run, servers, after_cell, server_names)
+            run.timed("sweep", t0)
     finally:
         servers.stop_all()
         run.save()
@@ -459,8 +490,10 @@ def _run_one(run: RunContext, servers: _Servers, cell: Cell, after_cell: Callabl
     run.save()
     backend = None
     try:
+        t0 = time.perf_counter()
         backend = servers.get(cell.server, cell.repeat)
-        _run_cell(run, cell, backend, run.manifest["servers"][cell.server], servers.log_path(cell.server), level)
+        _run_cell(run, cell, backend, run.manifest["servers"][cell.server], servers.log_path(cell.server), level,
+                  switch_s=time.perf_counter() - t0)
     except KeyboardInterrupt:
         entry.update(status="interrupted", reason="interrupted")
         raise
@@ -593,8 +626,10 @@ def _server_ready(backend: "Backend", srec: dict[str, Any]) -> None:
 
 
 def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, Any], log_path: Path,
-              level: Any = None) -> None:
-    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
+              level: Any = None, switch_s: float = 0.0) -> None:
+    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline.
+    The console line ends with where the cell's time went (server switch, warm-up, reset, the replay's
+    requests and its set-up and drain: compaction, summary, files)."""
     import shutil
 
     from kvscope.harness.replay.failure import replay_failure_reason
@@ -605,6 +640,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         loads[level.name] = level
     model = _model_name(backend, spec)
     trace_dir = run.run_dir / run.manifest["traces"][cell.workload]
+    t0 = time.perf_counter()
     entry["warmup_requests"] = _warm_up(backend, model, srec.get("facts") or {}, spec.replay.warmup_requests,
                                         cell.repeat)
     if spec.replay.warmup_pass:
@@ -613,6 +649,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
         backend.reset_prefix_cache()
         run.replay(trace_dir, scratch, _cell_options(spec, cell, loads, model), backend)
         shutil.rmtree(scratch, ignore_errors=True)
+    t1 = time.perf_counter()
     reset = backend.reset_prefix_cache()
     if not reset.ok and backend.managed:
         srec["restarts"] += 1
@@ -627,7 +664,9 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)
     print(f"[{cell.name}] replaying …", flush=True)
+    t2 = time.perf_counter()
     outcome = run.replay(trace_dir, cell_dir, options, backend)
+    replay_s = time.perf_counter() - t2
     s = outcome.summary
     reason = outcome.aborted or replay_failure_reason(s, spec.replay.max_error_share)
     entry.update(status="failed" if reason else "ok", reason=reason,
@@ -637,7 +676,9 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: dict[str, A
           f"{_fmt(s['hit_rate']['server_per_request'])}, TTFT p50 {_ms(head['ttft_p50_s'])} p90 "
           f"{_ms(head['ttft_p90_s'])}, {_num(head['mean_sessions_in_flight'])} sessions in flight"
           + (" (UNDER-DRIVEN)" if head["under_driven"] else "")
-          + (f", {head['preemptions']:g} preemptions" if head["preemptions"] else ""), flush=True)
+          + (f", {head['preemptions']:g} preemptions" if head["preemptions"] else "")
+          + f"; time: server {switch_s:.1f} s, warm-up {t1 - t0:.1f} s, reset {t2 - t1:.1f} s, requests "
+            f"{s['duration_s']:.1f} s, replay set-up and drain {replay_s - s['duration_s']:.1f} s", flush=True)
 
 
 def _headline(s: dict[str, Any], cell_dir: Path, level: Any) -> dict[str, Any]:
