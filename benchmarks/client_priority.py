@@ -36,8 +36,9 @@ LOADS = {"light": {"concurrency": 4, "itl_ms": 2.0}, "saturating": {"concurrency
 NEIGHBOUR = "import time\nend = time.time() + float(__import__('sys').argv[1])\nwhile time.time() < end:\n    pass\n"
 
 
-def client(trace: str, endpoint: str, concurrency: int, mode: str, out: str) -> None:
-    """Child process: one replay under `mode`, figures to `out`."""
+def client(trace: str, endpoint: str, concurrency: int, mode: str, out: str, neighbour_pid: int) -> None:
+    """Child process: one replay under `mode`, figures to `out`; the neighbour's CPU-seconds are read just
+    before and after the replay, so the window is the one the priority applies to (imports excluded)."""
     from kvscope.harness.replay import runner
     from kvscope.harness.replay.options import ReplayOptions
 
@@ -59,11 +60,14 @@ def client(trace: str, endpoint: str, concurrency: int, mode: str, out: str) -> 
     run_dir = Path(tempfile.mkdtemp(prefix="kvscope-prio-")) / "run"
     opts = ReplayOptions(concurrency=concurrency, time_scale=0.0, progress=False, reset_prefix_cache=False,
                          scrape_interval_s=1.0, client_priority=priority)
+    n0 = cpu_s(neighbour_pid) if neighbour_pid else None
     t0 = time.perf_counter()
     s = runner.replay(trace, run_dir, opts, endpoints=[endpoint]).summary
+    wall = time.perf_counter() - t0
+    share = None if n0 is None else (cpu_s(neighbour_pid) - n0) / wall
     c = s["client"]
     Path(out).write_text(json.dumps({
-        "wall_s": time.perf_counter() - t0, "duration_s": s["duration_s"], "requests": s["requests"]["ok"],
+        "wall_s": wall, "neighbour_cpu_share": share, "duration_s": s["duration_s"], "requests": s["requests"]["ok"],
         "requests_per_s": s["throughput"]["requests_per_s"], "ttft_ms_p99": s["latency"]["ttft_s"]["p99"] * 1e3,
         "stalls": c["stalls"], "stalled_s": c["stalled_s"], "stall_max_s": c["stall_max_s"],
         "client_cpu_share": c["cpu_utilization"], "priority": c["priority"]}))
@@ -81,25 +85,23 @@ def one_run(trace: Path, endpoint: str, load: str, mode: str, pin: list[str]) ->
     if mode != "baseline":
         neighbour = subprocess.Popen([*pin, PY, "-c", NEIGHBOUR, "600"])
         time.sleep(0.5)  # running before the client starts
-        n0 = cpu_s(neighbour.pid)
-    t0 = time.perf_counter()
-    subprocess.run([*pin, PY, __file__, "--_child", str(trace), endpoint, str(LOADS[load]["concurrency"]), mode,
-                    str(out)], cwd=REPO, check=True)
-    wall = time.perf_counter() - t0
+    try:
+        subprocess.run([*pin, PY, __file__, "--_child", str(trace), endpoint, str(LOADS[load]["concurrency"]), mode,
+                        str(out), str(neighbour.pid if neighbour else 0)], cwd=REPO, check=True)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
     res = json.loads(out.read_text())
-    res.update(load=load, mode=mode, process_wall_s=wall, neighbour_cpu_share=None)
-    if neighbour is not None:
-        res["neighbour_cpu_share"] = (cpu_s(neighbour.pid) - n0) / wall
-        neighbour.kill()
-        neighbour.wait()
+    res.update(load=load, mode=mode)
     return res
 
 
 def main() -> int:
     if "--_child" in sys.argv:
         i = sys.argv.index("--_child")
-        trace, endpoint, c, mode, out = sys.argv[i + 1:i + 6]
-        client(trace, endpoint, int(c), mode, out)
+        trace, endpoint, c, mode, out, neighbour = sys.argv[i + 1:i + 7]
+        client(trace, endpoint, int(c), mode, out, int(neighbour))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="baseline,normal,realtime,realtime-loop")
