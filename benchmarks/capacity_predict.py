@@ -122,13 +122,14 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
         for rep in range(repeats):
             if rep == 0 or recalibrate:
                 path = tmp / ("calibration.json" if rep == 0 else f"calibration-r{rep}.json")
-                cals.append(calibrate_server(server.endpoint, path))
+                cals.append(calibrate_server(server.endpoint, path, client_priority_mode="auto"))
                 cal = cals[-1]
                 print(f"calibration {len(cals) - 1}: {len(cal.samples)} samples, R2 {cal.fit_r2:.3f}, median rel. "
                       f"error {cal.fit_median_rel_error:.1%}, timing cv {cal.timing_cv or 0:.2f}, "
                       f"cost {cal.cost.model_dump()}, load {cal.load_average_1m:.1f}", flush=True)
             for c in levels:
-                df, preempt, load = measure_level(trace, server.endpoint, c, tmp / f"run-c{c}-r{rep}")
+                df, preempt, load = measure_level(trace, server.endpoint, c, tmp / f"run-c{c}-r{rep}",
+                                                  client_priority_mode="auto")
                 runs[c].append({**_run_summary(trace, df, cals[-1], preempt, load, rep, tmp / f"run-c{c}-r{rep}"),
                                 "calibration": len(cals) - 1})
                 print(json.dumps({"concurrency": c, **runs[c][-1]}), flush=True)
@@ -284,9 +285,10 @@ def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
     threading.Thread(target=subscribe, daemon=True).start()
     server.start()
     try:
-        cal = calibrate_server(server.endpoint, tmp / "calibration.json")
+        cal = calibrate_server(server.endpoint, tmp / "calibration.json", client_priority_mode="auto")
         n0 = len(batches)
-        df, preempt, load = measure_level(trace, server.endpoint, level, tmp / f"run-c{level}")
+        df, preempt, load = measure_level(trace, server.endpoint, level, tmp / f"run-c{level}",
+                                          client_priority_mode="auto")
         time.sleep(1.0)
     finally:
         stop.set()

@@ -1,4 +1,4 @@
-"""The replay client runs its event loop under SCHED_FIFO where permitted (replay/priority.py): the thread is
+"""The replay client runs its event loop under SCHED_FIFO when asked (replay/priority.py; default normal): the thread is
 real-time inside and as before afterwards, threads it starts are not (unless asked), a process that may not
 falls back (auto) or gets a one-line error (realtime), and a replay records what it ran under."""
 
@@ -91,9 +91,35 @@ def test_a_replay_records_the_priority_it_ran_under(tmp_path):
     trace_dir = synthetic_trace(1, steps=2, prompt_tokens=16, output_tokens=2).write(tmp_path / "trace")
     expected = "realtime" if hasattr(os, "sched_setscheduler") and _may_realtime() else "normal"
     with FaultServer(FaultConfig(model="tiny")) as server:
-        for mode, want in (("auto", expected), ("normal", "normal")):
-            out = runner.replay(trace_dir, tmp_path / mode, ReplayOptions(concurrency=1, progress=False,
-                                                                          client_priority=mode),
+        for mode, want in (("auto", expected), ("normal", "normal"), (None, "normal")):
+            # None: the default, normal: real-time is opt-in (it starved a busy neighbour on a shared core)
+            extra = {} if mode is None else {"client_priority": mode}
+            out = runner.replay(trace_dir, tmp_path / str(mode), ReplayOptions(concurrency=1, progress=False, **extra),
                                 endpoints=[server.endpoint])
             assert out.summary["client"]["priority"] == want
             assert read_versioned(out.run_dir / "summary.json", SummaryFile).client.priority == want
+
+
+
+def test_a_calibration_is_timed_under_the_priority_it_is_given(tmp_path, monkeypatch):
+    """The calibration follows the replay's choice (default normal), so the two are timed by clients scheduled
+    alike."""
+    from contextlib import contextmanager
+
+    from kvscope.harness.replay import calibrate
+    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+
+    asked = []
+
+    @contextmanager
+    def recording(mode, *, threads_inherit=False):
+        asked.append(mode)
+        raise RuntimeError("stop before measuring")
+        yield
+
+    monkeypatch.setattr(calibrate, "client_priority", recording)
+    with FaultServer(FaultConfig(model="tiny")) as server:
+        for kwargs in ({}, {"client_priority_mode": "realtime"}):
+            with pytest.raises(RuntimeError, match="stop before measuring"):
+                calibrate.calibrate_server(server.endpoint, tmp_path / "c.json", **kwargs)
+    assert asked == ["normal", "realtime"]

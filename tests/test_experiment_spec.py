@@ -17,6 +17,7 @@ def test_shipped_specs_validate_and_plan_in_stated_order():
     assert cells[9] == "baseline__agent-coding__c2__r1"  # repeat-major: the arms interleave
     assert {c.split("__")[0] for c in cells} == {"baseline", "no-prefix-cache", "ngram-k4"}
     assert spec.sweep is not None and len(spec.sweep.levels) >= 5
+    assert spec.sweep.ttft_slo.unloaded_factor == 3  # relative: a capacity on slow and fast machines alike
     gpu, _ = load_experiment_spec(REPO / "experiments" / "gpu-llama31-8b.yaml")
     assert gpu.model.source == "hf" and "eagle3" in gpu.servers
 

@@ -202,3 +202,95 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
     assert caps.loc["a", "headline"] == "a on w: capacity predicted 4, measured 2" and caps.loc["a", "note"] == ""
     assert "speculative" in caps.loc["spec", "note"]
     assert caps.loc["a", "sentence"] == "a on w: s" and "no prediction (speculative" in caps.loc["spec", "sentence"]
+
+
+# ---- an SLO relative to the server's own unloaded latency (sweep.slo_ttft_p90: 3x_unloaded) ------------------
+
+
+def _relative_sweep(slo, levels=(1, 2, 4, 8), **extra) -> SweepState:
+    spec = ExperimentSpec.model_validate({**BASE, "sweep": {"levels": list(levels), "slo_ttft_p90": slo, **extra}})
+    return plan_sweeps(spec)[0]
+
+
+@pytest.mark.parametrize("slo,needle", [
+    ("3y_unloaded", "'3y_unloaded' is neither milliseconds"),
+    ("1x_unloaded", "factor must be above 1"),
+    ("-5", "neither milliseconds"),
+])
+def test_a_malformed_slo_is_a_one_line_error_naming_the_field(tmp_path, slo, needle):
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: x\nservers: {{a: {{}}}}\nworkloads: {{w: {{spec: chat}}}}\n"
+                 f"sweep: {{levels: [1, 2], slo_ttft_p90: '{slo}'}}\n")
+    with pytest.raises(ConfigError, match=needle) as err:
+        load_experiment_spec(p)
+    assert "slo_ttft_p90" in str(err.value) and "\n" not in str(err.value)
+    p.write_text("name: x\nservers: {a: {}}\nworkloads: {w: {spec: chat}}\n"
+                 "sweep: {levels: [1, 2], slo_ttft_p90: 3x_unloaded, slo_ttft_p90_ms: 250}\n")
+    with pytest.raises(ConfigError, match="exactly one of slo_ttft_p90"):
+        load_experiment_spec(p)
+
+
+def test_milliseconds_written_as_text_are_the_absolute_slo():
+    sw = _relative_sweep("250ms")
+    assert sw.spec.slo_ttft_p90 is None and sw.spec.slo_ttft_p90_ms == 250
+    assert _relative_sweep(300).spec.slo_ttft_p90_ms == 300
+
+
+def test_a_relative_slo_resolves_from_the_lowest_level_and_the_answer_records_the_absolute_value():
+    """A slow machine (479 ms alone): 250 ms says nothing there, 3x unloaded finds the knee."""
+    from dataclasses import asdict
+
+    from kvscope.harness.results.schemas import CapacityEntry
+
+    sw = _relative_sweep("3x_unloaded", max_bisections=1)
+    ttft = {1: 479, 2: 900, 3: 1300, 4: 1500, 8: 3000}
+    assert _run(sw, lambda c: ttft[c]) == [1, 2, 4, 3]
+    cap = sw.capacity()
+    assert cap.slo_ttft_p90_ms == pytest.approx(1437) and cap.slo_unloaded_ttft_p90_ms == pytest.approx(479)
+    assert cap.capacity == 3 and cap.ceiling == "slo"
+    assert "TTFT p90 ≤ 3x unloaded (479 ms, measured at concurrency 1) = 1437 ms" in cap.sentence()
+    entry = CapacityEntry.model_validate({**asdict(cap), "sentence": cap.sentence()})
+    assert entry.slo_ttft_p90 == "3x_unloaded" and entry.slo_unloaded_source == "measured at concurrency 1"
+    # the same machine, the same relative SLO: a 10x faster host finds the same knee
+    fast = _relative_sweep("3x_unloaded", max_bisections=1)
+    _run(fast, lambda c: ttft[c] / 10)
+    assert fast.capacity().capacity == 3 and fast.capacity().slo_ttft_p90_ms == pytest.approx(143.7)
+
+
+def test_when_no_level_meets_an_absolute_slo_the_sweep_still_maps_the_curve_up_to_the_kv_ceiling():
+    spec = ExperimentSpec.model_validate({**BASE, "sweep": {"levels": [1, 2, 3, 4, 6, 8], "slo_ttft_p90_ms": 250}})
+    sw = plan_sweeps(spec)[0]
+    ran = []
+    while (load := sw.next_load()) is not None:
+        ran.append(load)
+        sw.record(LoadPoint(load, (479 + 100 * load) / 1000, preemptions=3.0 if load >= 6 else 0.0))
+    assert ran == [1, 2, 3, 4, 6]  # not only 1 (the old rule stopped there); 8 is past the first preemption
+    cap = sw.capacity()
+    assert cap.capacity is None
+    s = cap.sentence()
+    assert "at none of the measured loads" in s and "1: 579 ms, 2: 679 ms" in s and "6: preempts" in s
+    assert s.endswith("KV ceiling: it preempts from 6")
+
+
+def test_a_relative_slo_without_any_measured_level_falls_back_to_the_models_lowest_level():
+    sw = _relative_sweep("2x_unloaded")
+    cap = sw.capacity(unloaded_fallback=LoadPoint(1, 0.1))
+    assert cap.slo_ttft_p90_ms == pytest.approx(200) and cap.slo_unloaded_source == "predicted from the calibration at concurrency 1"
+    bare = sw.capacity()
+    assert bare.slo_ttft_p90_ms is None and "not resolved" in bare.sentence()
+
+
+def test_kvscope_capacity_resolves_a_relative_slo_from_its_predicted_lowest_level(tmp_path, capsys):
+    import json
+
+    from kvscope.harness.cli.main import main
+
+    _, _, trace = _predicting_sweep(tmp_path, 250)
+    out = tmp_path / "capacity.json"
+    assert main(["capacity", str(trace), "--calibration", str(tmp_path / "calibration.json"), "--levels", "1,2,4",
+                 "--time-scale", "0", "--mode", "live", "--slo-ttft-p90", "3x_unloaded", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())
+    lowest_ms = cli["levels"][0]["ttft_p90_s"] * 1000
+    assert cli["slo_ttft_p90"] == "3x_unloaded" and cli["slo_unloaded_ttft_p90_ms"] == pytest.approx(lowest_ms)
+    assert cli["slo_ttft_ms"] == pytest.approx(3 * lowest_ms)
+    assert f"3x unloaded ({lowest_ms:.0f} ms, predicted at concurrency 1)" in capsys.readouterr().out

@@ -37,13 +37,14 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
 
     traces = {1: agent_trace(6), **dict.fromkeys(LEVELS[1:], agent_trace(16))}
     server = small_pool_server
-    cal = calibrate_server(server.endpoint, tmp_path / "calibration.json")
+    cal = calibrate_server(server.endpoint, tmp_path / "calibration.json", client_priority_mode="auto")
     assert cal.server.num_gpu_blocks == 64 and cal.server.block_size > 0
     assert cal.timing_cv is not None and 0 < cal.timing_cv < 1  # three rounds of every shape: their spread
     results = {}
     realtime = True
     for c in LEVELS:
-        df, preempted, load = measure_level(traces[c], server.endpoint, c, tmp_path / f"run-c{c}")
+        df, preempted, load = measure_level(traces[c], server.endpoint, c, tmp_path / f"run-c{c}",
+                                            client_priority_mode="auto")
         exact, n, _ = replay_informed_match(traces[c], df, cal)
         results[c] = (exact / n, n, preempted, load)
         realtime &= load_summary(tmp_path / f"run-c{c}").client.priority == "realtime"

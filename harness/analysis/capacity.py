@@ -10,11 +10,18 @@ latency says). The capacity is the highest *measured* passing load; the PCHIP in
 margin (SLO − TTFT p90, as vLLM's ``bench sweep serve_sla`` does) is reported beside it as an estimate, never
 instead of it. A level whose mean sessions in flight fall short of its concurrency (the client, or the
 workload's session count, could not keep that many going) is flagged: its latency is that of a lower load.
+
+The SLO is absolute (``250`` ms) or relative to the server's own unloaded latency (``3x_unloaded``:
+:class:`TtftSlo`). A fixed 250 ms says nothing on a machine where one session alone already takes 479 ms; a
+multiple of the lowest level's TTFT p90 finds the knee on any machine. It is resolved here, from the points
+themselves (the lowest measured level is the unloaded figure: sweeps run their levels in ascending order), so
+the live sweep, the prediction beside it and the report read one absolute value, which each answer records.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Sequence
 
@@ -23,12 +30,49 @@ import numpy as np
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.capacity_model import LevelPrediction
 
-__all__ = ["Capacity", "LoadPoint", "capacity_from_points", "interpolated_crossing", "mean_in_flight",
-           "next_bisection_load", "point_meets_slo", "predicted_point", "predicted_points"]
+__all__ = ["Capacity", "LoadPoint", "TtftSlo", "capacity_from_points", "interpolated_crossing", "kv_ceiling",
+           "mean_in_flight", "next_bisection_load", "parse_ttft_slo", "point_meets_slo", "predicted_point",
+           "predicted_points", "resolve_slo", "unloaded_point"]
 
 SweepKind = Literal["concurrency", "session_rate"]
 SHORTFALL_TOLERANCE = 0.9
 """A concurrency level is flagged when its mean sessions in flight are below this share of the level."""
+
+
+_RELATIVE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x_unloaded\s*$")
+_ABSOLUTE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:ms)?\s*$")
+
+
+@dataclass(frozen=True)
+class TtftSlo:
+    """A TTFT p90 objective: ``ms`` (absolute) or ``unloaded_factor`` times the lowest level's TTFT p90."""
+
+    ms: float | None = None
+    unloaded_factor: float | None = None
+
+    @property
+    def text(self) -> str:
+        return f"{self.unloaded_factor:g}x_unloaded" if self.unloaded_factor is not None else f"{self.ms:g}ms"
+
+
+def parse_ttft_slo(value: str | float) -> TtftSlo:
+    """``250``, ``"250ms"`` (absolute) or ``"3x_unloaded"`` (3 times the unloaded TTFT p90); ValueError, one
+    line, on anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not value > 0:
+            raise ValueError(f"TTFT p90 SLO {value!r} must be > 0 ms")
+        return TtftSlo(ms=float(value))
+    text = str(value)
+    if m := _RELATIVE_RE.match(text):
+        factor = float(m.group(1))
+        if not factor > 1:
+            raise ValueError(f"TTFT p90 SLO {text!r}: the factor must be above 1 (at 1x the unloaded level itself "
+                             "fails on noise)")
+        return TtftSlo(unloaded_factor=factor)
+    if (m := _ABSOLUTE_RE.match(text)) and float(m.group(1)) > 0:
+        return TtftSlo(ms=float(m.group(1)))
+    raise ValueError(f"TTFT p90 SLO {text!r} is neither milliseconds (250, '250ms') nor a multiple of the "
+                     "server's unloaded TTFT p90 ('3x_unloaded')")
 
 
 @dataclass(frozen=True)
@@ -56,9 +100,22 @@ def predicted_point(load: float, ttft_p90_s: float | None, median_run_preemption
     return LoadPoint(float(load), None if ttft_p90_s is None else float(ttft_p90_s), float(median_run_preemptions))
 
 
-def point_meets_slo(point: LoadPoint, slo_ttft_p90_ms: float) -> bool:
-    """TTFT p90 within the SLO and no preemption; a cell without a TTFT (nothing answered) fails."""
-    if point.ttft_p90_s is None or math.isnan(point.ttft_p90_s):
+def unloaded_point(points: Sequence[LoadPoint]) -> LoadPoint | None:
+    """The lowest measured level that has a TTFT: the sweep's unloaded latency (None: nothing answered)."""
+    usable = [p for p in points if p.ttft_p90_s is not None and not math.isnan(p.ttft_p90_s)]
+    return min(usable, key=lambda p: p.load) if usable else None
+
+
+def kv_ceiling(points: Sequence[LoadPoint]) -> float | None:
+    """The lowest measured load at which the server preempted (past its KV pool), whatever the latency."""
+    pre = [p.load for p in points if p.preemptions]
+    return min(pre) if pre else None
+
+
+def point_meets_slo(point: LoadPoint, slo_ttft_p90_ms: float | None) -> bool:
+    """TTFT p90 within the SLO and no preemption; a cell without a TTFT (nothing answered) fails, and so does
+    every level of a relative SLO that could not be resolved (None)."""
+    if slo_ttft_p90_ms is None or point.ttft_p90_s is None or math.isnan(point.ttft_p90_s):
         return False
     return point.ttft_p90_s * 1000.0 <= slo_ttft_p90_ms and not point.preemptions
 
@@ -135,17 +192,42 @@ class Capacity:
     server: str
     workload: str
     kind: SweepKind
-    slo_ttft_p90_ms: float
+    slo_ttft_p90_ms: float | None  # the absolute objective (a relative one resolved); None: nothing to resolve it
     capacity: float | None  # highest measured load meeting the SLO
     interpolated: float | None  # PCHIP estimate of the margin's zero crossing
     ceiling: Literal["slo", "preemption"] | None  # why the next level failed; None: no ceiling within the levels
     under_driven: list[float] = field(default_factory=list)  # levels with fewer sessions in flight than asked
     points: list[LoadPoint] = field(default_factory=list)
+    #: A relative SLO as written (``3x_unloaded``; None: absolute), the unloaded TTFT p90 it was resolved
+    #: against and where that figure came from (``measured at concurrency 1``).
+    slo_ttft_p90: str | None = None
+    slo_unloaded_ttft_p90_ms: float | None = None
+    slo_unloaded_source: str | None = None
+
+    def slo_text(self) -> str:
+        """``TTFT p90 ≤ 250 ms`` or ``TTFT p90 ≤ 3x unloaded (49 ms, measured at concurrency 1) = 147 ms``."""
+        if self.slo_ttft_p90 is None:
+            return f"TTFT p90 ≤ {self.slo_ttft_p90_ms:g} ms"
+        factor = self.slo_ttft_p90.removesuffix("_unloaded")
+        if self.slo_ttft_p90_ms is None:
+            return f"TTFT p90 ≤ {factor} unloaded (not resolved: no level answered)"
+        return (f"TTFT p90 ≤ {factor} unloaded ({self.slo_unloaded_ttft_p90_ms:.0f} ms, {self.slo_unloaded_source})"
+                f" = {self.slo_ttft_p90_ms:.0f} ms")
+
+    def _level(self, load: float) -> str:
+        return f"{int(load)}" if self.kind == "concurrency" else f"{load:g}/s"
 
     def sentence(self) -> str:
-        slo = f"TTFT p90 ≤ {self.slo_ttft_p90_ms:g} ms"
+        slo = self.slo_text()
         if self.capacity is None:
-            return f"{self.server} meets {slo} at none of the measured loads on {self.workload}"
+            text = f"{self.server} meets {slo} at none of the measured loads on {self.workload}"
+            met = [f"{self._level(p.load)}: {'preempts' if p.preemptions else f'{p.ttft_p90_s * 1e3:.0f} ms'}"
+                   for p in self.points if p.ttft_p90_s is not None and not math.isnan(p.ttft_p90_s)]
+            if met:
+                text += "; the tightest TTFT p90 SLO each level meets: " + ", ".join(met)
+            ceiling = kv_ceiling(self.points)
+            return text + (f"; KV ceiling: it preempts from {self._level(ceiling)}" if ceiling is not None
+                           else "; no preemption within the levels")
         held = f"{self.capacity:g}" if self.kind != "concurrency" else f"{int(self.capacity)}"
         what = f"concurrent {self.workload} sessions" if self.kind == "concurrency" else f"{self.workload} sessions/s"
         text = f"{self.server} holds {held} {what} at {slo}"
@@ -153,19 +235,46 @@ class Capacity:
             return text + " (no ceiling within the levels: capacity is at least this)"
         why = "preempts" if self.ceiling == "preemption" else "breaks the SLO"
         nxt = min(p.load for p in self.points if p.load > self.capacity and
-                  not point_meets_slo(p, self.slo_ttft_p90_ms))
+                  not point_meets_slo(p, self.slo_ttft_p90_ms))  # type: ignore[arg-type]
         return text + f"; at {nxt:g} it {why}"
 
 
+def resolve_slo(slo: TtftSlo, points: Sequence[LoadPoint], kind: SweepKind = "concurrency",
+                fallback: LoadPoint | None = None, fallback_source: str = "predicted",
+                points_source: str = "measured") -> tuple[float | None, float | None, str | None]:
+    """(absolute SLO ms, unloaded TTFT p90 ms, where it came from): a relative SLO times the lowest measured
+    level's TTFT p90, or ``fallback``'s (e.g. the scheduler model's lowest level from a calibration) when no
+    level answered; (None, None, None) when neither has one."""
+    if slo.unloaded_factor is None:
+        return slo.ms, None, None
+    base, source = unloaded_point(points), points_source
+    if base is None and fallback is not None and fallback.ttft_p90_s is not None:
+        base, source = fallback, fallback_source
+    if base is None:
+        return None, None, None
+    where = f"concurrency {int(base.load)}" if kind == "concurrency" else f"{base.load:g} sessions/s"
+    unloaded_ms = base.ttft_p90_s * 1000.0  # type: ignore[operator]
+    return slo.unloaded_factor * unloaded_ms, unloaded_ms, f"{source} at {where}"
+
+
 def capacity_from_points(server: str, workload: str, kind: SweepKind, points: Sequence[LoadPoint],
-                         slo_ttft_p90_ms: float) -> Capacity:
-    """Capacity = the highest measured load meeting the SLO; the ceiling is the failure just above it."""
+                         slo_ttft_p90_ms: float | TtftSlo, *, unloaded_fallback: LoadPoint | None = None,
+                         fallback_source: str = "predicted", points_source: str = "measured") -> Capacity:
+    """Capacity = the highest measured load meeting the SLO; the ceiling is the failure just above it. A
+    relative SLO (:class:`TtftSlo`) is resolved from the lowest point (:func:`resolve_slo`) first."""
+    slo = slo_ttft_p90_ms if isinstance(slo_ttft_p90_ms, TtftSlo) else TtftSlo(ms=float(slo_ttft_p90_ms))
+    slo_ms, unloaded_ms, source = resolve_slo(slo, points, kind, unloaded_fallback, fallback_source, points_source)
+    extra = {"slo_ttft_p90": None if slo.unloaded_factor is None else slo.text,
+             "slo_unloaded_ttft_p90_ms": unloaded_ms, "slo_unloaded_source": source}
     points = sorted(points, key=lambda p: p.load)
-    passing = [p.load for p in points if point_meets_slo(p, slo_ttft_p90_ms)]
+    if slo_ms is None:
+        return Capacity(server, workload, kind, None, None, None, None,
+                        [p.load for p in points if under_driven(p, kind)], list(points), **extra)
+    passing = [p.load for p in points if point_meets_slo(p, slo_ms)]
     best = max(passing) if passing else None
-    above = [p for p in points if not point_meets_slo(p, slo_ttft_p90_ms) and (best is None or p.load > best)]
+    above = [p for p in points if not point_meets_slo(p, slo_ms) and (best is None or p.load > best)]
     ceiling: Literal["slo", "preemption"] | None = None
     if above:
         ceiling = "preemption" if above[0].preemptions else "slo"
-    return Capacity(server, workload, kind, slo_ttft_p90_ms, best, interpolated_crossing(points, slo_ttft_p90_ms),
-                    ceiling, [p.load for p in points if under_driven(p, kind)], list(points))
+    return Capacity(server, workload, kind, slo_ms, best, interpolated_crossing(points, slo_ms),
+                    ceiling, [p.load for p in points if under_driven(p, kind)], list(points), **extra)

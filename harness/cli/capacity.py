@@ -24,6 +24,15 @@ def _levels(s: str) -> list[int]:
     return out
 
 
+def _slo(s: str):
+    from kvscope.harness.analysis.capacity import parse_ttft_slo
+
+    try:
+        return parse_ttft_slo(s)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     p = add_parser(subparsers, "capacity", "predict the concurrency curve, eviction cliff and capacity of a trace",
                    "Run TRACE through a step-level model of vLLM V1's scheduler (queues, max_num_seqs, chunked "
@@ -37,8 +46,12 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     src.add_argument("--calibration", metavar="FILE", help="a calibration.json written by an earlier run")
     p.add_argument("--save-calibration", metavar="FILE", default="calibration.json",
                    help="with --server: where the calibration is written (default calibration.json)")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0,
-                   help="TTFT p90 objective for the capacity (default 2000 ms)")
+    p.add_argument("--client-priority", choices=["normal", "realtime", "auto"], default="normal",
+                   help="with --server: the calibration client's CPU scheduling, as in replay (default normal; "
+                   "realtime: SCHED_FIFO, auto: realtime where permitted); use the replays' choice")
+    p.add_argument("--slo-ttft-p90", "--slo-ttft-ms", dest="slo_ttft", type=_slo, default="2000", metavar="SLO",
+                   help="TTFT p90 objective for the capacity: milliseconds (2000, 2000ms) or a multiple of the "
+                   "server's unloaded TTFT p90, i.e. the predicted lowest level's (3x_unloaded); default 2000 ms")
     p.add_argument("--levels", type=_levels, default=[1, 2, 4, 8, 16, 32],
                    help="comma list of concurrency levels (default 1,2,4,8,16,32)")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -62,7 +75,7 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=_cmd_capacity)
 
 
-def _calibrate(config_path: str, out: str):
+def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
     from kvscope.harness.replay.calibrate import calibrate_server
     from kvscope.harness.serving.backend import load_backend
 
@@ -70,7 +83,8 @@ def _calibrate(config_path: str, out: str):
     cfg = getattr(backend, "config", None)
     backend.start()
     try:
-        cal = calibrate_server(backend.endpoint, out, max_num_seqs=getattr(cfg, "max_num_seqs", None),
+        cal = calibrate_server(backend.endpoint, out, client_priority_mode=client_priority,  # type: ignore[arg-type]
+                               max_num_seqs=getattr(cfg, "max_num_seqs", None),
                                max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
     finally:
         backend.stop()
@@ -88,11 +102,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     if args.time_scale < 0:
         raise ConfigError(f"--time-scale: {args.time_scale} is negative; give 0 or more")
-    if args.slo_ttft_ms <= 0:
-        raise ConfigError(f"--slo-ttft-ms: {args.slo_ttft_ms} must be positive")
+    if isinstance(args.slo_ttft, str):  # the default, not run through the type
+        args.slo_ttft = _slo(args.slo_ttft)
     speculative = False
     if args.server:
-        cal, speculative = _calibrate(args.server, args.save_calibration)
+        cal, speculative = _calibrate(args.server, args.save_calibration, args.client_priority)
         print(f"calibrated {cal.server.endpoint}: {len(cal.samples)} samples, R² {cal.fit_r2:.3f}, "
               f"load average {cal.load_average_1m:.1f}; saved {args.save_calibration}")
     else:
@@ -112,7 +126,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     rows = predict_levels(tr.requests, cfg, cal.cost_model(), args.levels, time_scale=args.time_scale,
                           mode=args.mode, timing_cv=cal.timing_cv, ensemble_runs=args.runs)
     cliff = find_cliff(rows, args.cliff_drop_pp)
-    found = capacity_from_points("server", "trace", "concurrency", predicted_points(rows), args.slo_ttft_ms)
+    found = capacity_from_points("server", "trace", "concurrency", predicted_points(rows), args.slo_ttft,
+                                 points_source="predicted")
     capacity = None if found.capacity is None else int(found.capacity)
     print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preemptions':>16} "
           f"{'kv mean':>8} {'kv max':>7} {'runs':>5} {'sim s':>6}")
@@ -126,7 +141,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
           f"max_num_batched_tokens {cfg.max_num_batched_tokens}")
     print(f"eviction cliff (hit rate > {args.cliff_drop_pp:g} pp below level {rows[0].concurrency}): "
           + (f"at concurrency {cliff}" if cliff else "none within the levels"))
-    print(f"capacity (TTFT p90 <= {args.slo_ttft_ms:g} ms, no preemption in the median run): "
+    print(f"capacity ({found.slo_text()}, no preemption in the median run): "
           + (f"{capacity} concurrent sessions" if capacity else f"below {rows[0].concurrency}"))
     if any(r.runs > 1 for r in rows):
         print(f"levels near a full pool: the mean of {max(r.runs for r in rows)} runs with timing noise (cv "
@@ -139,6 +154,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
         with open(args.json, "w") as f:
             json.dump({"trace": args.trace, "calibration": cal.model_dump(exclude={"samples"}),
-                       "slo_ttft_ms": args.slo_ttft_ms, "cliff_concurrency": cliff,
+                       "slo_ttft_ms": found.slo_ttft_p90_ms, "slo_ttft_p90": args.slo_ttft.text,
+                       "slo_unloaded_ttft_p90_ms": found.slo_unloaded_ttft_p90_ms, "cliff_concurrency": cliff,
                        "capacity_concurrency": capacity, "levels": [clean(asdict(r)) for r in rows]}, f, indent=1)
     return 0

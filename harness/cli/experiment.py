@@ -95,11 +95,14 @@ def _cmd_cells(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from kvscope.harness.report.render import render_report
-    from kvscope.harness.experiment.runner import run_experiment
+    import time
+
+    from kvscope.harness.experiment.runner import phase_report, run_experiment
     from kvscope.harness.results.loaders import load_experiment_file
 
     from kvscope.harness.common.errors import KvscopeError
 
+    phases_s: dict[str, float] = {}
     if args.executor == "ray":
         from kvscope.harness.experiment.ray_executor import import_ray, run_experiment_ray
 
@@ -110,7 +113,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise KvscopeError("--ray-address and --ray-files go with --executor ray")
     else:
         run_dir = run_experiment(args.spec, out=args.out, run_id=args.run_id, resume=args.resume,
-                                 only_cells=args.cells)
+                                 only_cells=args.cells, phases_s=phases_s)
 
     recorded = load_experiment_file(run_dir)
     failed = recorded.failed_cells or []
@@ -122,8 +125,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             status, reason = (cell.status, cell.reason) if cell is not None else ("missing", None)
             print(f"  {name}: {status}: {reason or 'not run'}")
     if not args.no_report:
+        t0 = time.perf_counter()
         index = render_report(run_dir)
+        phases_s["report"] = time.perf_counter() - t0
         print(f"report: {index}")
+    if phases_s:  # where the wall time went (the local executor's phases; a slow machine's hour, explained)
+        print(phase_report(phases_s))
     return 1 if failed else 0
 
 

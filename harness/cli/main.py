@@ -120,14 +120,17 @@ def _cmd_server_info(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kvscope.harness.experiment.demo import format_table, run_demo
 
+    import time
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     rows = run_demo(Path(args.model_dir), log_path=out / "server.log", turns=args.turns)
     table = format_table(rows)
     print("\nOne append-only conversation, token-id prompts, prefix caching on:\n")
     print(table)
     (out / "turns.json").write_text(json.dumps([r.__dict__ for r in rows], indent=2))
-    print(f"\nserver stopped; table saved to {out / 'turns.json'}")
+    print(f"\nserver stopped; table saved to {out / 'turns.json'} (smoke check: {time.perf_counter() - t0:.0f} s)")
     grows = all(b.cached_tokens >= a.cached_tokens for a, b in zip(rows, rows[1:])) and rows[-1].cached_tokens > 0
     return 0 if grows else 1
 

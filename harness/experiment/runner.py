@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -96,7 +96,7 @@ def describe_plan(spec: ExperimentSpec) -> str:
         sw = spec.sweep
         levels = ", ".join(f"{x:g}" for x in sw.levels)
         text += (f"; then a {sw.kind} sweep over [{levels}] per configuration x workload "
-                 f"(TTFT p90 <= {sw.slo_ttft_p90_ms:g} ms, no preemption"
+                 f"(TTFT p90 <= {_slo_plan_text(sw)}, no preemption"
                  + (f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
                     if sw.adaptive else "") + ")")
     return text
@@ -228,6 +228,12 @@ class RunContext:
     manifest: ExperimentFile[ExperimentSpec]  # experiment.json as the run builds it
     manifest_path: Path
     model_path: str
+    #: Wall seconds per phase of this process's work (model, traces, servers, grid, sweep), printed at the
+    #: end (`phase_report`): where a slow machine's hour goes. Not recorded: a resumed run times only its part.
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, phase: str, since: float) -> None:
+        self.phases_s[phase] = self.phases_s.get(phase, 0.0) + time.perf_counter() - since
 
     def save(self) -> None:
         _write_json(self.manifest_path, self.manifest)
@@ -264,11 +270,14 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     run_dir = _resolve_run_dir(spec, Path(out), run_id, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
+    t0 = time.perf_counter()
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
+    model_s = time.perf_counter() - t0
     manifest.model = ModelEntry(path=model_path, tokenizer=tokenizer_dir, card=card,
                                 weights_random=bool(card and card.get("weights") == "random"))
     manifest.kvscope_version = kvscope_version()
     run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
+    run.phases_s["model"] = model_s
     cells = plan_cells(spec)
     if only_cells:
         cells = [c for c in cells if c.name in only_cells]
@@ -276,7 +285,9 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
         manifest.cells.setdefault(c.name, CellEntry(server=c.server, workload=c.workload, load=c.load,
                                                     repeat=c.repeat, status="pending"))
     run.save()
+    t0 = time.perf_counter()
     _generate_traces(run, spec_path, tokenizer_dir)
+    run.timed("traces", t0)
     todo = [c for c in cells if manifest.cells[c.name].status != "ok"]
     manifest.cell_order = describe_plan(spec)
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
@@ -292,8 +303,10 @@ def finish_run(run: RunContext) -> None:
 
 def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
                    resume: bool = False, only_cells: list[str] | None = None, progress: bool = True,
-                   after_cell: Callable[[Cell, Any], None] | None = None) -> Path:
-    """Run (or resume) an experiment on this host; returns the run directory.
+                   after_cell: Callable[[Cell, Any], None] | None = None,
+                   phases_s: dict[str, float] | None = None) -> Path:
+    """Run (or resume) an experiment on this host; returns the run directory. ``phases_s``, where given, is
+    filled with the wall seconds of each phase (:func:`phase_report` prints them).
 
     ``after_cell(cell, server)`` is called after each cell with the launched server (the backend where kvscope
     launched none); tests use it to inject faults between cells. `kvscope.harness.experiment.ray_executor`
@@ -301,11 +314,23 @@ def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: s
     """
     prepared = prepare_run(spec_path, out, run_id, resume, only_cells)
     run = prepared.run
+    if phases_s is not None:
+        phases_s.update(run.phases_s)
+        run.phases_s = phases_s
     run.manifest.executor = ExecutorEntry(kind="local")
     run_configurations(run, prepared.todo, list(run.spec.servers), with_sweeps=not only_cells,
                        after_cell=after_cell)
     finish_run(run)
     return run.run_dir
+
+
+def phase_report(phases_s: dict[str, float]) -> str:
+    """``phases: model 41 s, traces 1 s, servers 84 s, grid 6.1 min, sweep 5.0 min (total 12.9 min)``."""
+    def fmt(s: float) -> str:
+        return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+    return ("phases: " + ", ".join(f"{k} {fmt(v)}" for k, v in phases_s.items())
+            + f" (total {fmt(sum(phases_s.values()))})")
 
 
 def run_configurations(run: RunContext, cells: list[Cell], server_names: list[str], with_sweeps: bool,
@@ -322,13 +347,19 @@ def run_configurations(run: RunContext, cells: list[Cell], server_names: list[st
             from kvscope.harness.experiment.sweep import plan_sweeps
 
             swept = [sw.server for sw in plan_sweeps(run.spec) if sw.server in server_names] if with_sweeps else []
+            t0 = time.perf_counter()
             servers.start_together([c.server for c in cells] + swept)
+            run.timed("servers", t0)
+        t0 = time.perf_counter()
         for cell in cells:
             if run.spec.servers_up == "one":
                 servers.stop_all_but(cell.server)
             _run_one(run, servers, cell, after_cell)
+        run.timed("grid", t0)
         if with_sweeps:
+            t0 = time.perf_counter()
             _run_sweeps(run, servers, after_cell, server_names)
+            run.timed("sweep", t0)
     finally:
         servers.stop_all()
         run.save()
@@ -463,8 +494,10 @@ def _run_one(run: RunContext, servers: _Servers, cell: Cell, after_cell: Callabl
     run.save()
     backend = None
     try:
+        t0 = time.perf_counter()
         backend = servers.get(cell.server, cell.repeat)
-        _run_cell(run, cell, backend, run.manifest.servers[cell.server], servers.log_path(cell.server), level)
+        _run_cell(run, cell, backend, run.manifest.servers[cell.server], servers.log_path(cell.server), level,
+                  switch_s=time.perf_counter() - t0)
     except KeyboardInterrupt:
         entry.status, entry.reason = "interrupted", "interrupted"
         raise
@@ -525,6 +558,13 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
     run.save()
 
 
+def _slo_plan_text(sweep: Any) -> str:
+    slo = sweep.ttft_slo
+    if slo.unloaded_factor is None:
+        return f"{slo.ms:g} ms"
+    return f"{slo.unloaded_factor:g}x the lowest level's TTFT p90"
+
+
 def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: Any
                          ) -> tuple[Any, str | None, str | None]:
     """(calibration, its path relative to the run, why none) for one swept configuration: measured on its
@@ -547,7 +587,8 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[{name}] calibrating the scheduler model (a few dozen requests) …", flush=True)
         t0 = time.perf_counter()
-        cal = calibrate_server(backend.endpoint, path, max_num_seqs=getattr(backend.config, "max_num_seqs", None),
+        cal = calibrate_server(backend.endpoint, path, client_priority_mode=run.spec.replay.client_priority,
+                               max_num_seqs=getattr(backend.config, "max_num_seqs", None),
                                max_num_batched_tokens=getattr(backend.config, "max_num_batched_tokens", None))
         print(f"[{name}] calibrated in {time.perf_counter() - t0:.0f} s: {len(cal.samples)} samples, "
               f"R² {cal.fit_r2:.3f}", flush=True)
@@ -591,8 +632,10 @@ def _server_ready(backend: "Backend", srec: ServerEntry) -> None:
 
 
 def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry, log_path: Path,
-              level: Any = None) -> None:
-    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline."""
+              level: Any = None, switch_s: float = 0.0) -> None:
+    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline.
+    The console line ends with where the cell's time went (server switch, warm-up, reset, the replay's
+    requests and its set-up and drain: compaction, summary, files)."""
     import shutil
 
     from kvscope.harness.replay.failure import replay_failure_reason
@@ -603,6 +646,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
         loads[level.name] = level
     model = _model_name(backend, spec)
     trace_dir = run.run_dir / run.manifest.traces[cell.workload]
+    t0 = time.perf_counter()
     entry.warmup_requests = _warm_up(backend, model, srec.facts, spec.replay.warmup_requests,
                                         cell.repeat)
     if spec.replay.warmup_pass:
@@ -611,6 +655,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
         backend.reset_prefix_cache()
         run.replay(trace_dir, scratch, _cell_options(spec, cell, loads, model), backend)
         shutil.rmtree(scratch, ignore_errors=True)
+    t1 = time.perf_counter()
     reset = backend.reset_prefix_cache()
     if not reset.ok and backend.managed:
         srec.restarts += 1
@@ -618,11 +663,16 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
         backend.start(log_path)
         reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
     entry.prefix_cache_reset = reset.detail
+    # an attached server that cannot reset: the replay asks again, so the warning and the summary's
+    # cache_not_reset flag come from the one place that makes them (replay.runner._reset_prefix_caches)
+    options = _cell_options(spec, cell, loads, model).model_copy(update={"reset_prefix_cache": not reset.ok})
     cell_dir = safe_child(run.run_dir, "cells", cell.name)
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)
     print(f"[{cell.name}] replaying …", flush=True)
-    outcome = run.replay(trace_dir, cell_dir, _cell_options(spec, cell, loads, model), backend)
+    t2 = time.perf_counter()
+    outcome = run.replay(trace_dir, cell_dir, options, backend)
+    replay_s = time.perf_counter() - t2
     s = summary_file_model().model_validate(outcome.summary)
     reason = outcome.aborted or replay_failure_reason(outcome.summary, spec.replay.max_error_share)
     head = _headline(s, cell_dir, loads[cell.load])
@@ -632,7 +682,9 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
           f"{_fmt(s.hit_rate.server_per_request)}, TTFT p50 {_ms(head.ttft_p50_s)} p90 "
           f"{_ms(head.ttft_p90_s)}, {_num(head.mean_sessions_in_flight)} sessions in flight"
           + (" (UNDER-DRIVEN)" if head.under_driven else "")
-          + (f", {head.preemptions:g} preemptions" if head.preemptions else ""), flush=True)
+          + (f", {head.preemptions:g} preemptions" if head.preemptions else "")
+          + f"; time: server {switch_s:.1f} s, warm-up {t1 - t0:.1f} s, reset {t2 - t1:.1f} s, requests "
+            f"{s.duration_s:.1f} s, replay set-up and drain {replay_s - s.duration_s:.1f} s", flush=True)
 
 
 def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:

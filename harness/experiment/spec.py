@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_serializer, model_validator
 
+from kvscope.harness.analysis.capacity import TtftSlo, parse_ttft_slo
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
@@ -83,8 +84,12 @@ class SweepSpec(BaseModel):
 
     kind: Literal["concurrency", "session_rate"] = "concurrency"
     levels: list[float] = Field(min_length=2, description="loads to try, e.g. [1, 2, 4, 8, 16]")
-    slo_ttft_p90_ms: float = Field(gt=0, description="a level meets the SLO when its TTFT p90 is at most this and "
-                                                     "it caused no preemption")
+    slo_ttft_p90: str | None = Field(None, description="the TTFT p90 objective relative to the server's own "
+                                                       "unloaded latency, e.g. 3x_unloaded: 3 times the lowest "
+                                                       "level's TTFT p90 (or milliseconds, e.g. 250ms)")
+    slo_ttft_p90_ms: float | None = Field(None, gt=0, description="an absolute TTFT p90 objective in ms; a level "
+                                                                  "meets the SLO when its TTFT p90 is at most the "
+                                                                  "objective and it caused no preemption")
     adaptive: bool = Field(True, description="stop at the first failing level, then bisect below it")
     max_bisections: int = Field(3, ge=0, le=20, description="adaptive: extra levels between pass and fail")
     servers: list[str] | None = Field(None, description="configurations to sweep (default: all)")
@@ -100,11 +105,29 @@ class SweepSpec(BaseModel):
             raise ValueError(f"levels must be distinct and > 0, got {v}")
         return sorted(v)
 
+    @field_validator("slo_ttft_p90", mode="before")
+    @classmethod
+    def _slo_text(cls, v: Any) -> Any:
+        return None if v is None else parse_ttft_slo(v).text
+
     @model_validator(mode="after")
     def _integer_concurrency(self) -> "SweepSpec":
         if self.kind == "concurrency" and any(x != int(x) for x in self.levels):
             raise ValueError(f"concurrency levels must be whole numbers, got {self.levels}")
+        if (self.slo_ttft_p90 is None) == (self.slo_ttft_p90_ms is None):
+            raise ValueError("a sweep sets exactly one of slo_ttft_p90 (e.g. 3x_unloaded) or slo_ttft_p90_ms "
+                             "(e.g. 250)")
+        slo = parse_ttft_slo(self.slo_ttft_p90) if self.slo_ttft_p90 is not None else None
+        if slo is not None and slo.ms is not None:  # '250ms': recorded as the absolute field
+            self.slo_ttft_p90, self.slo_ttft_p90_ms = None, slo.ms
         return self
+
+    @property
+    def ttft_slo(self) -> TtftSlo:
+        """The objective, absolute or relative to the unloaded TTFT p90 (resolved per sweep)."""
+        if self.slo_ttft_p90 is not None:
+            return parse_ttft_slo(self.slo_ttft_p90)
+        return TtftSlo(ms=self.slo_ttft_p90_ms)
 
 
 class ExecutorSpec(BaseModel):

@@ -3,7 +3,11 @@
 Why a state object per (server, workload): the next level depends on what the earlier ones measured (stop at
 the first failure, then bisect), so the runner asks each sweep for its next load after every cell and
 round-robins over the sweeps (all servers are up at once by default, so sweeps of different configurations
-interleave like the grid's repeats). The decision itself — pass/fail, bisection, capacity — is the pure logic
+interleave like the grid's repeats). A relative SLO (``slo_ttft_p90: 3x_unloaded``) is resolved from the
+sweep's own lowest level once it is measured, before any pass/fail decision needs it. While no level has
+passed, a failing level does not stop an adaptive sweep: it climbs on until the server preempts (its KV
+ceiling) or the levels run out, so a machine too slow for an absolute SLO still gets its latency-against-load
+curve and KV ceiling rather than one point. The decision itself — pass/fail, bisection, capacity — is the pure logic
 of `kvscope.harness.analysis.capacity`, which the report reads as well. A resumed run rebuilds the points from
 the cells already recorded, so `--resume` continues a sweep where it stopped.
 
@@ -24,6 +28,7 @@ from kvscope.harness.analysis.capacity import (
     Capacity,
     LoadPoint,
     capacity_from_points,
+    kv_ceiling,
     mean_in_flight,
     next_bisection_load,
     point_meets_slo,
@@ -60,15 +65,20 @@ class SweepState:
         """The next load to run, or None when the sweep is done."""
         if self.stopped:
             return None
-        slo = self.spec.slo_ttft_p90_ms
-        failed = any(not point_meets_slo(p, slo) for p in self.points.values())
+        slo = self.slo_ms()
+        points = list(self.points.values())
+        failed = slo is not None and any(not point_meets_slo(p, slo) for p in points)
+        if failed and not any(point_meets_slo(p, slo) for p in points):  # type: ignore[arg-type]
+            # nothing passed yet: climb on for the curve and the KV ceiling, unless the server preempts already
+            # or a level got no answer at all (a higher one would not either)
+            failed = kv_ceiling(points) is not None or any(p.ttft_p90_s is None for p in points)
         if not (self.spec.adaptive and failed):
             for level in self.spec.levels:
                 if level not in self.points:
                     return level
         if not self.spec.adaptive or self.bisections >= self.spec.max_bisections:
             return None
-        nxt = next_bisection_load(list(self.points.values()), slo, self.spec.kind)
+        nxt = next_bisection_load(points, slo, self.spec.kind)  # type: ignore[arg-type]
         return nxt if nxt is not None and nxt not in self.points else None
 
     def record(self, point: LoadPoint | None, why: str | None = None) -> None:
@@ -80,9 +90,16 @@ class SweepState:
             self.bisections += 1
         self.points[point.load] = point
 
-    def capacity(self) -> Capacity:
+    def capacity(self, unloaded_fallback: LoadPoint | None = None) -> Capacity:
+        """The answer so far; ``unloaded_fallback`` (the scheduler model's lowest level) resolves a relative SLO
+        when no level was measured."""
         return capacity_from_points(self.server, self.workload, self.spec.kind, list(self.points.values()),
-                                    self.spec.slo_ttft_p90_ms)
+                                    self.spec.ttft_slo, unloaded_fallback=unloaded_fallback,
+                                    fallback_source="predicted from the calibration")
+
+    def slo_ms(self) -> float | None:
+        """The absolute TTFT p90 objective (a relative one resolved from the lowest measured level)."""
+        return self.capacity().slo_ttft_p90_ms
 
 
 def plan_sweeps(spec: ExperimentSpec) -> list[SweepState]:
@@ -152,13 +169,17 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     def num(x: float) -> float | None:
         return None if math.isnan(x) else float(x)  # NaN (no request finished) -> null
 
-    slo = state.spec.slo_ttft_p90_ms
-    cap = capacity_from_points(state.server, state.workload, "concurrency", predicted_points(rows), slo)
+    points = predicted_points(rows)
+    live = state.capacity(unloaded_fallback=points[0] if points else None)
+    # the measured sweep's absolute SLO (a relative one resolved from its lowest level), so both capacities
+    # answer the same objective; the model's own lowest level only where nothing was measured
+    slo = live.slo_ttft_p90_ms
+    cap = capacity_from_points(state.server, state.workload, "concurrency", points, slo if slo is not None else 0.0)
     cliff = find_cliff(rows)
-    measured = state.capacity().capacity
+    measured = live.capacity
     held = "none of the levels" if cap.capacity is None else f"{int(cap.capacity)} concurrent sessions"
-    sentence = (f"the scheduler model, calibrated on {state.server} before the sweep, predicts {held} at TTFT "
-                f"p90 ≤ {slo:g} ms" + ("" if measured is None else f" (measured: {int(measured)})")
+    sentence = (f"the scheduler model, calibrated on {state.server} before the sweep, predicts {held} at "
+                f"{live.slo_text()}" + ("" if measured is None else f" (measured: {int(measured)})")
                 + (f"; eviction cliff at {cliff}" if cliff else "; no eviction cliff within the levels"))
     return {**base, "capacity": cap.capacity, "cliff": cliff, "sentence": sentence,
             "levels": [{"load": float(r.concurrency), "hit_rate": r.token_hit_rate, "ttft_p50_s": num(r.ttft_p50_s),

@@ -30,7 +30,7 @@ from typing import Sequence
 from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, fit_cost_model, median_of_repeats,
                                                      prefill_sample, timing_cv)
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.replay.priority import client_priority
+from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority, client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
 from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend, endpoint_facts
 from kvscope.harness.serving.tls import tls_context
@@ -125,8 +125,11 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
 
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
                      max_num_batched_tokens: int | None = None, seed: int = 0,
-                     backend: str = DEFAULT_BACKEND) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend."""
+                     backend: str = DEFAULT_BACKEND,
+                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
+    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
+    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
+    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
     facts = endpoint_facts(endpoint, backend=backend)
     if not facts.block_size:
         raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
@@ -135,9 +138,9 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
                                max_num_batched_tokens=max_num_batched_tokens or 2048,
                                max_model_len=facts.max_model_len)
     load = os.getloadavg()[0]
-    # The requests go out from real-time threads where permitted, so the times are the server's and not this
-    # host's wake-up delays (replay/priority.py).
-    with client_priority("auto", threads_inherit=True) as priority:
+    # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
+    # this host's wake-up delays (replay/priority.py).
+    with client_priority(client_priority_mode, threads_inherit=True) as priority:
         timings = measure_samples(endpoint, facts.model or "default", server, seed=seed)
     samples = median_of_repeats(timings)
     fit = fit_cost_model(samples)
@@ -159,7 +162,12 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
 
 
 def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_dir: str | Path,
-                  time_scale: float = 0.0, backend: str = DEFAULT_BACKEND):
+                     backend: str = DEFAULT_BACKEND,
+                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
+    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
+    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
+    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
+    facts = endpoint_facts(endpoint, backend=backend)
     """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
     (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
     import pandas as pd
@@ -170,8 +178,12 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
     server = Backend.create(backend, endpoint=endpoint)
     before = server.preemptions_total()
     opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
-                         reset_prefix_cache=True)
-    out = replay(trace_dir, run_dir, opts, backends=[server])
+                     backend: str = DEFAULT_BACKEND,
+                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
+    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
+    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
+    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
+    facts = endpoint_facts(endpoint, backend=backend)
     df = pd.read_parquet(Path(out.run_dir) / "requests.parquet")
     after = server.preemptions_total()
     preempted = after - before if after is not None and before is not None else float("nan")

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvscope.harness.cachemodel.routing import CACHE_BLIND_POLICIES, policy_name
-from kvscope.harness.replay.priority import ClientPriority
+from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority
 
 from kvscope.harness.serving.request import Timeouts
 
@@ -69,8 +69,11 @@ class ReplayOptions(BaseModel):
                             "(auto, fast) or aiohttp (https, proxies)")
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="asyncio event loop implementation (auto: uvloop when installed)")
     client_priority: ClientPriority = Field(
-        "auto", description="the client's threads under SCHED_FIFO, so a busy server on the same host does not "
-                            "hold them up (auto: when permitted, i.e. root or CAP_SYS_NICE; see replay/priority.py)")
+        DEFAULT_CLIENT_PRIORITY, description="normal (default): the client's threads share the CPU like any "
+                                             "process; realtime: SCHED_FIFO, so a busy host does not hold them "
+                                             "up, at the cost of a busy neighbour on the same core (auto: "
+                                             "realtime when permitted, i.e. root or CAP_SYS_NICE; see "
+                                             "replay/priority.py and benchmarks/client_priority.py)")
     max_error_share: float = Field(0.05, ge=0, le=1, description="the run counts as failed (exit 1, cell "
                                                                "'failed') when more of its requests fail")
     records_flush_s: float = Field(0.05, ge=0, description="records are written at most this long after they "

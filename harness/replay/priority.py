@@ -20,6 +20,13 @@ the GIL (the /metrics parser in the default executor) and is then held up by the
 it.  Without ``threads_inherit``, threads and processes started inside keep the normal policy
 (``SCHED_RESET_ON_FORK``).  The thread's old policy comes back afterwards, so an in-process caller (a test, a
 notebook) is left as it was; the threads started inside end with the block (the loop's executor, the calibration's pool).
+
+Real-time is opt-in (``--client-priority realtime`` or ``auto``; default ``normal``, the replay and the
+calibration alike). A real-time client is a bad neighbour on a shared machine: it starved another process on
+its core, and the kernel's bound (``sched_rt_runtime_us``, 95 % of each second) leaves that process 5 % of
+the core while the client is busy. benchmarks/client_priority.py measures both sides — the client's stalls
+and the CPU a busy neighbour on the same core still gets — and benchmarks/README.md has the table. Where the
+host holds the client up (the validation host above) and the machine is the experiment's own, opt in.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from typing import Literal
 from kvscope.harness.common.errors import KvscopeError
 
 ClientPriority = Literal["auto", "realtime", "normal"]
+#: What a replay and a calibration run under unless told otherwise: real-time is opt-in (see the module text).
+DEFAULT_CLIENT_PRIORITY: ClientPriority = "normal"
 #: The lowest real-time priority: above every normal task, below any real-time task of the system's.
 REALTIME_PRIORITY = 1
 

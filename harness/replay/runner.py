@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,7 +508,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     try:
         if launched:
             bks[0].start(run_dir / "server.log")
-        facts, reset = _prepare_servers(trace, bks, opts)
+        facts, reset, not_reset = _prepare_servers(trace, bks, opts, fresh=launched)
         replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, facts, backends=bks)
         st = _drive(replayer, trace, opts)
     finally:
@@ -517,7 +518,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     from kvscope.harness.results.loaders import write_result_file
     from kvscope.harness.results.schemas import ManifestFile, SummaryFile
 
-    summary = _summarize_run(run_dir, replayer, st, facts, opts, bks)
+    summary = _summarize_run(run_dir, replayer, st, facts, opts, bks, not_reset)
     summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
     manifest = {
         "kvscope_version": kvscope_version(),
@@ -556,17 +557,19 @@ def _backends_for(opts: ReplayOptions, endpoints: Sequence[str] | None,
     return backends
 
 
-def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions
-                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-    """Wait for each server, read its facts, check the vocabulary, reset the prefix caches if asked."""
+def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions, fresh: bool = False
+                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None, str | None]:
+    """Wait for each server, read its facts, check the vocabulary, reset the prefix caches if asked: (facts,
+    the reset's outcome per endpoint, why a reset that was asked for failed). ``fresh``: the servers were
+    launched for this run and have served nothing, so a failed reset leaves an empty cache all the same."""
     facts = []
     for b in backends:
         b.wait_ready(30.0)
         facts.append(b.facts().model_dump(mode="json"))
     headers = backends[0].auth_headers()
     _check_vocab(trace, facts, [b.endpoint for b in backends], headers)
-    reset = _reset_prefix_caches(backends) if opts.reset_prefix_cache else None
-    return facts, reset
+    reset, not_reset = _reset_prefix_caches(backends, fresh) if opts.reset_prefix_cache else (None, None)
+    return facts, reset, not_reset
 
 
 def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
@@ -588,7 +591,7 @@ def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
 
 
 def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[dict[str, Any]],
-                   opts: ReplayOptions, backends: "list[Backend]") -> dict[str, Any]:
+                   opts: ReplayOptions, backends: "list[Backend]", not_reset: str | None = None) -> dict[str, Any]:
     """Compact the records, write the metrics series and build summary.json's content."""
     from kvscope.harness.model.tinymodel import weights_are_random
     import pandas as pd
@@ -610,7 +613,7 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     util = st.cpu_s / duration if duration else None
     summary = summarize(records, deltas, duration, prefix_on, opts.slo_ttft_ms, opts.slo_tpot_ms,
                         weights_random=weights_are_random(model_dir) if model_dir else None,
-                        client_cpu_utilization=util, client_stalls=len(st.stalls),
+                        client_cpu_utilization=util, client_stalls=len(st.stalls), cache_not_reset=not_reset,
                         scrape_interval_s=opts.scrape_interval_s,
                         scrape_times_s=tuple(series["t_s"]) if "t_s" in series else ())
     summary["aborted"] = st.abort_reason
@@ -630,9 +633,23 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     return summary
 
 
-def _reset_prefix_caches(backends: "Sequence[Backend]") -> dict[str, str]:
-    """Empty each server's prefix cache through its backend; the outcome per endpoint goes into the manifest."""
-    return {b.endpoint: b.reset_prefix_cache(timeout_s=30).detail for b in backends}
+def _reset_prefix_caches(backends: "Sequence[Backend]", fresh: bool = False
+                         ) -> tuple[dict[str, str], str | None]:
+    """Empty each server's prefix cache through its backend; the outcome per endpoint goes into the manifest.
+
+    A failed reset (vLLM without ``VLLM_SERVER_DEV_MODE=1`` answers 404) is said on stderr at once, one line:
+    the run then starts on a warm cache, so the exact model's predictions miss on every request that hits
+    what an earlier run left, and summary.json flags it (``data_quality.flags``: ``cache_not_reset``).
+    Returns (outcome per endpoint, for the manifest; the failures in one line, or None)."""
+    outcomes = {b.endpoint: b.reset_prefix_cache(timeout_s=30) for b in backends}
+    if fresh:  # launched for this run: nothing was served yet, the cache is empty without a reset
+        return {ep: o.detail + ("" if o.ok else "; a fresh server, empty anyway") for ep, o in outcomes.items()}, None
+    failed = [f"{ep}: {o.detail}" for ep, o in outcomes.items() if not o.ok]
+    if failed:
+        print(f"kvscope: warning: prefix cache not reset ({'; '.join(failed)}): the run starts on whatever "
+              "earlier requests left cached, so measured hit rates may exceed the predicted ones; summary.json "
+              "is flagged cache_not_reset", file=sys.stderr, flush=True)
+    return {ep: o.detail for ep, o in outcomes.items()}, "; ".join(failed) or None
 
 
 def run_event_loop(coro, kind: str = "auto"):

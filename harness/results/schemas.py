@@ -234,7 +234,7 @@ class CapacityEntry(_Block):
     server: str
     workload: str
     kind: Literal["concurrency", "session_rate"]
-    slo_ttft_p90_ms: float
+    slo_ttft_p90_ms: float | None  # absolute; a relative SLO resolved (null: no level answered to resolve it)
     capacity: float | None
     interpolated: float | None
     ceiling: Literal["slo", "preemption"] | None
@@ -243,6 +243,11 @@ class CapacityEntry(_Block):
     sentence: str
     #: The scheduler model's curve for the same trace and levels (spec ``sweep.predict``), null when not asked.
     predicted: PredictedCapacity | None = None
+    #: A relative SLO as the spec wrote it (``3x_unloaded``; null: absolute), the unloaded TTFT p90 (ms) it was
+    #: resolved against and where that came from (``measured at concurrency 1``).
+    slo_ttft_p90: str | None = None
+    slo_unloaded_ttft_p90_ms: float | None = None
+    slo_unloaded_source: str | None = None
 
 
 class ModelEntry(_Block):

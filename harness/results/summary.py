@@ -103,6 +103,7 @@ class RunView:
     weights_random: bool | None
     client_cpu_utilization: float | None = None  # the replay client's CPU seconds per wall second
     client_stalls: int | None = None  # times the client's event loop woke > CLIENT_STALL_S late (None: not probed)
+    cache_not_reset: str | None = None  # why the prefix cache could not be emptied before the run (None: it was)
     scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
     scrape_interval_s: float | None = None  # the scrape period asked for
 
@@ -420,6 +421,9 @@ class DataQuality(_Block):
     ttft_s_without_bursts: Percentiles
     tpot_s_without_bursts: Percentiles
     flags: list[str]
+    #: Why the prefix cache was not emptied before the run (vLLM without VLLM_SERVER_DEV_MODE=1: HTTP 404),
+    #: null when it was or no reset was asked; with it, flags holds "cache_not_reset".
+    cache_not_reset: str | None = None
 
 
 @summary_metric
@@ -454,6 +458,7 @@ class DataQualityMetric(SummaryMetric):
             "ttft_s_without_bursts": _pcts(steady["ttft_s"].to_numpy(float) if len(steady) else np.zeros(0)),
             "tpot_s_without_bursts": _pcts(steady["tpot_s"].dropna().to_numpy(float) if len(steady)
                                            else np.zeros(0)),
+            "cache_not_reset": run.cache_not_reset,
         }
         flags = []
         if (out["burst_share"] or 0) > 0.2:
@@ -464,6 +469,8 @@ class DataQualityMetric(SummaryMetric):
             flags.append("client_saturated")
         if run.client_stalls:
             flags.append("client_stalls")  # the client was held up: see summary.json client.stall_windows_s
+        if run.cache_not_reset:
+            flags.append("cache_not_reset")  # a warm cache: predicted != measured hits, TTFTs those of a warm cache
         if run.duration_s and (scrape_gap_s is None or run.duration_s / scrape_gap_s < 5):
             flags.append("coarse_metrics_scrapes")  # fewer than 5 scrapes over the run: no time series to read
         out["flags"] = flags
@@ -596,7 +603,7 @@ def cell_columns(summary: Any) -> dict[str, Any]:
 def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, prefix_caching: bool | None,
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
               weights_random: bool | None = None, client_cpu_utilization: float | None = None,
-              client_stalls: int | None = None,
+              client_stalls: int | None = None, cache_not_reset: str | None = None,
               scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None) -> dict[str, Any]:
     """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
     requests inside the window."""
@@ -605,7 +612,7 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
                   failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
                   prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                   weights_random=weights_random, client_cpu_utilization=client_cpu_utilization,
-                  client_stalls=client_stalls,
+                  client_stalls=client_stalls, cache_not_reset=cache_not_reset,
                   scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s)
     summary: dict[str, Any] = {}
     for tag, metric in _METRICS.items():

@@ -91,6 +91,7 @@ class FaultConfig:
     exit_on_die: bool = False  # `die` ends the process (command-line use)
     text: str | None = None  # generated text of the first token (e.g. markup, to test report escaping)
     noise: "LatencyNoise | None" = None  # random and fixed multipliers on ttft_s / itl_s (calibration tests)
+    dev_mode: bool = True  # False: POST /reset_prefix_cache answers 404, as vLLM without VLLM_SERVER_DEV_MODE=1
 
     def __post_init__(self) -> None:
         for mode in [*self.schedule.values(), *self.token_faults.values(), *self.fault_rates]:
@@ -446,7 +447,7 @@ class FaultServer:
             out = _simple_response(200, b'{"version":"0.0.0-kvscope-mock"}', close=close)
         elif method == b"GET" and path == b"/metrics":
             out = _simple_response(200, self._metrics(), b"text/plain; version=0.0.4; charset=utf-8", close=close)
-        elif method == b"POST" and path == b"/reset_prefix_cache":
+        elif method == b"POST" and path == b"/reset_prefix_cache" and self.config.dev_mode:
             out = _simple_response(200, b"", close=close)
         else:
             out = _simple_response(404, b'{"detail":"Not Found"}', close=close)

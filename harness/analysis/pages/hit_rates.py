@@ -239,3 +239,18 @@ def _caveat_block_size(res: ExperimentResults):
 @page_findings_of("hit_rates", "habit", "hit_rate")
 def _hit_rates_page(ctx: PageContext) -> list[Finding]:
     return [*habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]
+
+
+@caveat("cache_not_reset", "hit_rates")
+def _caveat_cache_not_reset(res: ExperimentResults):
+    """Cells replayed on a prefix cache that could not be emptied first (summary.json ``data_quality``
+    ``cache_not_reset``: vLLM without VLLM_SERVER_DEV_MODE=1)."""
+    bad = {cell: s.data_quality.cache_not_reset for cell, s in res.summaries.items()
+           if s.data_quality.cache_not_reset}
+    if not bad:
+        return None
+    cell, why = next(iter(bad.items()))
+    return ((f"{len(bad)} of {len(res.summaries)} cell(s) started on a prefix cache that could not be emptied "
+             f"(e.g. {cell}: {why}): they hit what earlier runs left, so measured hit rates exceed the "
+             "predicted ones and TTFTs are those of a warm cache. Start vLLM with VLLM_SERVER_DEV_MODE=1."),
+            {"cells_cache_not_reset": float(len(bad))})
