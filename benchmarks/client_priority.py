@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/client_priority.py [--modes normal,realtime,realtime-loop] [--seconds 6] [--rounds 2]
 
 A CPU-bound neighbour (a Python busy loop, nice 0) and the replay client are pinned to the same core (core 0);
-the mock server (`python -m kvscope.harness.testing.faultserver --uvloop`) runs on core 1. Two loads:
+the mock server (`python -m tests.doubles.faultserver --uvloop`) runs on core 1. Two loads:
 
 * ``light``: concurrency 4 against a mock that streams 16 tokens 2 ms apart: the client mostly sleeps, as in a
   replay against vLLM.
@@ -111,7 +111,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "client_priority.json"))
     args = ap.parse_args()
     client_pin, server_pin = cores()
-    from kvscope.harness.testing.faultserver import synthetic_trace
+    from kvscope.workloads.generate import synthetic_trace
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-prio-trace-"))
     rows = []

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from kvscope.harness.cli.main import main
-from kvscope.harness.testing.faultserver import FaultConfig, FaultServer, synthetic_trace
+from kvscope.workloads.generate import synthetic_trace
+from tests.doubles.faultserver import FaultConfig, FaultServer
 
 
 def _replay(tmp_path, capsys, dev_mode: bool, *extra: str):

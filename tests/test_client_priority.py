@@ -107,7 +107,7 @@ def test_a_calibration_is_timed_under_the_priority_it_is_given(tmp_path, monkeyp
     from contextlib import contextmanager
 
     from kvscope.harness.replay import calibrate
-    from kvscope.harness.testing.faultserver import FaultConfig, FaultServer
+    from tests.doubles.faultserver import FaultConfig, FaultServer
 
     asked = []
 

@@ -178,7 +178,8 @@ def test_a_cell_whose_client_was_held_up_gets_a_latency_caveat():
     held = {"c1": (0.05, 0.05), "c8": (4.0, 1.5)}  # (stalled s, longest s) in 40 s runs: 0.1 % and 10 %
 
     def summary(stalled_s: float, longest_s: float) -> SimpleNamespace:
-        return SimpleNamespace(duration_s=40.0, client=SimpleNamespace(stalled_s=stalled_s, stall_max_s=longest_s))
+        return SimpleNamespace(duration_s=40.0, client=SimpleNamespace(stalled_s=stalled_s, stall_max_s=longest_s),
+                               data_quality=SimpleNamespace(cache_not_reset=None))
 
     res.summaries = {f"apc__agent__{k}__r0": summary(*v) for k, v in held.items()}  # type: ignore[misc]
     found = [c for c in F.caveats(res) if "held up" in c.sentence]

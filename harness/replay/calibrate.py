@@ -162,12 +162,8 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
 
 
 def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_dir: str | Path,
-                     backend: str = DEFAULT_BACKEND,
-                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
-    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
-    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
-    facts = endpoint_facts(endpoint, backend=backend)
+                  time_scale: float = 0.0, backend: str = DEFAULT_BACKEND,
+                  client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY):
     """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
     (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
     import pandas as pd
@@ -178,12 +174,8 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
     server = Backend.create(backend, endpoint=endpoint)
     before = server.preemptions_total()
     opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
-                     backend: str = DEFAULT_BACKEND,
-                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
-    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
-    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
-    facts = endpoint_facts(endpoint, backend=backend)
+                         reset_prefix_cache=True, client_priority=client_priority_mode)
+    out = replay(trace_dir, run_dir, opts, backends=[server])
     df = pd.read_parquet(Path(out.run_dir) / "requests.parquet")
     after = server.preemptions_total()
     preempted = after - before if after is not None and before is not None else float("nan")
