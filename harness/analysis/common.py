@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 from kvscope.harness.analysis.ab import Run
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 _DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
 
@@ -64,7 +65,7 @@ def cell_metrics_table(res: ExperimentResults) -> pd.DataFrame:
     return c[[k for k in CELL_COLUMNS + metric_cols if k in c]].reset_index(drop=True) if len(c) else c
 
 
-GPU_BLOCK_SIZE = 16
+GPU_BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # vLLM's block size on a GPU (the CPU backend's is 128)
 
 
 RESAMPLES = 1000

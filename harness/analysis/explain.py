@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from kvscope.harness.cachemodel.hashing import hash_token_blocks
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
-from kvscope.workloads.prefix import common_prefix_len
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, common_prefix_len
 
 CAUSES = ("volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "history_truncated",
           "compaction", "evicted", "prefix_changed")
@@ -582,12 +582,12 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
     from pathlib import Path
 
     from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.loaders import load_run_manifest
     from kvscope.harness.results.records import read_records
 
     p = Path(path)
     if (p / "manifest.json").is_file() and not (p / "trace.json").is_file():
-        manifest = json.loads((p / "manifest.json").read_text())
-        trace_dir = Path((manifest.get("trace") or {}).get("path") or "")
+        trace_dir = Path(load_run_manifest(p).trace.path)
         if not (trace_dir / "trace.json").is_file():
             raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
         return explain_trace(trace_dir, block_size, provider_preset, observed_records=read_records(p),
@@ -624,7 +624,7 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
         observed = provider if extras is not None else None
     if observed_records is not None and extras is not None:
         provider = None  # a recorded trace's reads were the upstream server's, not a provider's: the run replaces them
-    B = int(block_size or trace.meta.get("block_size_hint") or 16)
+    B = int(block_size or trace.meta.get("block_size_hint") or DEFAULT_BLOCK_SIZE)
     views = views_from_trace(trace, extras)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
-from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells, _pct
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -37,7 +37,7 @@ def session_footprint(res: ExperimentResults) -> pd.DataFrame:
     cap = capacity_table(res)
     capacity = float(cap["kv_capacity_tokens"].dropna().min()) if len(cap) and cap["kv_capacity_tokens"].notna().any() \
         else math.nan
-    block = float(cap["block_size"].dropna().min()) if len(cap) and cap["block_size"].notna().any() else 16.0
+    block = float(cap["block_size"].dropna().min()) if len(cap) and cap["block_size"].notna().any() else float(GPU_BLOCK_SIZE)
     ok = ok.assign(context=ok["prompt_tokens"] + ok["output_tokens"])
     g = ok.groupby(["workload", "step"])["context"].median().reset_index(name="median_context_tokens")
     g["blocks"] = np.ceil(g["median_context_tokens"] / block)

@@ -10,6 +10,7 @@ from kvscope.harness.analysis.common import _derived, _pct, _simulated, hit_by_w
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
@@ -35,7 +36,7 @@ def _read_trace_for_cost(res: ExperimentResults, workload: str, block_size: int)
     return reqs
 
 
-def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = 16,
+def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = DEFAULT_BLOCK_SIZE,
                    workloads: Iterable[str] | None = None) -> pd.DataFrame:
     """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
     and without, over the same sessions (those every cell of the workload replayed): in total, per 1,000
@@ -66,7 +67,7 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
     return pd.DataFrame(rows)
 
 
-def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = 16) -> pd.DataFrame:
+def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
     """Why a provider's cache-read share differs from vLLM's measured hit rate on the same traffic: the share of
     prompts below the provider's minimum cacheable length, its granularity and its breakpoint mode, each named."""
     from kvscope.harness.pricing.provider_cache import load_preset
@@ -98,7 +99,7 @@ def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size:
 
 
 def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float] = (60, 300, 3600),
-                    block_size: int = 16) -> pd.DataFrame:
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
     """How the cache-read share and cost move with the provider's TTL, given the trace's think times. Each TTL is
     priced at that TTL's own write rate where the provider has one (Anthropic: 1.25x for 5 minutes, 2x for an
     hour; `ProviderCacheConfig.for_ttl`)."""
