@@ -690,16 +690,18 @@ def _draft_bounds(cfg: SuffixConfig, max_spec: int) -> list[int]:
 
 def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.ndarray, max_spec: int,
                   cfg: SuffixConfig, pair_ends: np.ndarray | None = None,
-                  leader: tuple[int, int] | None = None) -> tuple[np.ndarray, float]:
+                  leader: tuple[int, int] | None = None, floor: float = 0.0) -> tuple[np.ndarray, float]:
     """Arctic's ``SuffixTree::speculate`` (path mode) over the occurrences in ``arr[:limit]``: for each match
     length ``m`` (shortest first) the most-frequent-child path, the first best by score.  A draft from match
     ``m`` scores at most its length, so the matches are tried longest first and a shorter one is skipped once
     it cannot reach the best score (equal scores still go to the shorter match, as there); match lengths
     with the same occurrences follow the same path, cut at their own length, so it is walked once.
     ``pair_ends`` and ``leader`` (the last token's most frequent next: count, token), when given, spare
-    narrowing and counting the last token's occurrences (see :class:`_GrowingIndex`)."""
+    narrowing and counting the last token's occurrences (see :class:`_GrowingIndex`).  ``floor``: a score
+    the draft must reach to matter (the other tree's); matches that cannot are not walked, and the result
+    is ``([], floor)`` when none reaches it."""
     best: list[int] = []
-    best_score = 0.0
+    best_score = floor
     bounds = _draft_bounds(cfg, max_spec)
     for m_lo, m_hi, occ in reversed(_match_groups(arr, ends, pattern, pair_ends)):
         if occ.size == 1 and int(occ[0]) == limit - 1:
@@ -757,7 +759,9 @@ def _suffix_request(rid: int, session: str, plen: int, n_out: int, stream: np.nd
             pair = glob.pair_ends(int(pattern[-2]), last) if pattern.size >= 2 else None
         else:
             ends, leader, pair = _EMPTY, None, None
-        glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg, pair, leader)
+        # the request's own tree wins ties, so the global one only matters above its score
+        glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg, pair, leader,
+                                           floor=s_local)
         return local if s_local >= s_glob else glob_draft
 
     d, a, c, oe = _walk(n_out, plen, draft_at, stream, plen)
