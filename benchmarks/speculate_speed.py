@@ -23,8 +23,9 @@ def main() -> int:
     ap.add_argument("--trace", default=None)
     ap.add_argument("--tokenizer", default=str(REPO / "models" / "tiny"))
     ap.add_argument("--runs", default="default",
-                    help="comma list of cases, each its own process: 'default' (the command without options: "
-                         "every method, default settings) or METHOD:LOOKUP (--method METHOD --k 4 --lookup LOOKUP)")
+                    help="comma list of cases, each its own process: 'default' (the command without "
+                         "options: every method, default settings) or METHOD:LOOKUP (--method METHOD --k 4 "
+                         "--lookup LOOKUP)")
     args = ap.parse_args()
     kvscope = str(Path(sys.executable).parent / "kvscope")
     trace = args.trace

@@ -41,7 +41,8 @@ Methods and the sources followed:
   at each length; matches that cannot beat the best score so far (or, for the global tree, the request
   tree's score, which wins ties) are not walked.  A depth-24 n-gram table or suffix automaton maintained
   token by token would answer a step in O(depth), but costs ~24 Python dict updates per token over the
-  29 M tokens of the full agent preset's streams (chosen against: estimated minutes, not measured).  Children of equal count: Arctic's
+  29 M tokens of the full agent preset's streams (chosen against: estimated minutes, not measured).
+  Children of equal count: Arctic's
   order is an unordered map's, unspecified; here the smallest token id.  Requests are taken one at a time in
   arrival order (the global tree holds every earlier answer complete; concurrent requests' partial answers
   are not modelled).
@@ -494,7 +495,8 @@ class _GrowingIndex:
         self.positions: dict[int, list] = {}  # token -> [int64 array, used length]
         self.pair_positions: dict[tuple[int, int], list] = {}  # (token, next) -> ends, as above
         self.next_counts: dict[int, dict[int, int]] = {}
-        self.leaders: dict[int, tuple[int, int]] = {}  # token -> (count, next token) of its most frequent next
+        #: token -> (count, next token) of its most frequent next token
+        self.leaders: dict[int, tuple[int, int]] = {}
         self.evicted = False
 
     @staticmethod
@@ -669,7 +671,8 @@ def _match_groups(arr: np.ndarray, ends: np.ndarray, pattern: np.ndarray,
     idx = occ[:, None] - j[None, :]
     ok = idx >= 0
     eq = ok & (arr[np.where(ok, idx, 0)] == pattern[::-1][j][None, :])
-    length = m + (np.where(eq.all(axis=1), j.size, eq.argmin(axis=1)) if j.size else np.zeros(occ.size, np.int64))
+    further = np.where(eq.all(axis=1), j.size, eq.argmin(axis=1)) if j.size else np.zeros(occ.size, np.int64)
+    length = m + further
     at_least = np.bincount(length - m, minlength=top - m + 1)[::-1].cumsum()[::-1]  # [i]: length >= m + i
     for i, n in enumerate(at_least.tolist()):
         if n == 0:
@@ -689,8 +692,9 @@ def _draft_bounds(cfg: SuffixConfig, max_spec: int) -> list[int]:
     tree depth left below the match)."""
     key = (cfg, max_spec)
     if key not in _BOUNDS:
-        _BOUNDS[key] = [min(max_spec, int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6), cfg.max_tree_depth - m)
-                        for m in range(cfg.max_tree_depth + 1)]
+        adaptive = [int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6)
+                    for m in range(cfg.max_tree_depth + 1)]
+        _BOUNDS[key] = [min(max_spec, a, cfg.max_tree_depth - m) for m, a in enumerate(adaptive)]
     return _BOUNDS[key]
 
 

@@ -315,13 +315,13 @@ _motif_tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)
 
 
 @settings(max_examples=150, deadline=None)
-@given(sessions=st.lists(st.lists(st.tuples(_motif_tokens, _motif_tokens), min_size=1, max_size=3), min_size=1,
-                         max_size=3),
+@given(sessions=st.lists(st.lists(st.tuples(_motif_tokens, _motif_tokens), min_size=1, max_size=3),
+                         min_size=1, max_size=3),
        k=st.integers(1, 8), depth=st.integers(2, 9), min_prob=st.sampled_from([0.0, 0.1, 0.4]),
        cached=st.sampled_from([0, 1, 2, 10000]), factor=st.sampled_from([1.0, 2.0]),
        narrow=st.sampled_from([1, 512]))
-def test_suffix_trace_equals_arctics_algorithm_across_requests_and_sessions(sessions, k, depth, min_prob, cached,
-                                                                            factor, narrow):
+def test_suffix_trace_equals_arctics_algorithm_across_requests_and_sessions(sessions, k, depth, min_prob,
+                                                                            cached, factor, narrow):
     """Repeats within a request, across the requests of a session (the prompt holds earlier answers) and
     across sessions (the global tree, with FIFO eviction); ``narrow`` 1 makes every occurrence list take the
     one-length-at-a-time narrowing that the long lists of a full-size trace take."""
