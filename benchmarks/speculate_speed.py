@@ -1,9 +1,9 @@
 """Speed of `kvscope speculate` on the full-size agent preset (agent-coding, 100 sessions: 6,237 requests,
 621 M prompt tokens, 12.1 M distinct segment tokens, 3.8 M output tokens), process start to exit.
 
-Usage: .venv/bin/python benchmarks/speculate_speed.py [--trace DIR] [--methods ngram,oracle]
+Usage: .venv/bin/python benchmarks/speculate_speed.py [--trace DIR] [--runs default,suffix,ngram:2-4]
 Without --trace the preset is generated first (a few seconds; not timed) with models/tiny's tokenizer.
-Target: under 60 s for `--method ngram` (one setting).
+Target: under 60 s for the default command (`kvscope speculate TRACE`: ngram 2-4 and 1-3, suffix, oracle).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=None)
     ap.add_argument("--tokenizer", default=str(REPO / "models" / "tiny"))
-    ap.add_argument("--runs", default="ngram:2-4,ngram:1-3,oracle:2-4",
-                    help="comma list of METHOD:LOOKUP cases, each its own process")
+    ap.add_argument("--runs", default="default",
+                    help="comma list of cases, each its own process: 'default' (the command without "
+                         "options: every method, default settings) or METHOD:LOOKUP (--method METHOD --k 4 "
+                         "--lookup LOOKUP)")
     args = ap.parse_args()
     kvscope = str(Path(sys.executable).parent / "kvscope")
     trace = args.trace
@@ -33,8 +35,9 @@ def main() -> int:
                         "--sessions", "100", "--out", trace, "--no-progress"], check=True)
     for case in args.runs.split(","):
         method, _, lookup = case.partition(":")
-        cmd = [kvscope, "speculate", trace, "--method", method, "--k", "4", "--lookup", lookup or "2-4",
-               "--no-progress"]
+        cmd = [kvscope, "speculate", trace, "--no-progress"]
+        if method != "default":
+            cmd += ["--method", method, "--k", "4", "--lookup", lookup or "2-4"]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         wall = time.perf_counter() - t0

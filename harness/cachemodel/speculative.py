@@ -35,7 +35,14 @@ Methods and the sources followed:
   length*); the best draft by score (sum of those probabilities; the first best, so the shortest match, on
   ties) wins, the per-request tree's on a tie with the global one.  A suffix-tree node's count is the number
   of occurrences of its string, so the trees are not built: occurrences are found from per-token position
-  lists and extended one token at a time, which gives the same counts.  Children of equal count: Arctic's
+  lists (the global tree also keeps per-token-pair lists and each token's most frequent next token, because
+  its common tokens occur 10^5 times) and narrowed by match length, which gives the same counts.  Match
+  lengths with the same occurrences follow the same path, so each such group's path is walked once and cut
+  at each length; matches that cannot beat the best score so far (or, for the global tree, the request
+  tree's score, which wins ties) are not walked.  A depth-24 n-gram table or suffix automaton maintained
+  token by token would answer a step in O(depth), but costs ~24 Python dict updates per token over the
+  29 M tokens of the full agent preset's streams (chosen against: estimated minutes, not measured).
+  Children of equal count: Arctic's
   order is an unordered map's, unspecified; here the smallest token id.  Requests are taken one at a time in
   arrival order (the global tree holds every earlier answer complete; concurrent requests' partial answers
   are not modelled).
@@ -475,13 +482,33 @@ class _TokenIndex:
 
 
 class _GrowingIndex:
-    """An append-only token array (sequences separated by -1) with per-token position lists; eviction
-    overwrites a sequence with -1, which removes its occurrences."""
+    """An append-only token array (sequences separated by -1) with the end positions of each token and of
+    each token pair (numpy arrays grown by doubling: a lookup is a view), and each token's most frequent
+    next token (count, then smallest id); eviction overwrites a sequence with -1, which removes its
+    occurrences (lookups then filter, and the next-token leaders are no longer kept).  The pair lists and
+    the leaders exist because the global tree grows to millions of tokens: a common token's occurrences
+    (10^5) are too many to narrow or count at every decode step, where its pair's are few."""
 
     def __init__(self) -> None:
         self.buf = np.full(1 << 16, -1, np.int64)
         self.size = 0
-        self.positions: dict[int, list[int]] = defaultdict(list)
+        self.positions: dict[int, list] = {}  # token -> [int64 array, used length]
+        self.pair_positions: dict[tuple[int, int], list] = {}  # (token, next) -> ends, as above
+        self.next_counts: dict[int, dict[int, int]] = {}
+        #: token -> (count, next token) of its most frequent next token
+        self.leaders: dict[int, tuple[int, int]] = {}
+        self.evicted = False
+
+    @staticmethod
+    def _append(table: dict, key: object, pos: int) -> None:
+        entry = table.get(key)
+        if entry is None:
+            table[key] = entry = [np.empty(16, np.int64), 0]
+        arr, used = entry
+        if used == arr.size:
+            arr = entry[0] = np.concatenate([arr, np.empty(arr.size, np.int64)])
+        arr[used] = pos
+        entry[1] = used + 1
 
     def extend(self, tokens: np.ndarray) -> None:
         n = int(tokens.size)
@@ -489,9 +516,19 @@ class _GrowingIndex:
             grown = np.full(max(self.buf.size * 2, self.size + n + 1), -1, np.int64)
             grown[:self.size] = self.buf[:self.size]
             self.buf = grown
+        prev = int(self.buf[self.size - 1]) if self.size else -1
         self.buf[self.size:self.size + n] = tokens
-        for i, t in enumerate(tokens.tolist()):
-            self.positions[t].append(self.size + i)
+        append, positions, pairs = self._append, self.positions, self.pair_positions
+        for i, t in enumerate(tokens.tolist(), self.size):
+            append(positions, t, i)
+            if prev >= 0 and t >= 0:
+                append(pairs, (prev, t), i)
+                counts = self.next_counts.setdefault(prev, {})
+                c = counts[t] = counts.get(t, 0) + 1
+                lead = self.leaders.get(prev)
+                if lead is None or c > lead[0] or (c == lead[0] and t < lead[1]):
+                    self.leaders[prev] = (c, t)
+            prev = t
         self.size += n
 
     def separator(self) -> int:
@@ -500,76 +537,200 @@ class _GrowingIndex:
 
     def evict(self, start: int, stop: int) -> None:
         self.buf[start:stop] = -1
+        self.evicted = True
+
+    def _view(self, entry: list | None) -> np.ndarray:
+        if entry is None:
+            return _EMPTY
+        return entry[0][:entry[1]]
 
     def ends(self, token: int) -> np.ndarray:
-        pos = np.asarray(self.positions.get(token, ()), np.int64)
-        return pos[self.buf[pos] == token] if pos.size else pos
+        pos = self._view(self.positions.get(token))
+        return pos[self.buf[pos] == token] if self.evicted and pos.size else pos
+
+    def pair_ends(self, token: int, nxt: int) -> np.ndarray | None:
+        """End positions of the pair, or None after an eviction (then narrow from :meth:`ends`)."""
+        return None if self.evicted else self._view(self.pair_positions.get((token, nxt)))
+
+    def leader(self, token: int) -> tuple[int, int] | None:
+        """(count, next token) of the most frequent token after ``token``; None after an eviction."""
+        return None if self.evicted else self.leaders.get(token, (0, -1))
 
 
-def _suffix_path(arr: np.ndarray, limit: int, occ: np.ndarray, m: int, max_tokens: int,
-                 cfg: SuffixConfig) -> tuple[list[int], float]:
-    """Arctic's ``_speculate_path`` from the node of a length-``m`` match (occurrence end positions ``occ``):
-    the most frequent child while the path probability stays ``>= min_token_prob``; float32 as there."""
+@dataclass
+class _SuffixPath:
+    """The most-frequent-child path from one node: its tokens, the float32 score after each of its first
+    ``len(cum_scores) - 1`` tokens (one child step each), and the probability of the single-occurrence tail
+    that follows them (every tail token has that probability; ``None``: no tail)."""
+
+    tokens: list[int]
+    cum_scores: list[np.float32]
+    tail_prob: np.float32 | None
+
+    def score(self, n: int) -> np.float32:
+        """Arctic's score of the first ``n`` tokens, float32 and in its order of additions."""
+        k = len(self.cum_scores) - 1
+        if n <= k or self.tail_prob is None:
+            return self.cum_scores[min(n, k)]
+        return np.float32(self.cum_scores[k] + self.tail_prob * np.float32(n - k))
+
+
+def _suffix_path(arr: np.ndarray, limit: int, occ: np.ndarray, room: int, cfg: SuffixConfig) -> _SuffixPath:
+    """Arctic's ``_speculate_path`` from the node whose occurrences end at ``occ``, for up to ``room`` tokens:
+    the most frequent child while the path probability stays ``>= min_token_prob``; float32 as there.  The
+    path for a smaller room is a prefix of this one (the room only stops the walk), with ``score(n)``."""
     prob = np.float32(1.0)
     score = np.float32(0.0)
     toks: list[int] = []
-    room = min(max_tokens, cfg.max_tree_depth - m)
+    cum = [score]
+    tail_prob: np.float32 | None = None
     cur = occ
     while len(toks) < room:
         if cur.size == 1:  # one occurrence: its continuation, probability unchanged, up to a separator
             e = int(cur[0])
-            tail = arr[e + 1:min(limit, e + 1 + room - len(toks))]
-            stop = np.flatnonzero(tail < 0)
-            tail = tail[:stop[0]] if stop.size else tail
+            tail = arr[e + 1:min(limit, e + 1 + room - len(toks))].tolist()
+            if -1 in tail:
+                tail = tail[:tail.index(-1)]
             if prob >= cfg.min_token_prob:
-                toks.extend(int(t) for t in tail)
-                score = np.float32(score + np.float32(prob) * np.float32(len(tail)))
+                toks.extend(tail)
+                tail_prob = prob
             break
         nxt = cur + 1
-        nxt = nxt[nxt < limit]
+        if int(nxt[-1]) >= limit:  # positions ascend: only the last one can reach the limit
+            nxt = nxt[nxt < limit]
         tok = arr[nxt]
         keep = tok >= 0
-        nxt, tok = nxt[keep], tok[keep]
+        if not keep.all():
+            nxt, tok = nxt[keep], tok[keep]
         if nxt.size == 0:
             break
-        vals, counts = np.unique(tok, return_counts=True)
-        j = int(np.argmax(counts))  # the first of equal counts: the smallest token id
-        new_prob = np.float32(prob * (np.float32(counts[j]) / np.float32(cur.size)))
+        if nxt.size == 1:
+            val, count = int(tok[0]), 1
+        elif nxt.size <= 32:  # a few children: counted in Python, faster than np.unique at this size
+            tally: dict[int, int] = {}
+            for t in tok.tolist():
+                tally[t] = tally.get(t, 0) + 1
+            count = max(tally.values())
+            val = min(t for t, c in tally.items() if c == count)  # the smallest token id of equal counts
+        else:
+            vals, counts = np.unique(tok, return_counts=True)
+            j = int(np.argmax(counts))  # the first of equal counts: the smallest token id
+            val, count = int(vals[j]), int(counts[j])
+        new_prob = np.float32(prob * (np.float32(count) / np.float32(cur.size)))
         if new_prob < cfg.min_token_prob:
             break
         prob = new_prob
-        toks.append(int(vals[j]))
+        toks.append(val)
         score = np.float32(score + prob)
-        cur = nxt[tok == vals[j]]
-    return toks, float(score)
+        cum.append(score)
+        cur = nxt[tok == val] if count < nxt.size else nxt
+    return _SuffixPath(toks, cum, tail_prob)
+
+
+def _leader_path(leader: tuple[int, int], node_count: int, cfg: SuffixConfig) -> _SuffixPath:
+    """``_suffix_path`` of one token from a length-1 match with several occurrences, from the kept leader."""
+    count, token = leader
+    prob = np.float32(np.float32(1.0) * (np.float32(count) / np.float32(node_count)))
+    if count == 0 or prob < cfg.min_token_prob:
+        return _SuffixPath([], [np.float32(0.0)], None)
+    return _SuffixPath([token], [np.float32(0.0), np.float32(np.float32(0.0) + prob)], None)
+
+
+#: occurrence lists longer than this are narrowed one match length at a time before the vectorised match
+_NARROW_ONE_BY_ONE = 512
+
+
+def _match_groups(arr: np.ndarray, ends: np.ndarray, pattern: np.ndarray,
+                  pair_ends: np.ndarray | None = None) -> list[tuple[int, int, np.ndarray]]:
+    """The occurrences (end positions) of the pattern's suffix of each match length ``m = 1 .. len-1``, as
+    ``(m_lo, m_hi, occ)``, shortest first: consecutive lengths with the same occurrences share one entry (a
+    longer match's occurrences are a subset of a shorter one's, so equal counts mean equal sets).  ``ends``:
+    the occurrences of the last token; ``pair_ends``, when known, those of the last two."""
+    top = int(pattern.size) - 1
+    groups: list[tuple[int, int, np.ndarray]] = []
+
+    def add(m: int, occ: np.ndarray) -> None:
+        if groups and groups[-1][2].size == occ.size:
+            groups[-1] = (groups[-1][0], m, groups[-1][2])
+        else:
+            groups.append((m, m, occ))
+
+    occ, m = ends, 1
+    if pair_ends is not None and top >= 2 and ends.size:
+        add(1, ends)
+        occ, m = pair_ends, 2
+    while occ.size > _NARROW_ONE_BY_ONE and m < top:  # long lists: one length at a time
+        add(m, occ)
+        occ = occ[occ >= m]
+        occ = occ[arr[occ - m] == pattern[-m - 1]]
+        m += 1
+    if occ.size == 0 or m > top:
+        return groups
+    # the rest at once: how far each occurrence (matching m tokens) matches further back, up to length top
+    j = np.arange(m, top, dtype=np.int64)
+    idx = occ[:, None] - j[None, :]
+    ok = idx >= 0
+    eq = ok & (arr[np.where(ok, idx, 0)] == pattern[::-1][j][None, :])
+    further = np.where(eq.all(axis=1), j.size, eq.argmin(axis=1)) if j.size else np.zeros(occ.size, np.int64)
+    length = m + further
+    at_least = np.bincount(length - m, minlength=top - m + 1)[::-1].cumsum()[::-1]  # [i]: length >= m + i
+    for i, n in enumerate(at_least.tolist()):
+        if n == 0:
+            break
+        if groups and groups[-1][2].size == n:
+            groups[-1] = (groups[-1][0], m + i, groups[-1][2])
+        else:
+            groups.append((m + i, m + i, occ if n == occ.size else occ[length >= m + i]))
+    return groups
+
+
+_BOUNDS: dict[tuple[SuffixConfig, int], list[int]] = {}
+
+
+def _draft_bounds(cfg: SuffixConfig, max_spec: int) -> list[int]:
+    """``[m]``: the most tokens a draft from match length ``m`` may have (the adaptive draft length, and the
+    tree depth left below the match)."""
+    key = (cfg, max_spec)
+    if key not in _BOUNDS:
+        adaptive = [int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6)
+                    for m in range(cfg.max_tree_depth + 1)]
+        _BOUNDS[key] = [min(max_spec, a, cfg.max_tree_depth - m) for m, a in enumerate(adaptive)]
+    return _BOUNDS[key]
 
 
 def _suffix_draft(arr: np.ndarray, limit: int, ends: np.ndarray, pattern: np.ndarray, max_spec: int,
-                  cfg: SuffixConfig) -> tuple[np.ndarray, float]:
+                  cfg: SuffixConfig, pair_ends: np.ndarray | None = None,
+                  leader: tuple[int, int] | None = None, floor: float = 0.0) -> tuple[np.ndarray, float]:
     """Arctic's ``SuffixTree::speculate`` (path mode) over the occurrences in ``arr[:limit]``: for each match
     length ``m`` (shortest first) the most-frequent-child path, the first best by score.  A draft from match
-    ``m`` scores at most its length, so the paths are computed longest match first and a shorter match is
-    skipped once it cannot reach the best score (equal scores still go to the shorter match, as there)."""
-    occs: list[tuple[int, np.ndarray]] = []
-    occ = ends
-    for m in range(1, int(pattern.size)):
-        if m > 1:
-            back = occ - (m - 1)
-            occ = occ[back >= 0]
-            occ = occ[arr[occ - (m - 1)] == pattern[-m]]
-        if occ.size == 0:
-            break
-        occs.append((m, occ))
+    ``m`` scores at most its length, so the matches are tried longest first and a shorter one is skipped once
+    it cannot reach the best score (equal scores still go to the shorter match, as there); match lengths
+    with the same occurrences follow the same path, cut at their own length, so it is walked once.
+    ``pair_ends`` and ``leader`` (the last token's most frequent next: count, token), when given, spare
+    narrowing and counting the last token's occurrences (see :class:`_GrowingIndex`).  ``floor``: a score
+    the draft must reach to matter (the other tree's); matches that cannot are not walked, and the result
+    is ``([], floor)`` when none reaches it."""
     best: list[int] = []
-    best_score = 0.0
-    for m, occ in reversed(occs):
-        max_tokens = min(max_spec, int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6))
-        bound = min(max_tokens, cfg.max_tree_depth - m)
-        if bound <= 0 or bound < best_score:
-            continue
-        toks, score = _suffix_path(arr, limit, occ, m, max_tokens, cfg)
-        if score > 0 and score >= best_score:
-            best, best_score = toks, score
+    best_score = floor
+    bounds = _draft_bounds(cfg, max_spec)
+    for m_lo, m_hi, occ in reversed(_match_groups(arr, ends, pattern, pair_ends)):
+        if occ.size == 1 and int(occ[0]) == limit - 1:
+            continue  # only the pattern itself, at the very end: nothing follows it
+        path: _SuffixPath | None = None
+        for m in range(m_hi, m_lo - 1, -1):
+            bound = bounds[m]
+            if bound <= 0 or bound < best_score:
+                continue
+            if path is None:
+                room = max(bounds[m_lo:m + 1])
+                if leader is not None and m_hi == 1 and room == 1 and occ.size > 1:
+                    path = _leader_path(leader, int(occ.size), cfg)
+                else:
+                    path = _suffix_path(arr, limit, occ, room, cfg)
+            n = min(bound, len(path.tokens))
+            score = float(path.score(n))
+            if score > 0 and score >= best_score:
+                best, best_score = path.tokens[:n], score
     return np.asarray(best, np.int64), best_score
 
 
@@ -603,8 +764,14 @@ def _suffix_request(rid: int, session: str, plen: int, n_out: int, stream: np.nd
         pattern = stream[max(0, T - depth):T]
         last = int(pattern[-1])
         local, s_local = _suffix_draft(stream, T, index.ends(last, T), pattern, max_spec, cfg)
-        ends = glob.ends(last) if in_global else _EMPTY
-        glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg)
+        if in_global:
+            ends, leader = glob.ends(last), glob.leader(last)
+            pair = glob.pair_ends(int(pattern[-2]), last) if pattern.size >= 2 else None
+        else:
+            ends, leader, pair = _EMPTY, None, None
+        # the request's own tree wins ties, so the global one only matters above its score
+        glob_draft, s_glob = _suffix_draft(glob.buf, glob.size, ends, pattern, max_spec, cfg, pair, leader,
+                                           floor=s_local)
         return local if s_local >= s_glob else glob_draft
 
     d, a, c, oe = _walk(n_out, plen, draft_at, stream, plen)

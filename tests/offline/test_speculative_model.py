@@ -276,3 +276,67 @@ def test_suffix_model_equals_arctics_algorithm_step_by_step(prompt, output, k, d
     want_d, want_a = suffix_reference_steps(prompt, output, cfg)
     assert got.drafted.tolist() == want_d
     assert got.accepted.tolist() == want_a
+
+
+def suffix_reference_trace(sessions: list[list[tuple[list[int], list[int]]]], cfg: SuffixConfig):
+    """Every request of an append-only trace (built by `_trace`, in arrival order) as vLLM + Arctic run them
+    one at a time: the request's own tree over prompt + answer so far, the global tree over the answers of
+    the last ``max_cached_requests - 1`` earlier requests plus this answer so far."""
+    answers: list[list[int]] = []
+    steps = []
+    for reqs in sessions:
+        prompt: list[int] = []
+        for new, output in reqs:
+            prompt = prompt + new
+            drafted, accepted = [], []
+            keep = cfg.max_cached_requests - 1
+            earlier = answers[len(answers) - keep:] if keep > 0 else []
+            p = 1
+            while p < len(output):
+                ctx = prompt + output[:p]
+                pattern = ctx[-cfg.max_tree_depth:]
+                local = arctic_speculate([ctx], pattern, cfg.num_speculative_tokens, cfg)
+                glob = (arctic_speculate(earlier + [output[:p]], pattern, cfg.num_speculative_tokens, cfg)
+                        if cfg.max_cached_requests != 0 else ([], 0.0))
+                d = local[0] if local[1] >= glob[1] else glob[0]
+                a = 0
+                while a < len(d) and p + a < len(output) and d[a] == output[p + a]:
+                    a += 1
+                drafted.append(len(d))
+                accepted.append(a)
+                p += a + 1
+            steps.append((drafted, accepted))
+            answers.append(output)
+            prompt = prompt + output
+    return steps
+
+
+_motif_tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sessions=st.lists(st.lists(st.tuples(_motif_tokens, _motif_tokens), min_size=1, max_size=3),
+                         min_size=1, max_size=3),
+       k=st.integers(1, 8), depth=st.integers(2, 9), min_prob=st.sampled_from([0.0, 0.1, 0.4]),
+       cached=st.sampled_from([0, 1, 2, 10000]), factor=st.sampled_from([1.0, 2.0]),
+       narrow=st.sampled_from([1, 512]))
+def test_suffix_trace_equals_arctics_algorithm_across_requests_and_sessions(sessions, k, depth, min_prob,
+                                                                            cached, factor, narrow):
+    """Repeats within a request, across the requests of a session (the prompt holds earlier answers) and
+    across sessions (the global tree, with FIFO eviction); ``narrow`` 1 makes every occurrence list take the
+    one-length-at-a-time narrowing that the long lists of a full-size trace take."""
+    import kvscope.harness.cachemodel.speculative as speculative
+
+    cfg = SuffixConfig(num_speculative_tokens=k, max_tree_depth=depth, min_token_prob=min_prob,
+                       max_cached_requests=cached, max_spec_factor=factor)
+    saved = speculative._NARROW_ONE_BY_ONE
+    speculative._NARROW_ONE_BY_ONE = narrow
+    try:
+        res = simulate(_trace(sessions), cfg)
+    finally:
+        speculative._NARROW_ONE_BY_ONE = saved
+    want = suffix_reference_trace(sessions, cfg)
+    assert len(res.requests) == len(want)
+    for got, (want_d, want_a) in zip(res.requests, want):
+        assert got.drafted.tolist() == want_d
+        assert got.accepted.tolist() == want_a
