@@ -252,7 +252,6 @@ def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
 
     import msgspec
     import numpy as np
-    import pandas as pd
     import xxhash
     import zmq
     from vllm.distributed.kv_events import KVEventBatch

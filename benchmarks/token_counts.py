@@ -56,8 +56,8 @@ def main() -> int:
     ap.add_argument("--data", default=os.environ.get("KVSCOPE_SHARED_DATA") or "../shared/data")
     args = ap.parse_args()
     data = Path(args.data)
-    head = (f"| source | calls | provider prompt tokens | trained tokenizer | Tekken | median ratio trained | "
-            f"median ratio Tekken | growth ratio trained | growth ratio Tekken |")
+    head = ("| source | calls | provider prompt tokens | trained tokenizer | Tekken | median ratio trained | "
+            "median ratio Tekken | growth ratio trained | growth ratio Tekken |")
     print(head)
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, fmt, rel in SOURCES:

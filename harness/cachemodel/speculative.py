@@ -58,7 +58,6 @@ Pure numpy and Python; knows no HTTP.  The step costs of a calibration turn the 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
