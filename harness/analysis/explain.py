@@ -112,7 +112,12 @@ class CauseTotal:
     cause: str
     recomputed_tokens: int
     share: float
-    what_if_hit_rate: float
+    what_if_hit_rate: float  # an infinite cache (the observed evictions carried over)
+    #: The same what-if at the run's KV pool (``num_gpu_blocks``), each request looked up when the run sent it
+    #: and cached when it finished (the observed run's order, as the replay's own prediction does; one at a time
+    #: without records); None where the pool size is not known. An infinite cache alone overstates what
+    #: removing a cause buys on a small pool that evicts.
+    what_if_hit_rate_pool: float | None = None
 
 
 @dataclass
@@ -330,6 +335,65 @@ def _simulate(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray | None
     return simulate(reqs, SimConfig(block_size, None)).cached_tokens
 
 
+def _simulate_events(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray | None], block_size: int,
+                     num_gpu_blocks: int, order: Sequence[tuple[int, int]] | None) -> list[int]:
+    """Cached tokens per request at a pool of ``num_gpu_blocks``, with each request looked up at its send and
+    cached at its finish in ``order`` (events ``(0, rid)`` send, ``(1, rid)`` finish, in the run's time order;
+    `harness.replay.predict`'s online rule). Requests the order leaves out run one at a time after it."""
+    from kvscope.harness.cachemodel.simulator import Replica
+
+    reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
+    if order is None:
+        return simulate(reqs, SimConfig(block_size, num_gpu_blocks)).cached_tokens
+    replica = Replica(SimConfig(block_size, num_gpu_blocks))
+    hits = [0] * len(reqs)
+    seen: set[int] = set()
+    for kind, rid in order:
+        if not 0 <= rid < len(reqs):
+            continue
+        if kind == 0:
+            hits[rid] = replica.probe(reqs[rid]) * block_size
+            seen.add(rid)
+        elif rid in seen:
+            replica.run_sequential(reqs[rid])
+    for rid, req in enumerate(reqs):
+        if rid not in seen:
+            hits[rid] = replica.probe(req) * block_size
+            replica.run_sequential(req)
+    return hits
+
+
+def generated_outputs(records: Any, num_requests: int) -> list[np.ndarray | None] | None:
+    """The tokens the server generated per trace request (successful attempts; None where a request has none),
+    or None where the records do not carry them. The pool what-if caches these at a request's finish, as the
+    server did: a planned answer the server did not generate takes no block."""
+    if records is None or "output_token_ids" not in records.columns:
+        return None
+    out: list[np.ndarray | None] = [None] * num_requests
+    ok = records[records["error_class"].isna()] if "error_class" in records else records
+    for rid, ids in zip(ok["request_id"], ok["output_token_ids"]):
+        if 0 <= int(rid) < num_requests and ids is not None and len(ids):
+            out[int(rid)] = np.asarray(ids, dtype=np.int32)
+    return out if any(o is not None for o in out) else None
+
+
+def event_order(records: Any) -> list[tuple[int, int]] | None:
+    """A replay run's send and finish events ``(0|1, request_id)`` in time order (successful attempts), or None
+    where its records carry no send / finish times."""
+    import pandas as pd
+
+    if records is None or not {"sent_s", "done_s", "request_id"} <= set(records.columns):
+        return None
+    ok = records[records["error_class"].isna()] if "error_class" in records else records
+    ok = ok.dropna(subset=["sent_s", "done_s"])
+    if not len(ok):
+        return None
+    ev = pd.concat([pd.DataFrame({"t": ok["sent_s"], "k": 0, "rid": ok["request_id"]}),
+                    pd.DataFrame({"t": ok["done_s"], "k": 1, "rid": ok["request_id"]})])
+    ev = ev.sort_values(["t", "k"], kind="stable")
+    return list(zip(ev["k"].astype(int), ev["rid"].astype(int)))
+
+
 def _prompts(views: Sequence[RequestView]) -> Iterator[np.ndarray]:
     """Every request's prompt in order; a :class:`TraceViews` yields them from the trace without keeping them."""
     return views.prompts() if isinstance(views, TraceViews) else (v.prompt for v in views)
@@ -394,11 +458,15 @@ def _apply_patches(views: Sequence[RequestView], patches: list[tuple[int, tuple[
 
 def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[int | None] | None = None,
             provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None,
-            provider_prompt: Sequence[int | None] | None = None, progress: bool = False
-            ) -> Explanation:
+            provider_prompt: Sequence[int | None] | None = None, progress: bool = False,
+            num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
+            generated: Sequence[np.ndarray | None] | None = None) -> Explanation:
     """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
-    server's cached tokens per request (None: the infinite-cache simulation stands in). ``progress``: a
-    progress bar on stderr per pass over the trace."""
+    server's cached tokens per request (None: the infinite-cache simulation stands in). ``num_gpu_blocks``
+    (the run's KV pool, where known) adds each what-if at that pool size, in the run's send / finish ``order``
+    (:func:`event_order`) where given, caching what the server ``generated`` (:func:`generated_outputs`) where
+    given. ``progress``: a progress bar on
+    stderr per pass over the trace."""
     from tqdm import tqdm
 
     B = block_size
@@ -436,7 +504,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
         index.add(v.request_id, hashes)
     del index  # one entry per distinct block chain: free it before the what-if simulations
-    causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress)
+    causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress,
+                     num_gpu_blocks, order, generated)
     preset = provider_preset or "openai-gpt-4.1"
     if provider_observed is not None:
         _provider_columns(views, rows, provider_observed, preset, provider_prompt)
@@ -455,13 +524,16 @@ def _counted(items: Iterator[np.ndarray], bar: Any, lengths: list[int] | None = 
 
 def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
             patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]], base: list[int],
-            obs: list[int], prompt_tokens: int, progress: bool = False) -> list[CauseTotal]:
+            obs: list[int], prompt_tokens: int, progress: bool = False,
+            num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
+            generated: Sequence[np.ndarray | None] | None = None) -> list[CauseTotal]:
     from tqdm import tqdm
 
     total = sum(split.values())
     shortfall = sum(o - b for o, b in zip(obs, base))  # <= 0: evictions
     out = []
     for cause, n in sorted(split.items(), key=lambda kv: -kv[1]):
+        pool_rate = None
         if cause == "evicted":
             rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, prompt_tokens)
         else:
@@ -472,7 +544,13 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
                                _outputs(views), B)
             bar.close()
             rate = (sum(cached) + shortfall) / max(1, sum(lengths))
-        out.append(CauseTotal(cause, n, n / total if total else 0.0, round(rate, 6)))
+            if num_gpu_blocks:
+                outputs = _outputs(views) if generated is None else \
+                    (g if g is not None else o for g, o in zip(generated, _outputs(views)))
+                pool = _simulate_events(_apply_patches(views, patches.get(cause, [])), outputs, B,
+                                        num_gpu_blocks, order)
+                pool_rate = round(sum(pool) / max(1, sum(lengths)), 6)
+        out.append(CauseTotal(cause, n, n / total if total else 0.0, round(rate, 6), pool_rate))
     return out
 
 
@@ -598,13 +676,13 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
 
 
 def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset: str | None = None,
-                  observed_records: Any = None, progress: bool = False) -> Explanation:
+                  observed_records: Any = None, progress: bool = False,
+                  num_gpu_blocks: int | None = None) -> Explanation:
     """Explain one trace directory. ``observed_records`` (a replay run's records frame) gives the server's
     cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
     infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
     ``observed_*`` columns) is put beside the provider cache model's prediction either way."""
     import pandas as pd
-
     from kvscope.harness.results.exchanges import read_exchanges
     from kvscope.workloads.trace import Trace
 
@@ -628,7 +706,10 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     views = views_from_trace(trace, extras)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
-    return explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress)
+    order = event_order(observed_records) if num_gpu_blocks else None
+    generated = generated_outputs(observed_records, trace.num_requests) if num_gpu_blocks else None
+    return explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
+                   num_gpu_blocks=num_gpu_blocks, order=order, generated=generated)
 
 
 def observed_from_records(records: Any, num_requests: int) -> list[int | None]:

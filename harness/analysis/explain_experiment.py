@@ -22,7 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
-from kvscope.harness.analysis.explain import Explanation, ProviderAgreement, explain_trace, provider_comparison
+from kvscope.harness.analysis.explain import (
+    Explanation,
+    ProviderAgreement,
+    explain_trace,
+    provider_comparison,
+)
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -53,6 +58,7 @@ class WorkloadExplanation:
     explanation: Explanation
     observed_from: str  # the cell whose run gave the cached tokens, or SIMULATED
     server: str | None  # that cell's server configuration
+    num_gpu_blocks: int | None = None  # that cell's KV pool (the pool what-ifs' size), where the server said
 
 
 def _pct(x: float | None) -> str:
@@ -88,8 +94,25 @@ def _fallback_block_size(res: ExperimentResults) -> int | None:
     return int(sizes.iloc[0]) if len(sizes) else None
 
 
+def explained_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
+    """:func:`explain_workloads`, computed once per results object: the explain page, the eviction claim
+    (`analysis.claims`) and the caveats read the same attribution."""
+    from kvscope.harness.analysis.common import _derived
+
+    return _derived(res, ("explain_workloads",), lambda: explain_workloads(res))
+
+
+def _num_blocks(res: ExperimentResults, cell: str) -> int | None:
+    c = res.cells
+    if "num_blocks" not in c:
+        return None
+    v = pd.to_numeric(c.loc[c["cell"] == cell, "num_blocks"], errors="coerce").dropna()
+    return int(v.iloc[0]) if len(v) else None
+
+
 def explain_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
-    """One attribution per workload whose trace is in the experiment (see the module doc)."""
+    """One attribution per workload whose trace is in the experiment (see the module doc); the what-ifs at the
+    observed cell's KV pool too, where its server reported the pool's size."""
     workloads = list(dict.fromkeys(map(str, res.cells["workload"]))) if "workload" in res.cells else []
     out = []
     for w in workloads:
@@ -100,8 +123,9 @@ def explain_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
         if cell is not None:
             name, server, block = cell
             records = res.requests[res.requests["cell"] == name]
-            ex = explain_trace(tdir, block, observed_records=records)
-            out.append(WorkloadExplanation(w, ex, name, server))
+            blocks = _num_blocks(res, name)
+            ex = explain_trace(tdir, block, observed_records=records, num_gpu_blocks=blocks)
+            out.append(WorkloadExplanation(w, ex, name, server, blocks))
         else:
             out.append(WorkloadExplanation(w, explain_trace(tdir, _fallback_block_size(res)), SIMULATED, None))
     return out
@@ -117,8 +141,9 @@ def cause_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
         for c in wx.explanation.causes:
             rows.append({"workload": wx.workload, "cause": c.cause, "recomputed_tokens": c.recomputed_tokens,
                          "share": c.share, "requests": broke.get(c.cause, 0), "hit_rate": wx.explanation.hit_rate,
-                         "what_if_hit_rate": c.what_if_hit_rate})
-    cols = ["workload", "cause", "recomputed_tokens", "share", "requests", "hit_rate", "what_if_hit_rate"]
+                         "what_if_hit_rate": c.what_if_hit_rate, "what_if_hit_rate_pool": c.what_if_hit_rate_pool})
+    cols = ["workload", "cause", "recomputed_tokens", "share", "requests", "hit_rate", "what_if_hit_rate",
+            "what_if_hit_rate_pool"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -196,18 +221,39 @@ def _typical_where(wx: WorkloadExplanation, cause: str) -> str:
     return wheres.most_common(1)[0][0] if wheres else ""
 
 
-def cause_sentence(wx: WorkloadExplanation) -> str | None:
+def reference_of(wx: WorkloadExplanation, explained: list[WorkloadExplanation]) -> WorkloadExplanation | None:
+    """The workload that is ``wx`` without its habit (``agent-coding`` for ``agent-coding-timestamped``: the
+    longest other workload name it extends), observed the same way; None where there is none."""
+    refs = [o for o in explained if o.workload != wx.workload and wx.workload.startswith(o.workload + "-")]
+    return max(refs, key=lambda o: len(o.workload)) if refs else None
+
+
+def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation] | None = None) -> str | None:
     """"<workload>: <cause> (<where>) causes N % of the K recomputed tokens; removing it would take the hit rate
-    from X to Y." for the workload's costliest cause; None when nothing was recomputed."""
+    from X to Y with an infinite cache (Z at the run's pool); <reference>, the same sessions without it, measured
+    W." for the workload's costliest cause; None when nothing was recomputed. The what-if says under which cache
+    it holds: an infinite cache's gain overstates what a small pool keeps."""
     ex = wx.explanation
     if not ex.causes or not ex.recomputed_tokens:
         return None
     top = ex.causes[0]
     where = _typical_where(wx, top.cause) if top.cause != "evicted" else ""  # eviction's where is per request
     words = CAUSE_WORDS.get(top.cause, top.cause.replace("_", " "))
+    if top.cause == "evicted":
+        cache = " with an infinite cache (no eviction)"
+    else:
+        cache = " with an infinite cache"
+        if top.what_if_hit_rate_pool is not None:
+            cache += (f", {_pct(top.what_if_hit_rate_pool)} at this run's KV pool of {wx.num_gpu_blocks} blocks "
+                      "(in the run's order)")
+    ref = reference_of(wx, explained or [])
+    measured = ""
+    if ref is not None and top.cause != "evicted":
+        measured = (f"; {ref.workload}, the same sessions without it, measured {_pct(ref.explanation.hit_rate)}"
+                    + (f" on {ref.server}" if ref.server else " (simulated)"))
     return (f"{wx.workload}: {words}{f', {where},' if where else ''} causes {_pct(top.share)} of the "
             f"{ex.recomputed_tokens:,} recomputed tokens; removing it would take the hit rate from "
-            f"{_pct(ex.hit_rate)} to {_pct(top.what_if_hit_rate)}.")
+            f"{_pct(ex.hit_rate)} to {_pct(top.what_if_hit_rate)}{cache}{measured}.")
 
 
 def recomputed_title(explained: list[WorkloadExplanation]) -> str:
@@ -239,14 +285,15 @@ def explain_findings(explained: list[WorkloadExplanation], max_causes: int = 2) 
     ranked = sorted(explained, key=lambda wx: -wx.explanation.recomputed_tokens)
     out: list[Finding] = []
     for wx in ranked[:max_causes]:
-        sentence = cause_sentence(wx)
+        sentence = cause_sentence(wx, explained)
         if sentence is None:
             continue
         top, ex = wx.explanation.causes[0], wx.explanation
         out.append(Finding(question="habit" if not out else "cache_break", sentence=sentence, notebook=NOTEBOOK,
                            figure="recomputed_by_cause",
                            numbers={"recomputed_tokens": float(ex.recomputed_tokens), "share": top.share,
-                                    "hit_rate": ex.hit_rate, "what_if_hit_rate": top.what_if_hit_rate}))
+                                    "hit_rate": ex.hit_rate, "what_if_hit_rate": top.what_if_hit_rate,
+                                    "what_if_hit_rate_pool": top.what_if_hit_rate_pool}))
     clean = [wx for wx in explained if not wx.explanation.recomputed_tokens]
     if clean:
         names = ", ".join(f"{wx.workload} (hit rate {_pct(wx.explanation.hit_rate)})" for wx in clean)

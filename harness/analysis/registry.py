@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
+from kvscope.harness.analysis.claims import Claim
 from kvscope.harness.analysis.common import RESAMPLES
-from kvscope.harness.analysis.explain_experiment import WorkloadExplanation, explain_workloads
+from kvscope.harness.analysis.explain_experiment import WorkloadExplanation, explained_workloads
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -24,12 +25,16 @@ def caveats(res: ExperimentResults) -> list[Finding]:
     out: list[Finding] = []
     for name, (notebook, fn) in _CAVEATS.items():
         f = fn(res)
-        if f is not None:
+        if isinstance(f, Claim):
+            out.append(f.finding("caveat", notebook))
+        elif f is not None:
             out.append(Finding(question="caveat", sentence=f[0], numbers=f[1], notebook=notebook))
     return out
 
 
-_CaveatFn = Callable[[ExperimentResults], "tuple[str, dict[str, float | None]] | None"]
+#: A caveat returns (sentence, numbers), or a :class:`~kvscope.harness.analysis.claims.Claim` where the caveat
+#: states a quantity other pages state too (eviction), or None where the condition does not hold.
+_CaveatFn = Callable[[ExperimentResults], "tuple[str, dict[str, float | None]] | Claim | None"]
 
 
 _CAVEATS: dict[str, tuple[str, _CaveatFn]] = {}
@@ -58,7 +63,7 @@ class PageContext:
 
     def explanations(self) -> list[WorkloadExplanation]:
         if self.explained is None:
-            self.explained = explain_workloads(self.res)
+            self.explained = explained_workloads(self.res)
         return self.explained
 
 

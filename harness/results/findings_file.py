@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FINDINGS_NAME = "findings.json"
 
-Question = Literal["habit", "capacity", "speculative", "ab", "hit_rate", "latency", "cost", "cache_break", "caveat"]
+Question = Literal["habit", "capacity", "speculative", "ab", "hit_rate", "latency", "cost", "cache_break", "caveat",
+                   "recommendation"]
 
 
 class Finding(BaseModel):
@@ -33,6 +34,12 @@ class Finding(BaseModel):
     interval_of: str | None = None
     notebook: str  # the analysis page holding the evidence (<notebook>.html)
     figure: str | None = None  # the figure's name on that page (figures/<notebook>/<figure>.png)
+    #: The quantity this sentence states something about (``eviction``, ``speculative:<server>``,
+    #: ``capacity:<server>:<workload>``) and what it states (``evicted`` / ``none``, ``pays`` / …): one claim is
+    #: computed once (`kvscope.harness.analysis.claims`) and every page that mentions it carries the same pair,
+    #: so a test can check that no two pages contradict each other.
+    claim: str | None = None
+    claim_value: str | None = None
 
     @property
     def page(self) -> str:

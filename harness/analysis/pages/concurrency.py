@@ -8,7 +8,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
-from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.claims import capacity_claims, eviction_claim
+from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -215,7 +216,9 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
     experiment ran a sweep, its recorded answers are the capacity (`experiment.json` `capacity`, decided by
     :mod:`kvscope.harness.analysis.capacity`, preemptions included); the grid's levels fill in the rest."""
     entries = getattr(res.experiment, "capacity", None) or []  # the sweeps' recorded answers, if any
-    swept = [_sweep_finding(e) for e in entries]
+    # typed entries (experiment.json): the capacity claims, with the levels measured and the prediction
+    swept = [c.finding("capacity", "concurrency", "predicted_vs_measured") for c in capacity_claims(res)] \
+        if all(hasattr(e, "points") for e in entries) else [_sweep_finding(e) for e in entries]
     levels = capacity_by_level(res)
     if swept:
         done = {e.server for e in entries}
@@ -265,16 +268,9 @@ def _sweep_finding(entry) -> Finding:
 
 @caveat("eviction", "concurrency")
 def _caveat_eviction(res: ExperimentResults):
-    m = res.metrics
-    if not len(m) or "kv_cache_usage" not in m:
-        return None
-    peak = float(m["kv_cache_usage"].max())
-    pre = m.groupby("cell")["num_preemptions"].agg(lambda s: s.max() - s.min()).sum() \
-        if "num_preemptions" in m else 0
-    if peak >= 0.9 or pre > 0:
-        return None
-    return ((f"No eviction pressure: KV-cache usage peaked at {_pct(peak)} with {int(pre)} preemptions, so the "
-            "hit rates are those of a cache that never had to evict."), {"peak_kv_usage": peak})
+    """Whether the pool evicted, from evictions (`claims.eviction_claim`), never from the KV-usage gauge: the
+    gauge counts the blocks of running requests, not the cached free blocks that eviction takes."""
+    return eviction_claim(res)
 
 
 @caveat("sessions_below_concurrency", "concurrency")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from kvscope.harness.analysis.common import _load_order, _pct, _signed_pct
 from kvscope.harness.analysis.pages.ab_compare import page_ab_table
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
@@ -22,8 +21,8 @@ def speculative_table(res: ExperimentResults) -> pd.DataFrame:
     c = res.cells
     if not len(c) or "speculative" not in c:
         return pd.DataFrame()
-    spec = c[c["speculative"] == True]  # noqa: E712 - pandas object column
-    base = c[c["speculative"] != True]  # noqa: E712
+    spec = c[c["speculative"] == True]
+    base = c[c["speculative"] != True]
     rows = []
     for _, s in spec.iterrows():
         match = base[(base["workload"] == s["workload"]) & (base["load"] == s["load"]) &
@@ -85,7 +84,7 @@ def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
     if not len(c) or "speculative" not in c:
         return pd.DataFrame()
     rows = []
-    for _, s in c[c["speculative"] == True].iterrows():  # noqa: E712 - pandas object column
+    for _, s in c[c["speculative"] == True].iterrows():
         k = _num_speculative_tokens(res.server(s["server"]))
         a = s.get("spec_acceptance_rate")
         measured = s.get("spec_mean_acceptance_length")
@@ -119,41 +118,16 @@ def sample_outputs(res: ExperimentResults, per_cell: int = 2, max_cells: int = 8
 
 
 def speculative_findings(res: ExperimentResults, table: pd.DataFrame | None = None) -> list[Finding]:
-    """Whether speculative decoding pays (throughput change against its baseline) and at which load it stops."""
-    st = speculative_table(res)
-    if not len(st) or "throughput_change" not in st:
-        return []
-    loads = _load_order(res)
-    out = []
-    for server, g in st.groupby("server", sort=False):
-        by_load = g.groupby("load")["throughput_change"].mean().reindex(loads).dropna()
-        if not len(by_load):
-            continue
-        acc = g["acceptance_rate"].mean()
-        stops = [ld for ld, v in by_load.items() if v <= 0]
-        ci = ""
-        interval = None
-        if table is not None and len(table):
-            m = table[(table["B"] == server) & (table["metric"] == "output_tokens_per_s")]
-            if len(m):
-                lo, hi = float((m["ci_low"] / m["a"]).min()), float((m["ci_high"] / m["a"]).max())
-                interval, ci = (lo, hi), f" (per-workload 95 % intervals span {_signed_pct(lo)} to {_signed_pct(hi)})"
-        per_load = ", ".join(f"{_signed_pct(v)} at {ld}" for ld, v in by_load.items())
-        if len(by_load) < 2:
-            where = "; where it stops paying is not measured (one load level)"
-        elif stops:
-            where = f"; it stops paying at {stops[0]}"
-        else:
-            where = "; it still pays at the highest load measured"
-        verdict = "pays off" if by_load.iloc[0] > 0 else "does not pay off"
-        out.append(Finding(question="speculative", notebook="speculative", figure="acceptance_and_tpot",
-                           sentence=f"{server} {verdict}: output throughput {per_load} against "
-                                    f"{g['baseline'].dropna().iloc[0] if g['baseline'].notna().any() else 'its baseline'}"
-                                    f"{ci}, acceptance {_pct(acc)}{where}.",
-                           numbers={"acceptance_rate": None if pd.isna(acc) else float(acc),
-                                    **{f"throughput_change_{ld}": float(v) for ld, v in by_load.items()}},
-                           interval=interval, interval_of="relative output throughput change"))
-    return out
+    """Whether speculative decoding pays, per speculative configuration: the claim the A/B verdicts support
+    (`claims.speculative_claims`: *pays* only where most throughput comparisons are decided *better* and none
+    *worse*), with what gets worse named beside it. ``table`` is the A/B table (`ab_compare.ab_table`),
+    computed here when not given."""
+    from kvscope.harness.analysis.claims import speculative_claims
+    from kvscope.harness.analysis.pages.ab_compare import ab_table
+
+    if table is None:
+        table = ab_table(res)
+    return [c.finding("speculative", "speculative", "acceptance_and_tpot") for c in speculative_claims(res, table)]
 
 
 @caveat("tiny_model", "speculative")

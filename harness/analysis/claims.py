@@ -1,0 +1,280 @@
+"""The report's claims: each quantity two pages speak about, computed once, as a typed value with its evidence.
+
+Why this structure. The index and the pages used to phrase eviction, speculative payoff and capacity each from
+their own reading of the data, and they disagreed: the concurrency page said "no eviction pressure" from the
+KV-usage gauge (which counts the blocks of *running* requests, not the cached free blocks eviction takes) while
+the explain page attributed 97 % of a workload's recomputed tokens to eviction; the speculative page said
+"pays off" from point estimates while the calibrated A/B verdicts were 1 better and 8 inconclusive. Here each
+such quantity is one :class:`Claim` — a key (``eviction``, ``speculative:<server>``,
+``capacity:<server>:<workload>``), a value word, the sentence and its numbers — computed once per results
+object (`common._derived`), and every page that mentions the quantity renders that claim and tags its finding
+with ``claim`` / ``claim_value``, so ``tests/test_claims.py`` can render a constructed experiment and check that
+no two pages state different values for one key.
+
+* **Eviction** is read from evictions, not from the gauge: per caching cell, the tokens an infinite cache would
+  have served (the exact simulator on the workload's trace, `explain_experiment`) that the server did not.
+* **Speculative payoff** follows the A/B verdicts on output throughput (hierarchical bootstrap, `ab.compare`):
+  *pays* only where most comparisons are *better* and none *worse*; what got worse is named beside it (any
+  metric with a *worse* verdict, and the like-for-like point estimates of TTFT p50, ITL p99 and goodput).
+* **Capacity** is the sweep's recorded answer, with what was measured (which levels, their TTFT p90) and what
+  the scheduler model predicts (the first level it fails, its eviction cliff) when no measured level passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
+from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
+from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.results.loaders import ExperimentResults
+
+__all__ = ["Claim", "capacity_claims", "eviction_claim", "speculative_claims", "tag"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One statement about one quantity: ``key`` names the quantity, ``value`` is what is stated about it."""
+
+    key: str
+    value: str
+    sentence: str
+    numbers: dict[str, float | None] = field(default_factory=dict)
+
+    def finding(self, question: str, notebook: str, figure: str | None = None) -> Finding:
+        return Finding(question=question, sentence=self.sentence, numbers=self.numbers,  # type: ignore[arg-type]
+                       notebook=notebook, figure=figure, claim=self.key, claim_value=self.value)
+
+
+def tag(f: Finding, claim: Claim) -> Finding:
+    """``f`` marked as stating ``claim`` (a sentence that mentions the quantity in its own words)."""
+    return f.model_copy(update={"claim": claim.key, "claim_value": claim.value})
+
+
+# ---- eviction ------------------------------------------------------------------------------------------------
+def eviction_by_cell(res: ExperimentResults) -> pd.DataFrame:
+    """Per caching cell: prompt tokens, cached tokens, the tokens an infinite cache would have served (the exact
+    simulator on the workload's trace), and ``evicted_tokens``: the sum over requests of what the infinite cache
+    served beyond what the server did. A shortfall is eviction: the prefix was there and the pool dropped it."""
+    from kvscope.harness.analysis.explain_experiment import explained_workloads
+
+    cols = ["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "infinite_cached_tokens",
+            "evicted_tokens", "hit_rate", "infinite_hit_rate"]
+    ok = res.ok_requests()
+    c = _ok_cells(res)
+    if not len(ok) or not len(c) or "prefix_caching" not in c:
+        return pd.DataFrame(columns=cols)
+    base = {wx.workload: np.array([a.predicted_cached_tokens for a in wx.explanation.requests], dtype=float)
+            for wx in explained_workloads(res)}
+    rows = []
+    for _, cell in c[c["prefix_caching"].map(lambda v: v is True)].iterrows():
+        b = base.get(str(cell["workload"]))
+        r = ok[ok["cell"] == cell["cell"]]
+        if b is None or not len(r):
+            continue
+        ids = r["request_id"].to_numpy(int)
+        inside = ids < len(b)
+        r, ids = r[inside], ids[inside]
+        got = r["cached_tokens"].fillna(0).to_numpy(float)
+        ideal = b[ids]
+        prompt = float(r["prompt_tokens"].sum())
+        rows.append({"cell": cell["cell"], "server": cell["server"], "workload": cell["workload"],
+                     "load": str(cell["load"]), "prompt_tokens": prompt, "cached_tokens": float(got.sum()),
+                     "infinite_cached_tokens": float(ideal.sum()),
+                     "evicted_tokens": float(np.clip(ideal - got, 0, None).sum()),
+                     "hit_rate": float(got.sum()) / prompt if prompt else math.nan,
+                     "infinite_hit_rate": float(ideal.sum()) / prompt if prompt else math.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def eviction_claim(res: ExperimentResults) -> Claim | None:
+    """Whether the server's KV pool evicted cached prefixes, with the evidence (None: no caching cell with a
+    trace to compare against)."""
+    return _derived(res, ("claim", "eviction"), lambda: _eviction_claim(res))
+
+
+def _eviction_claim(res: ExperimentResults) -> Claim | None:
+    ev = eviction_by_cell(res)
+    if not len(ev):
+        return None
+    total = float(ev["evicted_tokens"].sum())
+    gauge = ""
+    m = res.metrics
+    if len(m) and "kv_cache_usage" in m and m["kv_cache_usage"].notna().any():
+        gauge = (f" (the KV-usage gauge, peak {_pct(float(m['kv_cache_usage'].max()))}, counts the blocks of running "
+                 "requests, not the cached blocks eviction takes, so it does not show this)")
+    numbers: dict[str, float | None] = {"evicted_tokens": total, "cells": float(len(ev))}
+    if total <= 0:
+        return Claim("eviction", "none",
+                     f"No eviction: in all {len(ev)} caching cell(s) the server served every prefix an infinite "
+                     "cache would have, so the hit rates are those of a cache that never had to evict.", numbers)
+    per = ev.groupby("workload", sort=False).agg(evicted=("evicted_tokens", "sum"), prompt=("prompt_tokens", "sum"),
+                                                 cells=("cell", "nunique"),
+                                                 evicting=("evicted_tokens", lambda s: int((s > 0).sum())))
+    worst = ev.loc[ev["evicted_tokens"].idxmax()]
+    parts = [f"{w} {int(r.evicted):,} tokens in {int(r.evicting)} of {int(r.cells)} cell(s)"
+             for w, r in per[per["evicted"] > 0].sort_values("evicted", ascending=False).iterrows()]
+    numbers |= {"worst_cell_hit_rate": float(worst["hit_rate"]),
+                "worst_cell_infinite_hit_rate": float(worst["infinite_hit_rate"])}
+    return Claim("eviction", "evicted",
+                 f"The KV pool evicted cached prefixes: {int(total):,} prompt tokens that an infinite cache would "
+                 f"have served were recomputed ({'; '.join(parts)}); worst {worst['cell']}: hit rate "
+                 f"{_pct(worst['hit_rate'])} against {_pct(worst['infinite_hit_rate'])} with an infinite cache"
+                 f"{gauge}.", numbers)
+
+
+# ---- speculative payoff --------------------------------------------------------------------------------------
+SPECULATIVE_VALUES = ("pays", "does_not_pay", "mixed", "inconclusive")
+_WORSE_WORDS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99",
+                "tpot_p50_s": "TPOT p50", "tpot_p90_s": "TPOT p90", "e2e_p50_s": "e2e p50", "e2e_p90_s": "e2e p90",
+                "output_tokens_per_s": "output throughput", "hit_rate": "hit rate"}
+
+
+def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
+    """One claim per speculative configuration, from the A/B verdicts (``ab``: `pages.ab_compare.ab_table`)."""
+    return _derived(res, ("claim", "speculative", id(ab)), lambda: _speculative_claims(res, ab))
+
+
+def _speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
+    c = _ok_cells(res)
+    if not len(c) or "speculative" not in c or not len(ab):
+        return []
+    out = []
+    for server in dict.fromkeys(map(str, c[c["speculative"] == True]["server"])):
+        t = ab[ab["B"] == server]
+        thr = t[t["metric"] == "output_tokens_per_s"]
+        if not len(thr):
+            continue
+        base = str(thr["A"].iloc[0])
+        counts = thr["verdict"].value_counts()
+        better, worse, n = int(counts.get("better", 0)), int(counts.get("worse", 0)), len(thr)
+        if better and worse:
+            value = "mixed"
+        elif worse or counts.get("equivalent", 0) == n:
+            value = "does_not_pay"
+        elif better * 2 > n:
+            value = "pays"
+        else:
+            value = "inconclusive"
+        word = {"pays": "pays off", "does_not_pay": "does not pay off", "mixed": "pays off in some comparisons "
+                "and costs in others", "inconclusive": "has no decided payoff"}[value]
+        words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
+                          if counts.get(v))
+        median = float(thr["relative"].median()) if thr["relative"].notna().any() else math.nan
+        decided = thr[thr["verdict"].isin(["better", "worse"])]
+        where = "; ".join(f"{r.verdict} on {r.workload} at {r.load} ({_signed_pct(r.relative)})"
+                          for r in decided.itertuples())
+        once = thr[(thr["runs_a"] <= 1) | (thr["runs_b"] <= 1)]
+        once_words = (f"; {len(once)} of them ran once per side (no run-to-run noise measured, so their "
+                      "verdicts stay inconclusive)" if len(once) else "")
+        sentence = (f"{server} {word} against {base}: output throughput verdicts over {n} workload × load "
+                    f"comparisons: {words} (median {_signed_pct(median)}{'; ' + where if where else ''})"
+                    f"{once_words}.")
+        worse_words = _what_gets_worse(res, t, server, base)
+        sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
+        out.append(Claim(f"speculative:{server}", value, sentence,
+                         {"better": float(better), "worse": float(worse), "comparisons": float(n),
+                          "median_throughput_change": None if math.isnan(median) else median}))
+    return out
+
+
+def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base: str) -> str:
+    """Metrics with a *worse* verdict, then the like-for-like point estimates (same workload, load, repeat) of
+    TTFT p50, ITL p99 and goodput where they moved the wrong way beyond 5 %."""
+    parts = []
+    for metric, g in t[t["verdict"] == "worse"].groupby("metric", sort=False):
+        parts.append(f"{_WORSE_WORDS.get(str(metric), str(metric))} worse (decided) in {len(g)} comparison(s), "
+                     f"e.g. {_signed_pct(g['relative'].iloc[0])} on {g['workload'].iloc[0]} at {g['load'].iloc[0]}")
+    pairs = _paired_cells(res, server, base)
+    if len(pairs):
+        for col, label, higher_better in (("ttft_p50_s", "TTFT p50", False), ("itl_p99_s", "ITL p99", False)):
+            if f"{col}_b" not in pairs:
+                continue
+            by = pairs.groupby("workload", sort=False).apply(
+                lambda g, col=col: g[f"{col}_s"].median() / g[f"{col}_b"].median() - 1
+                if g[f"{col}_b"].median() else math.nan, include_groups=False).dropna()
+            bad = by[by > 0.05]
+            if len(bad) and not any(p.startswith(label + " worse") for p in parts):
+                parts.append(f"{label} " + ", ".join(f"{_signed_pct(v)} on {w}" for w, v in bad.items())
+                             + " (point estimates)")
+        if "goodput_fraction_b" in pairs:
+            gs, gb = pairs["goodput_fraction_s"].mean(), pairs["goodput_fraction_b"].mean()
+            if pd.notna(gs) and pd.notna(gb) and gs < gb - 0.01:
+                parts.append(f"goodput {_pct(gs)} against {_pct(gb)} (point estimates, same cells)")
+    return "; ".join(parts)
+
+
+def _paired_cells(res: ExperimentResults, server: str, base: str) -> pd.DataFrame:
+    """The speculative server's cells joined to its baseline's on workload, load and repeat (like for like)."""
+    c = _ok_cells(res)
+    cols = [k for k in ("ttft_p50_s", "itl_p99_s", "goodput_fraction") if k in c]
+    keys = ["workload", "load", "repeat"]
+    s = c[c["server"] == server][keys + cols]
+    b = c[c["server"] == base][keys + cols]
+    return s.merge(b, on=keys, suffixes=("_s", "_b"))
+
+
+# ---- capacity ------------------------------------------------------------------------------------------------
+def capacity_claims(res: ExperimentResults) -> list[Claim]:
+    """One claim per sweep (configuration × workload), from experiment.json's recorded answers."""
+    return _derived(res, ("claim", "capacity"), lambda: [_capacity_claim(e) for e in
+                                                         (getattr(res.experiment, "capacity", None) or [])])
+
+
+def _level(load: float) -> str:
+    return f"c{load:g}"
+
+
+def _capacity_claim(e) -> Claim:
+    slo = e.slo_ttft_p90_ms
+    points = sorted(e.points, key=lambda p: p.load)
+    measured = ", ".join(f"{_level(p.load)} (TTFT p90 {p.ttft_p90_s * 1e3:.0f} ms"
+                         f"{', preempted' if p.preemptions else ''})" if p.ttft_p90_s is not None else
+                         f"{_level(p.load)} (no answer)" for p in points)
+    pred = e.predicted
+    knee = cliff = None
+    pred_words = ""
+    if pred is not None and pred.levels:
+        fails = [lv.load for lv in sorted(pred.levels, key=lambda lv: lv.load)
+                 if not point_meets_slo(predicted_point(lv.load, lv.ttft_p90_s, lv.preemptions if
+                                                        lv.preemptions_p50 is None else lv.preemptions_p50), slo)]
+        knee = fails[0] if fails else None
+        cliff = pred.cliff
+        held = "none of its levels" if pred.capacity is None else _level(pred.capacity)
+        pred_words = (f"; the scheduler model predicts {held} within it" + (f", the first failing level at {_level(knee)}" if knee is not None else
+                                       ", no failing level within its range")
+                      + (f" and a KV eviction cliff at {_level(cliff)}" if cliff is not None else
+                         " and no eviction cliff within its range"))
+    elif pred is not None and pred.skipped:
+        pred_words = f"; no prediction ({pred.skipped})"
+    slo_text = _slo_text(e)
+    numbers = {"capacity_load": e.capacity, "slo_ttft_ms": slo, "levels_measured": float(len(points)),
+               "predicted_capacity": None if pred is None else pred.capacity, "predicted_first_failure": knee,
+               "predicted_cliff": cliff}
+    if e.capacity is None:
+        only = "only " if len(points) == 1 else ""
+        stop = (" (the sweep stops at the first failing level)" if len(points) == 1 else "")
+        sentence = (f"{e.server} meets {slo_text} at none of the measured loads on {e.workload}: {only}"
+                    f"{measured} {'was' if len(points) == 1 else 'were'} measured{stop}{pred_words}.")
+        return Claim(f"capacity:{e.server}:{e.workload}", "none_measured", sentence, numbers)
+    held = f"{e.capacity:g}"
+    nxt = [p for p in points if p.load > e.capacity and not point_meets_slo(
+        LoadPoint(p.load, p.ttft_p90_s, p.preemptions), slo)]
+    tail = ("; no failing level within the measured ones (capacity is at least this)" if not nxt else
+            f"; at {_level(nxt[0].load)} it {'preempts' if nxt[0].preemptions else 'breaks the SLO'}")
+    sentence = (f"{e.server} holds {held} concurrent {e.workload} sessions at {slo_text}{tail}; measured: "
+                f"{measured}{pred_words}.")
+    return Claim(f"capacity:{e.server}:{e.workload}", f"holds_{held}", sentence, numbers)
+
+
+def _slo_text(e) -> str:
+    if e.slo_ttft_p90 is None:
+        return f"TTFT p90 ≤ {e.slo_ttft_p90_ms:g} ms" if e.slo_ttft_p90_ms is not None else "no TTFT SLO"
+    factor = e.slo_ttft_p90.removesuffix("_unloaded")
+    if e.slo_ttft_p90_ms is None:
+        return f"TTFT p90 ≤ {factor} unloaded (not resolved: no level answered)"
+    return (f"TTFT p90 ≤ {factor} unloaded ({e.slo_unloaded_ttft_p90_ms:.0f} ms, {e.slo_unloaded_source}) "
+            f"= {e.slo_ttft_p90_ms:.0f} ms")
