@@ -43,6 +43,7 @@ class Claim:
     value: str
     sentence: str
     numbers: dict[str, float | None] = field(default_factory=dict)
+    worse: str = ""  # what gets worse with it, in words (speculative claims)
 
     def finding(self, question: str, notebook: str, figure: str | None = None) -> Finding:
         return Finding(question=question, sentence=self.sentence, numbers=self.numbers,  # type: ignore[arg-type]
@@ -177,8 +178,27 @@ def _speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
         out.append(Claim(f"speculative:{server}", value, sentence,
                          {"better": float(better), "worse": float(worse), "comparisons": float(n),
-                          "median_throughput_change": None if math.isnan(median) else median}))
+                          "median_throughput_change": None if math.isnan(median) else median}, worse_words))
     return out
+
+
+def speculative_recommendation(claim: Claim) -> Finding:
+    """What to do about a speculative configuration, from its claim alone (so the index's recommendation and
+    the page's finding cannot disagree): use it only where the throughput verdicts are decided."""
+    server = claim.key.split(":", 1)[1]
+    n = claim.numbers
+    counts = f"{int(n['better'] or 0)} of {int(n['comparisons'] or 0)} throughput comparisons decided better"
+    median = _signed_pct(n.get("median_throughput_change"))
+    cost = f"; it costs {claim.worse}" if claim.worse else ""
+    text = {"pays": f"Use {server}: output throughput {median} median ({counts}, none worse){cost}.",
+            "does_not_pay": f"Leave {server} off: its output throughput is not better ({counts}, median "
+                            f"{median}){cost}.",
+            "mixed": f"{server}: mixed — better in some comparisons and worse in others ({counts}, median "
+                     f"{median}){cost}; decide per workload.",
+            "inconclusive": f"{server}: inconclusive — output throughput {median} median but only {counts}; "
+                            f"turn it on only if throughput-bound{cost}."}[claim.value]
+    return Finding(question="recommendation", sentence=text, numbers=claim.numbers, notebook="speculative",
+                   figure="acceptance_and_tpot", claim=claim.key, claim_value=claim.value)
 
 
 def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -11,6 +12,7 @@ from kvscope.harness.analysis.common import (
     GPU_BLOCK_SIZE,
     RESAMPLES,
     _caching_server,
+    _derived,
     _load_order,
     _metric_row,
     _ms,
@@ -149,8 +151,32 @@ def _cost_preset(res: ExperimentResults) -> str | None:
     return names[0] if names else None
 
 
-def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
-    """Per habit: hit rate, TTFT p50 (with the verdict engine's interval) and provider cost against its reference."""
+@dataclass(frozen=True)
+class HabitEffect:
+    """One habit against its reference workload on the caching configuration, at the lowest load both ran:
+    the measured hit rates, the verdict engine's rows (TTFT p50, hit rate) and each side's provider cost
+    relative to no caching. The habit finding and the habit recommendation are both read from it."""
+
+    what: str
+    reference: str
+    habit: str
+    server: str
+    load: str
+    hit_a: float
+    hit_b: float
+    ttft: dict[str, Any]
+    hit: dict[str, Any]
+    preset: str | None
+    cost_a: float | None
+    cost_b: float | None
+
+
+def habit_effects(res: ExperimentResults, resamples: int = RESAMPLES) -> list[HabitEffect]:
+    """Every habit pair's effect (see :class:`HabitEffect`), computed once per results object."""
+    return _derived(res, ("habit_effects", resamples), lambda: _habit_effects(res, resamples))
+
+
+def _habit_effects(res: ExperimentResults, resamples: int) -> list[HabitEffect]:
     server = _caching_server(res)
     loads = _load_order(res)
     if server is None or not loads:
@@ -167,13 +193,110 @@ def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[F
                     loads[0])
         ra, rb = _runs(res, server, reference, load), _runs(res, server, habit, load)
         table = compare(ra, rb, resamples=resamples) if ra and rb else pd.DataFrame()
-        ttft = _metric_row(table, "ttft_p50_s") or {}
-        hit_a, hit_b = float(hits.loc[reference, "measured"]), float(hits.loc[habit, "measured"])
-        cost_a = _cost_change(res, reference, preset) if preset else None
-        cost_b = _cost_change(res, habit, preset) if preset else None
-        out.append(_habit_sentence(describe_habit(res, reference, habit), reference, habit, server, load,
-                                   hit_a, hit_b, ttft, preset, cost_a, cost_b))
+        out.append(HabitEffect(describe_habit(res, reference, habit), reference, habit, server, load,
+                               float(hits.loc[reference, "measured"]), float(hits.loc[habit, "measured"]),
+                               _metric_row(table, "ttft_p50_s") or {}, _metric_row(table, "hit_rate") or {}, preset,
+                               _cost_change(res, reference, preset) if preset else None,
+                               _cost_change(res, habit, preset) if preset else None))
     return out
+
+
+def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
+    """Per habit: hit rate, TTFT p50 (with the verdict engine's interval) and provider cost against its reference."""
+    return [_habit_sentence(e.what, e.reference, e.habit, e.server, e.load, e.hit_a, e.hit_b, e.ttft, e.preset,
+                            e.cost_a, e.cost_b) for e in habit_effects(res, resamples)]
+
+
+def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
+    """Per habit, what to do about it — only from decided verdicts (TTFT p50, hit rate): *avoid* where the habit
+    is decided worse on one of them, else the comparison is said to be inconclusive, with its numbers."""
+    out = []
+    for e in habit_effects(res, resamples):
+        decided, undecided = [], []
+        hit_v, ttft_v = e.hit.get("verdict"), e.ttft.get("verdict")
+        pp = (e.hit_a - e.hit_b) * 100
+        hit_words = f"{pp:+.0f} pp hit rate"
+        (decided if hit_v in ("worse", "better") else undecided).append(hit_words)
+        a, b = e.ttft.get("a"), e.ttft.get("b")
+        if a is not None and b is not None:
+            ttft_words = f"{(a - b) * 1000:+.0f} ms TTFT p50"
+            (decided if ttft_v in ("worse", "better") else undecided).append(ttft_words)
+        cost = ""
+        if e.preset and e.cost_a is not None and e.cost_b is not None and 1 + e.cost_b:
+            cost = f", {((1 + e.cost_a) / (1 + e.cost_b) - 1) * 100:+.0f} % {e.preset} cost (priced)"
+        worse = "worse" in (hit_v, ttft_v)
+        better = "better" in (hit_v, ttft_v) and not worse
+        what = e.what[0].upper() + e.what[1:]
+        on = f"({e.habit} vs {e.reference}, on {e.server} at {e.load})"
+        if worse:
+            text = (f"Avoid {e.what} {on}: without it, {', '.join(decided)} (decided)"
+                    + (f"; {', '.join(undecided)} (inconclusive)" if undecided else "") + f"{cost}.")
+            value = "avoid"
+        elif better:
+            text = f"{what} helps {on}: {', '.join(decided)} (decided){cost}."
+            value = "keep"
+        else:
+            text = (f"{what} {on}: inconclusive — without it {', '.join(undecided)}; no verdict is decided, so "
+                    "this is no recommendation either way.")
+            value = "inconclusive"
+        out.append(Finding(question="recommendation", sentence=text, notebook="hit_rates", figure="hit_rate_by_workload",
+                           numbers={"hit_rate_gain_pp": pp, "ttft_p50_gain_s": None if a is None or b is None
+                                    else float(b - a)}, claim=f"habit:{e.habit}", claim_value=value))
+    return out
+
+
+def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
+    """Prefix caching on against off (the caching configuration against each non-speculative one with caching
+    off), from the verdicts on TTFT p50 and output throughput over every workload and load both ran."""
+    from kvscope.harness.analysis.ab import compare as ab_compare_runs
+
+    on = _caching_server(res)
+    c = _ok_cells(res)
+    if on is None or "prefix_caching" not in c:
+        return []
+    offs = [s for s in dict.fromkeys(map(str, c["server"])) if s != on and not bool(
+        c[c["server"] == s]["prefix_caching"].iloc[0]) and not bool(c[c["server"] == s]["speculative"].iloc[0])]
+    out = []
+    for off in offs:
+        rows = []
+        for (wl, load), _ in c[c["server"] == off].groupby(["workload", "load"], sort=False):
+            ra, rb = _runs(res, off, wl, str(load)), _runs(res, on, wl, str(load))
+            if ra and rb:
+                t = ab_compare_runs(ra, rb, resamples=resamples)
+                rows.append(t.assign(workload=wl, load=str(load)))
+        if not rows:
+            continue
+        t = pd.concat(rows, ignore_index=True)
+        parts, decided_better, decided_worse = [], 0, 0
+        for metric, label in (("output_tokens_per_s", "output throughput"), ("ttft_p50_s", "TTFT p50")):
+            m = t[t["metric"] == metric]
+            if not len(m):
+                continue
+            counts = m["verdict"].value_counts()
+            decided_better += int(counts.get("better", 0))
+            decided_worse += int(counts.get("worse", 0))
+            rel = (m["diff"] / m["a"].where(m["a"] != 0)).median()
+            words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
+                              if counts.get(v))
+            parts.append(f"{label} {_signed(rel)} median ({words} of {len(m)})")
+        n = t.groupby(["workload", "load"]).ngroups
+        evidence = f"with caching on against {off} over {n} workload × load comparison(s): " + "; ".join(parts)
+        if decided_better and not decided_worse:
+            text, value = f"Keep prefix caching on ({on}): {evidence}.", "keep_on"
+        elif decided_worse and not decided_better:
+            text, value = f"Prefix caching cost more than it saved here ({on}): {evidence}.", "turn_off"
+        else:
+            text = (f"Prefix caching on or off ({on} vs {off}): inconclusive — {evidence}; the hit rate gain is "
+                    "by construction, its latency and throughput effect is not decided.")
+            value = "inconclusive"
+        out.append(Finding(question="recommendation", sentence=text, notebook="hit_rates",
+                           figure="hit_rate_by_workload", numbers={"comparisons": float(n)},
+                           claim=f"prefix_caching:{on}", claim_value=value))
+    return out
+
+
+def _signed(x: float) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x * 100:+.0f} %"
 
 
 def _habit_sentence(what: str, reference: str, habit: str, server: str, load: str, hit_a: float, hit_b: float,
@@ -236,9 +359,10 @@ def _caveat_block_size(res: ExperimentResults):
             "are higher."), {"block_size": float(big[0])})
 
 
-@page_findings_of("hit_rates", "habit", "hit_rate")
+@page_findings_of("hit_rates", "habit", "hit_rate", "recommendation")
 def _hit_rates_page(ctx: PageContext) -> list[Finding]:
-    return [*habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]
+    return [*habit_recommendations(ctx.res, ctx.resamples), *prefix_caching_recommendations(ctx.res, ctx.resamples),
+            *habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]
 
 
 @caveat("cache_not_reset", "hit_rates")

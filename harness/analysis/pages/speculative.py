@@ -122,12 +122,14 @@ def speculative_findings(res: ExperimentResults, table: pd.DataFrame | None = No
     (`claims.speculative_claims`: *pays* only where most throughput comparisons are decided *better* and none
     *worse*), with what gets worse named beside it. ``table`` is the A/B table (`ab_compare.ab_table`),
     computed here when not given."""
-    from kvscope.harness.analysis.claims import speculative_claims
+    from kvscope.harness.analysis.claims import speculative_claims, speculative_recommendation
     from kvscope.harness.analysis.pages.ab_compare import ab_table
 
     if table is None:
         table = ab_table(res)
-    return [c.finding("speculative", "speculative", "acceptance_and_tpot") for c in speculative_claims(res, table)]
+    claims = speculative_claims(res, table)
+    return [*map(speculative_recommendation, claims),
+            *(c.finding("speculative", "speculative", "acceptance_and_tpot") for c in claims)]
 
 
 @caveat("tiny_model", "speculative")
@@ -143,6 +145,6 @@ def _caveat_tiny_model(res: ExperimentResults):
             {"train_steps": None if steps is None else float(steps)})
 
 
-@page_findings_of("speculative", "speculative")
+@page_findings_of("speculative", "speculative", "recommendation")
 def _speculative_page(ctx: PageContext) -> list[Finding]:
     return speculative_findings(ctx.res, page_ab_table(ctx))
