@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo
+from kvscope.harness.analysis.capacity import LoadPoint, kv_ceiling, point_meets_slo
 from kvscope.harness.analysis.claims import capacity_claims, eviction_claim
 from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
@@ -71,7 +71,8 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
     server taken just before the sweep; ``sweep.predict``). ``meets_slo`` is the live rule for both
     (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`); ``preempted`` is what it reads: the cell's
     count for a measured level, the median run's for a predicted one (``preemptions`` is the runs' mean, with
-    their 10th-90th percentile beside it). Empty without a sweep or a prediction."""
+    their 10th-90th percentile beside it). A sweep without a prediction has its measured rows alone. Empty
+    without a sweep."""
     from pathlib import PurePath
 
     from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
@@ -80,8 +81,6 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
     cells = res.experiment.cells if res.experiment is not None else {}
     rows = []
     for e in entries:
-        if e.predicted is None or not e.predicted.levels:
-            continue
         key = {"server": e.server, "workload": e.workload}
         for p in e.points:
             cell = cells.get(PurePath(p.cell).name) if p.cell else None
@@ -93,7 +92,7 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
                          "preempted": bool(p.preemptions), "preemptions_p10": None, "preemptions_p90": None,
                          "meets_slo": point_meets_slo(LoadPoint(p.load, p.ttft_p90_s, p.preemptions),
                                                       e.slo_ttft_p90_ms)})
-        for lv in e.predicted.levels:
+        for lv in (e.predicted.levels if e.predicted is not None else []):
             point = predicted_point(lv.load, lv.ttft_p90_s,
                                     lv.preemptions if lv.preemptions_p50 is None else lv.preemptions_p50)
             rows.append({**key, "concurrency": lv.load, "source": "predicted",
@@ -119,6 +118,8 @@ def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
         rows.append({"server": e.server, "workload": e.workload, "slo_ttft_p90_ms": e.slo_ttft_p90_ms,
                      "measured_capacity": e.capacity, "predicted_capacity": None if p is None else p.capacity,
                      "predicted_cliff": None if p is None else p.cliff,
+                     "measured_kv_ceiling": kv_ceiling([LoadPoint(q.load, q.ttft_p90_s, q.preemptions)
+                                                        for q in e.points]),
                      "calibration_r2": None if p is None else p.fit_r2,
                      "note": "no prediction recorded" if p is None else (p.skipped or ""),
                      "headline": f"{e.server} on {e.workload}: capacity predicted {_level(p and p.capacity)}, "

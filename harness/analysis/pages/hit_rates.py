@@ -57,6 +57,37 @@ def hit_by_step(res: ExperimentResults, max_step: int | None = None) -> pd.DataF
     return g
 
 
+def session_hit_rates(res: ExperimentResults) -> pd.DataFrame:
+    """One row per (server, workload, cell, session): the session's token-weighted hit rate. Sessions, not
+    requests, are the unit of independence (a session's requests share its context), so the spread across
+    sessions is what a pooled hit rate hides: one long session can carry it."""
+    cols = ["server", "workload", "cell", "session_id", "requests", "prompt_tokens", "cached_tokens", "hit_rate"]
+    ok = res.ok_requests()
+    if not len(ok):
+        return pd.DataFrame(columns=cols)
+    g = ok.groupby(["server", "workload", "cell", "session_id"], sort=False).agg(
+        requests=("request_id", "count"), prompt_tokens=("prompt_tokens", "sum"),
+        cached_tokens=("cached_tokens", "sum")).reset_index()
+    g["hit_rate"] = _ratio(g["cached_tokens"], g["prompt_tokens"])
+    return g[cols]
+
+
+def session_hit_rate_spread(res: ExperimentResults) -> pd.DataFrame:
+    """Per (server, workload): the distribution of :func:`session_hit_rates` across sessions (all cells
+    pooled: each replay of a session is one observation): count, min, 10th / 50th / 90th percentile, max, and
+    the pooled token-weighted rate beside them."""
+    s = session_hit_rates(res)
+    cols = ["server", "workload", "sessions", "min", "p10", "median", "p90", "max", "pooled"]
+    if not len(s):
+        return pd.DataFrame(columns=cols)
+    g = s.groupby(["server", "workload"], sort=False)
+    out = g["hit_rate"].agg(sessions="count", min="min", p10=lambda x: x.quantile(0.1), median="median",
+                            p90=lambda x: x.quantile(0.9), max="max").reset_index()
+    pooled = g.agg(c=("cached_tokens", "sum"), p=("prompt_tokens", "sum")).reset_index()
+    out["pooled"] = _ratio(pooled["c"], pooled["p"]).to_numpy()
+    return out[cols]
+
+
 def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
     """Tokens recomputed per request by the kind of history transition (append, edit, compaction, …).
 
