@@ -32,7 +32,8 @@ from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_p
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
-__all__ = ["Claim", "capacity_claims", "eviction_claim", "speculative_claims", "tag"]
+__all__ = ["Claim", "capacity_claims", "contradictions", "eviction_by_cell", "eviction_claim",
+           "speculative_claims", "speculative_recommendation", "tag"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,16 @@ class Claim:
     def finding(self, question: str, notebook: str, figure: str | None = None) -> Finding:
         return Finding(question=question, sentence=self.sentence, numbers=self.numbers,  # type: ignore[arg-type]
                        notebook=notebook, figure=figure, claim=self.key, claim_value=self.value)
+
+
+def contradictions(found: list[Finding]) -> dict[str, dict[str, str]]:
+    """The claims stated with more than one value across ``found`` (every page's findings): claim key ->
+    {notebook: value}. Empty when the report tells one story."""
+    by: dict[str, dict[str, str]] = {}
+    for f in found:
+        if f.claim is not None:
+            by.setdefault(f.claim, {})[f.notebook] = str(f.claim_value)
+    return {k: v for k, v in by.items() if len(set(v.values())) > 1}
 
 
 def tag(f: Finding, claim: Claim) -> Finding:
