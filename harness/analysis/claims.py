@@ -274,9 +274,10 @@ def _capacity_claim(e) -> Claim:
                                                         lv.preemptions_p50 is None else lv.preemptions_p50), slo)]
         knee = fails[0] if fails else None
         cliff = pred.cliff
-        held = "none of its levels" if pred.capacity is None else _level(pred.capacity)
-        pred_words = (f"; the scheduler model predicts {held} within it" + (f", the first failing level at {_level(knee)}" if knee is not None else
-                                       ", no failing level within its range")
+        held = "no level within the SLO" if pred.capacity is None else f"a capacity of {_level(pred.capacity)}"
+        pred_words = (f"; the scheduler model predicts {held}"
+                      + (f", the first failing level at {_level(knee)}" if knee is not None else
+                         ", no failing level within its range")
                       + (f" and a KV eviction cliff at {_level(cliff)}" if cliff is not None else
                          " and no eviction cliff within its range"))
     elif pred is not None and pred.skipped:

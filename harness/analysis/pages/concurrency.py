@@ -122,8 +122,9 @@ def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
                                                         for q in e.points]),
                      "calibration_r2": None if p is None else p.fit_r2,
                      "note": "no prediction recorded" if p is None else (p.skipped or ""),
-                     "headline": f"{e.server} on {e.workload}: capacity predicted {_level(p and p.capacity)}, "
-                                 f"measured {_level(e.capacity)}",
+                     "headline": f"{e.server} on {e.workload}: capacity "
+                                 + (f"predicted {_level(p.capacity)}, " if p is not None and not p.skipped else
+                                    "not predicted, ") + f"measured {_level(e.capacity)}",
                      "sentence": f"{e.server} on {e.workload}: " + (
                          "no prediction recorded" if p is None else p.sentence or f"no prediction ({p.skipped})")})
     return pd.DataFrame(rows)
