@@ -148,8 +148,9 @@ def cause_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
 
 
 def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
-    """Per workload that recomputed anything: its hit rate as observed, then with each cause removed (long form:
-    workload, scenario, cause, hit_rate; the observed row's cause is None)."""
+    """Per workload that recomputed anything: its hit rate as observed, then with each cause removed, with an
+    infinite cache and (where the run's pool size is known) at that pool (long form: workload, scenario, cause,
+    hit_rate; the observed row's cause is None)."""
     rows = []
     for wx in explained:
         if not wx.explanation.recomputed_tokens:
@@ -158,13 +159,24 @@ def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
                      "hit_rate": wx.explanation.hit_rate})
         rows += [{"workload": wx.workload, "scenario": f"without {c.cause}", "cause": c.cause,
                   "hit_rate": c.what_if_hit_rate} for c in wx.explanation.causes]
+        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}, at the run's KV pool", "cause": c.cause,
+                  "hit_rate": c.what_if_hit_rate_pool} for c in wx.explanation.causes
+                 if c.what_if_hit_rate_pool is not None]
     return pd.DataFrame(rows, columns=["workload", "scenario", "cause", "hit_rate"])
 
 
 def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
-    """The what-if figure's colours: dark grey as observed, each cause's own colour without it."""
-    return {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999")
-                                         for c in frame["cause"].dropna()}}
+    """The what-if figure's colours: dark grey as observed, each cause's own colour without it (an infinite
+    cache), the same colour lightened at the run's KV pool."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    def light(colour: str) -> str:
+        return to_hex(tuple(0.55 * x + 0.45 for x in to_rgb(colour)))
+
+    causes = list(dict.fromkeys(frame["cause"].dropna()))
+    colours = {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999") for c in causes},
+               **{f"without {c}, at the run's KV pool": light(CAUSE_COLOURS.get(c, "#999999")) for c in causes}}
+    return {k: v for k, v in colours.items() if k in set(frame["scenario"])}
 
 
 def workload_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
@@ -272,8 +284,9 @@ def what_if_title(explained: list[WorkloadExplanation]) -> str:
     if best is None:
         return "No cause to remove"
     wx, c = best
+    pool = "" if c.what_if_hit_rate_pool is None else f", {_pct(c.what_if_hit_rate_pool)} at the run's KV pool"
     return (f"Removing {c.cause.replace('_', ' ')} from {wx.workload} would take its hit rate from "
-            f"{_pct(wx.explanation.hit_rate)} to {_pct(c.what_if_hit_rate)}")
+            f"{_pct(wx.explanation.hit_rate)} to {_pct(c.what_if_hit_rate)} with an infinite cache{pool}")
 
 
 def explain_findings(explained: list[WorkloadExplanation], max_causes: int = 2) -> list[Finding]:
