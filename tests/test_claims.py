@@ -216,7 +216,7 @@ def test_capacity_when_the_first_level_fails_says_what_was_measured_and_what_is_
     assert f.claim == "capacity:baseline:agent" and f.claim_value == "none_measured"
     assert "only c1 (TTFT p90 479 ms) was measured" in f.sentence
     assert "the sweep stops at the first failing level" in f.sentence
-    assert "first failing level at c3" in f.sentence and "KV eviction cliff at c6" in f.sentence
+    assert "predicts a capacity of c2, the first failing level at c3 and a KV eviction cliff at c6" in f.sentence
     assert f.figure == "predicted_vs_measured"
     # the index states the same sentence, from the page's findings file
     from kvscope.harness.report.summary import findings_html

@@ -266,15 +266,18 @@ def _capacity_claim(e) -> Claim:
                          f"{', preempted' if p.preemptions else ''})" if p.ttft_p90_s is not None else
                          f"{_level(p.load)} (no answer)" for p in points)
     pred = e.predicted
-    knee = cliff = None
+    knee = cliff = predicted_capacity = None
     pred_words = ""
     if pred is not None and pred.levels:
-        fails = [lv.load for lv in sorted(pred.levels, key=lambda lv: lv.load)
-                 if not point_meets_slo(predicted_point(lv.load, lv.ttft_p90_s, lv.preemptions if
-                                                        lv.preemptions_p50 is None else lv.preemptions_p50), slo)]
+        meets = {lv.load: point_meets_slo(predicted_point(lv.load, lv.ttft_p90_s, lv.preemptions if
+                                                          lv.preemptions_p50 is None else lv.preemptions_p50), slo)
+                 for lv in sorted(pred.levels, key=lambda lv: lv.load)}
+        fails = [load for load, ok in meets.items() if not ok]
         knee = fails[0] if fails else None
         cliff = pred.cliff
-        held = "no level within the SLO" if pred.capacity is None else f"a capacity of {_level(pred.capacity)}"
+        # the live rule on the recorded levels, against the SLO this sentence states
+        predicted_capacity = max((load for load, ok in meets.items() if ok), default=None)
+        held = "no level within the SLO" if predicted_capacity is None else f"a capacity of {_level(predicted_capacity)}"
         pred_words = (f"; the scheduler model predicts {held}"
                       + (f", the first failing level at {_level(knee)}" if knee is not None else
                          ", no failing level within its range")
@@ -284,7 +287,7 @@ def _capacity_claim(e) -> Claim:
         pred_words = f"; no prediction ({pred.skipped})"
     slo_text = _slo_text(e)
     numbers = {"capacity_load": e.capacity, "slo_ttft_ms": slo, "levels_measured": float(len(points)),
-               "predicted_capacity": None if pred is None else pred.capacity, "predicted_first_failure": knee,
+               "predicted_capacity": predicted_capacity, "predicted_first_failure": knee,
                "predicted_cliff": cliff}
     if e.capacity is None:
         only = "only " if len(points) == 1 else ""
