@@ -147,10 +147,6 @@ _WORSE_WORDS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s"
 
 def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
     """One claim per speculative configuration, from the A/B verdicts (``ab``: `pages.ab_compare.ab_table`)."""
-    return _derived(res, ("claim", "speculative", id(ab)), lambda: _speculative_claims(res, ab))
-
-
-def _speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
     c = _ok_cells(res)
     if not len(c) or "speculative" not in c or not len(ab):
         return []

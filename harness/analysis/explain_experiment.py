@@ -171,7 +171,8 @@ def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
     from matplotlib.colors import to_hex, to_rgb
 
     def light(colour: str) -> str:
-        return to_hex(tuple(0.55 * x + 0.45 for x in to_rgb(colour)))
+        r, g, b = to_rgb(colour)
+        return to_hex((0.55 * r + 0.45, 0.55 * g + 0.45, 0.55 * b + 0.45))
 
     causes = list(dict.fromkeys(frame["cause"].dropna()))
     colours = {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999") for c in causes},

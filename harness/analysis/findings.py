@@ -51,7 +51,7 @@ def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMP
     if page is None:
         raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(PAGE_FINDINGS)}")
     found = page.compute(PageContext(res, resamples, ab, explained))
-    return found + [c for c in caveats(res) if c.notebook == notebook]
+    return found + caveats(res, notebook)
 
 
 def findings_markdown(findings: Iterable[Finding]) -> str:

@@ -20,15 +20,18 @@ from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
 
-def caveats(res: ExperimentResults) -> list[Finding]:
-    """The conditions that limit what the numbers mean, each only where the data shows it."""
+def caveats(res: ExperimentResults, notebook: str | None = None) -> list[Finding]:
+    """The conditions that limit what the numbers mean, each only where the data shows it; ``notebook``: only
+    that page's caveats are checked (some read costly intermediates, such as the eviction claim)."""
     out: list[Finding] = []
-    for name, (notebook, fn) in _CAVEATS.items():
+    for (page, fn) in _CAVEATS.values():
+        if notebook is not None and page != notebook:
+            continue
         f = fn(res)
         if isinstance(f, Claim):
-            out.append(f.finding("caveat", notebook))
+            out.append(f.finding("caveat", page))
         elif f is not None:
-            out.append(Finding(question="caveat", sentence=f[0], numbers=f[1], notebook=notebook))
+            out.append(Finding(question="caveat", sentence=f[0], numbers=f[1], notebook=page))
     return out
 
 

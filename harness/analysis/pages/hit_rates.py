@@ -243,7 +243,8 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
     is decided worse on one of them, else the comparison is said to be inconclusive, with its numbers."""
     out = []
     for e in habit_effects(res, resamples):
-        decided, undecided = [], []
+        decided: list[str] = []
+        undecided: list[str] = []
         hit_v, ttft_v = e.hit.get("verdict"), e.ttft.get("verdict")
         pp = (e.hit_a - e.hit_b) * 100
         hit_words = f"{pp:+.0f} pp hit rate"
