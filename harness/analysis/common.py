@@ -138,6 +138,17 @@ def _metric_row(table: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     rows = table[table["metric"] == metric]
     return None if not len(rows) else rows.iloc[0].to_dict()
 
+def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
+    """(reference, habit) workloads: a workload named `<reference>-<suffix>` is a habit added to `<reference>`."""
+    workloads = sorted(set(map(str, _ok_cells(res)["workload"])))
+    pairs = []
+    for w in workloads:
+        refs = [r for r in workloads if r != w and w.startswith(r + "-")]
+        if refs:
+            pairs.append((max(refs, key=len), w))
+    return pairs
+
+
 def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
     """Token-weighted hit rate per (server, workload), summed over loads and repeats, three ways with distinct names:
 

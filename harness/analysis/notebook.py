@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -37,7 +38,7 @@ from IPython.display import Image, Markdown, display  # noqa: E402
 from kvscope.harness.results.loaders import ExperimentResults, load_results  # noqa: E402
 
 __all__ = ["NotebookSetup", "Path", "display", "display_markdown", "load_results", "pd", "plt", "setup_notebook",
-           "sns"]
+           "sns", "table_html"]
 
 FIGURE_DPI = 110
 
@@ -57,6 +58,7 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
     sns.set_theme(style="whitegrid", context="notebook")
     pd.set_option("display.float_format", lambda x: f"{x:,.4g}")
     pd.set_option("display.max_columns", 40)
+    _show_tables_whole()
     res = load_results(experiment_dir) if experiment_dir else None
     report_dir = res.root / "report" if res is not None else Path("report")
     fig_dir = Path(figures_dir) if figures_dir else report_dir / "figures" / name
@@ -73,6 +75,67 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
     if res is not None:
         print(f"experiment {res.name}: {len(res.cells)} cells, {len(res.requests)} request records")
     return NotebookSetup(res, fig_dir, save)
+
+
+#: Rows a table shows before it scrolls inside its own box (every row is there: scroll, never "N rows × M columns").
+TABLE_MAX_HEIGHT_PX = 520
+
+_TABLE_CSS = (
+    ".kvs-table{max-height:%dpx;overflow:auto;max-width:100%%;margin:0.3em 0 1em}"
+    ".kvs-table table{border-collapse:collapse;font-size:12px;table-layout:auto;margin:0}"
+    ".kvs-table thead th{position:sticky;top:0;z-index:1;background:#fff;box-shadow:inset 0 -1px #999;"
+    "white-space:normal;vertical-align:bottom;max-width:11em;overflow-wrap:normal}"
+    ".kvs-table td,.kvs-table th{padding:2px 6px;text-align:right}"
+    ".kvs-table td{white-space:nowrap}"
+    ".kvs-table td.kvs-prose{white-space:normal;text-align:left;min-width:16em;max-width:32em}"
+    ".kvs-table tbody tr:nth-child(odd){background:#f6f6f6}"
+) % TABLE_MAX_HEIGHT_PX
+
+
+def _format_value(x: Any) -> str:
+    if isinstance(x, float):
+        return "–" if x != x else f"{x:,.4g}"
+    return str(x)
+
+
+def table_html(df: pd.DataFrame) -> str:
+    """Every row and column of ``df`` as an HTML table in a box that scrolls vertically under a sticky header:
+    the report's one way to show a table (:func:`setup_notebook` makes it how a DataFrame displays).
+
+    Why: pandas' own HTML drops the middle rows past ``display.max_rows`` ("70 rows × 18 columns") and lets a
+    wide table run past the page. Here nothing is dropped, a long table scrolls inside its box with its header
+    in view, headers wrap at underscores (``_<wbr>``) so a wide table fits the page, and a default 0..n-1 index
+    is left out. Cells and labels are escaped by pandas (``escape=True``); the ``<wbr>`` is inserted into the
+    header text after escaping, and an underscore is never part of an escape sequence. Cells of prose (long text
+    with spaces) wrap; names and numbers stay on one line."""
+    plain_index = isinstance(df.index, pd.RangeIndex) and df.index.name is None
+    body = df.to_html(escape=True, index=not plain_index, border=0, na_rep="–", float_format=_format_value,
+                      max_rows=None, max_cols=None, show_dimensions=False, formatters=None)
+    head_end = body.find("</thead>")
+    if head_end > 0:
+        head = re.sub(r">([^<]*)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<", body[:head_end])
+        body = head + re.sub(r"<td>([^<]*)</td>", _prose_cell, body[head_end:])
+    return f'<div class="kvs-table"><style>{_TABLE_CSS}</style>{body}</div>'
+
+
+#: A cell whose text is at least this long and has a space is prose: it wraps (names and numbers never do).
+PROSE_CHARS = 40
+
+
+def _prose_cell(m: "re.Match[str]") -> str:
+    text = m.group(1)
+    return f'<td class="kvs-prose">{text}</td>' if len(text) >= PROSE_CHARS and " " in text else m.group(0)
+
+
+def _show_tables_whole() -> None:
+    """Display every DataFrame through :func:`table_html` in this kernel (outside IPython nothing changes)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, table_html)
 
 
 def escaped_markdown(template: str, /, **values: Any) -> str:
