@@ -217,3 +217,5 @@ def test_a_table_shows_every_row_and_column_escaped_with_wrapping_headers():
     assert html.count("<tr") == 100 + 1 and "rows ×" not in html
     assert "&lt;script&gt;x&lt;/script&gt;" in html and "<script>" not in html
     assert "column_<wbr>number_<wbr>24" in html and 'class="kvs-table"' in html
+    ids = table_html(pd.DataFrame({"cell": ["base__agent-coding__c2__r0"], "why": ["a long reason, " * 4]}))
+    assert '<td class="kvs-id">base__<wbr>agent-coding__<wbr>c2__<wbr>r0</td>' in ids and 'class="kvs-prose"' in ids

@@ -85,9 +85,10 @@ _TABLE_CSS = (
     ".kvs-table table{border-collapse:collapse;font-size:12px;table-layout:auto;margin:0}"
     ".kvs-table thead th{position:sticky;top:0;z-index:1;background:#fff;box-shadow:inset 0 -1px #999;"
     "white-space:normal;vertical-align:bottom;max-width:11em;overflow-wrap:normal}"
-    ".kvs-table td,.kvs-table th{padding:2px 6px;text-align:right}"
+    ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right}"
     ".kvs-table td{white-space:nowrap}"
     ".kvs-table td.kvs-prose{white-space:normal;text-align:left;min-width:16em;max-width:32em}"
+    ".kvs-table td.kvs-id{white-space:normal;text-align:left;min-width:8em}"
     ".kvs-table tbody tr:nth-child(odd){background:#f6f6f6}"
 ) % TABLE_MAX_HEIGHT_PX
 
@@ -123,8 +124,14 @@ PROSE_CHARS = 40
 
 
 def _prose_cell(m: "re.Match[str]") -> str:
+    """A body cell as shown: prose wraps; an experiment cell's name (``server__workload__load__rN``) may break
+    after each ``__``; anything else stays on one line."""
     text = m.group(1)
-    return f'<td class="kvs-prose">{text}</td>' if len(text) >= PROSE_CHARS and " " in text else m.group(0)
+    if len(text) >= PROSE_CHARS and " " in text:
+        return f'<td class="kvs-prose">{text}</td>'
+    if "__" in text:
+        return f'<td class="kvs-id">{text.replace("__", "__<wbr>")}</td>'
+    return m.group(0)
 
 
 def _show_tables_whole() -> None:

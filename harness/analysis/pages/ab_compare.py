@@ -30,9 +30,10 @@ PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_
 #: Metrics the repeat-spread panel shows (every verdict metric is flagged, these are plotted).
 SPREAD_METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s")
 
-#: The verdict table's columns as the page shows them (the CSV keeps every column).
-VERDICT_COLUMNS = ["A", "B", "workload", "load", "metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "margin",
-                   "p_adjusted", "verdict", "data_quality", "runs_a", "runs_b", "paired", "p_value"]
+#: The verdict table's columns as the page shows them, to fit its width; `verdicts.csv` beside the figures keeps
+#: every column (the margin, raw p-value, runs per side and pairing as well).
+VERDICT_COLUMNS = ["A", "B", "workload", "load", "metric", "a", "b", "diff", "ci_low", "ci_high", "relative",
+                   "p_adjusted", "verdict", "data_quality"]
 
 SPREAD_COLUMNS = ["server", "workload", "load", "repeat", "cell", "metric", "value", "median", "relative_to_median",
                   "outlier"]
