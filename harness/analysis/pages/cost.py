@@ -89,8 +89,9 @@ def habit_cost_change(res: ExperimentResults, reference: str, habit: str, preset
     1,000 sessions of each and the habit's change (habit over reference, minus one). The baseline is the
     reference habit with caching, not "no caching": a habit is a choice between two ways of building the same
     sessions' prompts, both cached."""
-    pc = provider_costs(res, [preset], block_size, workloads=[reference, habit]).set_index("workload")
-    if reference not in pc.index or habit not in pc.index:
+    pc = provider_costs(res, [preset], block_size, workloads=[reference, habit])
+    pc = pc.set_index("workload") if len(pc) else pc
+    if not len(pc) or reference not in pc.index or habit not in pc.index:
         return None
     ref, hab = float(pc.loc[reference, "usd_per_1000_sessions"]), float(pc.loc[habit, "usd_per_1000_sessions"])
     return {"reference_usd_per_1000_sessions": ref, "habit_usd_per_1000_sessions": hab,
