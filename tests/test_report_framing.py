@@ -123,9 +123,9 @@ def test_the_cost_title_says_dearer_when_caching_costs_more():
     """Old: "Caching saves least on … (-48 %)" over a 48 % increase."""
     pc = pd.DataFrame({"workload": ["a", "a-ts"], "preset": ["p", "p"], "caching_change": [-0.3, 0.48]})
     title = cost.caching_change_title(pc)
-    assert "costs 48% more than no caching on a-ts with p" in title and "saves" not in title
+    assert "costs 48 % more than no caching on a-ts with p" in title and "saves" not in title
     saving = cost.caching_change_title(pc.assign(caching_change=[-0.6, -0.3]))
-    assert saving == "Caching saves least on a-ts with p: 30% cheaper than no caching"
+    assert saving == "Caching saves least on a-ts with p: 30 % cheaper than no caching"
 
 
 def test_self_hosted_cost_carries_the_hourly_rate_it_follows_from():
@@ -179,7 +179,7 @@ def test_an_outlier_repeat_is_flagged_with_its_cell_and_metric(noisy):
 def test_a_verdict_resting_on_an_outlier_repeat_carries_a_flag_and_the_page_a_host_noise_caveat(noisy):
     table = ab_compare.ab_table(noisy, resamples=200)
     tpot = table[table["metric"] == "tpot_p50_s"].iloc[0]
-    assert tpot["data_quality"].startswith("outlier repeat: B r1 +63% vs median")
+    assert tpot["data_quality"].startswith("outlier repeat: B r1 +63 % vs median")
     assert (table[table["metric"] == "hit_rate"]["data_quality"] == "").all()
     pivot = ab_compare.verdict_pivot(table)
     assert pivot.iloc[0]["tpot_p50_s"].endswith(" ⚑")
@@ -218,4 +218,4 @@ def test_a_table_shows_every_row_and_column_escaped_with_wrapping_headers():
     assert "&lt;script&gt;x&lt;/script&gt;" in html and "<script>" not in html
     assert "column_<wbr>number_<wbr>24" in html and 'class="kvs-table"' in html
     ids = table_html(pd.DataFrame({"cell": ["base__agent-coding__c2__r0"], "why": ["a long reason, " * 4]}))
-    assert '<td class="kvs-id">base__<wbr>agent-coding__<wbr>c2__<wbr>r0</td>' in ids and 'class="kvs-prose"' in ids
+    assert "<td>base_<wbr>_<wbr>agent-coding_<wbr>_<wbr>c2_<wbr>_<wbr>r0</td>" in ids and 'class="kvs-prose"' in ids

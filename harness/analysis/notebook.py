@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 import warnings
 from pathlib import Path
@@ -81,22 +82,24 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
 TABLE_MAX_HEIGHT_PX = 520
 
 _TABLE_CSS = (
-    ".kvs-table{max-height:%dpx;overflow:auto;max-width:100%%;margin:0.3em 0 1em}"
+    f".kvs-table{{max-height:{TABLE_MAX_HEIGHT_PX}px;overflow:auto;max-width:100%;margin:0.3em 0 1em}}"
     ".kvs-table table{border-collapse:collapse;font-size:12px;table-layout:auto;margin:0}"
     ".kvs-table thead th{position:sticky;top:0;z-index:1;background:#fff;box-shadow:inset 0 -1px #999;"
-    "white-space:normal;vertical-align:bottom;max-width:11em;overflow-wrap:normal}"
-    ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right}"
-    ".kvs-table td{white-space:nowrap}"
-    ".kvs-table td.kvs-prose{white-space:normal;text-align:left;min-width:16em;max-width:32em}"
-    ".kvs-table td.kvs-id{white-space:normal;text-align:left;min-width:8em}"
+    "vertical-align:bottom;max-width:11em}"
+    ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right;white-space:normal;overflow-wrap:normal}"
+    ".kvs-table td.kvs-prose{text-align:left;min-width:14em;max-width:32em}"
     ".kvs-table tbody tr:nth-child(odd){background:#f6f6f6}"
-) % TABLE_MAX_HEIGHT_PX
+)
 
 
 def _format_value(x: Any) -> str:
     if isinstance(x, float):
-        return "–" if x != x else f"{x:,.4g}"
+        return "–" if math.isnan(x) else f"{x:,.4g}"
     return str(x)
+
+
+#: A cell whose text is at least this long and has a space is prose: left-aligned, given room to wrap.
+PROSE_CHARS = 40
 
 
 def table_html(df: pd.DataFrame) -> str:
@@ -105,33 +108,18 @@ def table_html(df: pd.DataFrame) -> str:
 
     Why: pandas' own HTML drops the middle rows past ``display.max_rows`` ("70 rows × 18 columns") and lets a
     wide table run past the page. Here nothing is dropped, a long table scrolls inside its box with its header
-    in view, headers wrap at underscores (``_<wbr>``) so a wide table fits the page, and a default 0..n-1 index
-    is left out. Cells and labels are escaped by pandas (``escape=True``); the ``<wbr>`` is inserted into the
-    header text after escaping, and an underscore is never part of an escape sequence. Cells of prose (long text
-    with spaces) wrap; names and numbers stay on one line."""
+    in view, and a default 0..n-1 index is left out. A table fits the page: text may break at spaces, hyphens and
+    after underscores (``_<wbr>``: snake_case names and cell ids), which the browser uses only where the table
+    would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas (``escape=True``);
+    the ``<wbr>`` goes into text between tags after escaping, and an underscore is never part of an escape
+    sequence."""
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.name is None
     body = df.to_html(escape=True, index=not plain_index, border=0, na_rep="–", float_format=_format_value,
-                      max_rows=None, max_cols=None, show_dimensions=False, formatters=None)
-    head_end = body.find("</thead>")
-    if head_end > 0:
-        head = re.sub(r">([^<]*)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<", body[:head_end])
-        body = head + re.sub(r"<td>([^<]*)</td>", _prose_cell, body[head_end:])
+                      max_rows=None, max_cols=None, show_dimensions=False)
+    body = re.sub(r"<td>([^<]{%d,})</td>" % PROSE_CHARS,
+                  lambda m: f'<td class="kvs-prose">{m.group(1)}</td>' if " " in m.group(1) else m.group(0), body)
+    body = re.sub(r">([^<]+)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<", body)
     return f'<div class="kvs-table"><style>{_TABLE_CSS}</style>{body}</div>'
-
-
-#: A cell whose text is at least this long and has a space is prose: it wraps (names and numbers never do).
-PROSE_CHARS = 40
-
-
-def _prose_cell(m: "re.Match[str]") -> str:
-    """A body cell as shown: prose wraps; an experiment cell's name (``server__workload__load__rN``) may break
-    after each ``__``; anything else stays on one line."""
-    text = m.group(1)
-    if len(text) >= PROSE_CHARS and " " in text:
-        return f'<td class="kvs-prose">{text}</td>'
-    if "__" in text:
-        return f'<td class="kvs-id">{text.replace("__", "__<wbr>")}</td>'
-    return m.group(0)
 
 
 def _show_tables_whole() -> None:

@@ -68,7 +68,7 @@ def _repeat_spread(res: ExperimentResults) -> pd.DataFrame:
 
 
 def _flag_words(flagged: pd.DataFrame, side: str) -> list[str]:
-    return [f"{side} r{int(r.repeat) if pd.notna(r.repeat) else r.cell} {r.relative_to_median:+.0%} vs median"
+    return [f"{side} r{int(r.repeat) if pd.notna(r.repeat) else r.cell} {r.relative_to_median * 100:+.0f} % vs median"
             for r in flagged.itertuples()]
 
 
@@ -195,7 +195,7 @@ def _caveat_outlier_repeats(res: ExperimentResults):
                f"{worst['median'] * scale:,.1f}{' ' + unit if unit else ''} over its repeats")
     cells = bad.groupby(["server", "workload", "load", "repeat"]).ngroups
     return ((f"{len(bad)} value(s) in {cells} repeat(s) lie far from the other repeats of their cell (beyond "
-             f"{OUTLIER_MADS:g} scaled MADs and {OUTLIER_RELATIVE:.0%} of the median), e.g. {example}. A repeat that "
+             f"{OUTLIER_MADS:g} scaled MADs and {OUTLIER_RELATIVE * 100:.0f} % of the median), e.g. {example}. A repeat that "
              "far off usually means the host was busy during that run, not that the configuration changed: the "
              "verdicts resting on it are flagged (⚑, the data_quality column) and are host noise until a rerun "
              "confirms them."),

@@ -78,9 +78,9 @@ def caching_change_title(costs: pd.DataFrame) -> str:
     worst = costs.sort_values("caching_change", ascending=False).iloc[0]
     change = float(worst["caching_change"])
     if change > 0:
-        return (f"Caching costs {change:.0%} more than no caching on {worst['workload']} with {worst['preset']} "
+        return (f"Caching costs {change * 100:.0f} % more than no caching on {worst['workload']} with {worst['preset']} "
                 "(cache writes paid, little read back)")
-    return f"Caching saves least on {worst['workload']} with {worst['preset']}: {-change:.0%} cheaper than no caching"
+    return f"Caching saves least on {worst['workload']} with {worst['preset']}: {-change * 100:.0f} % cheaper than no caching"
 
 
 def habit_cost_change(res: ExperimentResults, reference: str, habit: str, preset: str,
