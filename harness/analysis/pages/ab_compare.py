@@ -40,7 +40,7 @@ SPREAD_COLUMNS = ["server", "workload", "load", "repeat", "cell", "metric", "val
 
 
 def repeat_spread(res: ExperimentResults) -> pd.DataFrame:
-    """Per configuration × workload × load and verdict metric: each repeat's own value (what the verdict engine
+    """Per configuration × workload × load with two or more repeats, and per verdict metric: each repeat's own value (what the verdict engine
     computes from that run alone), the median of the repeats, the repeat's deviation from it, and whether it is an
     outlier (`ab.outlier_repeats`: beyond 3 scaled MADs and 25 % of the median, with 3+ repeats)."""
     return _derived(res, ("repeat_spread",), lambda: _repeat_spread(res))
@@ -51,7 +51,7 @@ def _repeat_spread(res: ExperimentResults) -> pd.DataFrame:
     frames = []
     for (server, wl, load), g in c.groupby(["server", "workload", "load"], sort=False):
         runs = _runs(res, str(server), str(wl), str(load))
-        if not runs:
+        if len(runs) < 2:  # one run has no spread to show
             continue
         stats = run_statistics(runs)
         repeat_of = dict(zip(g["cell"].astype(str), g["repeat"]))
