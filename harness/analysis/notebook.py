@@ -99,7 +99,7 @@ def _format_value(x: Any) -> str:
 
 
 #: A cell whose text is at least this long and has a space is prose: left-aligned, given room to wrap.
-PROSE_CHARS = 40
+PROSE_CHARS = 30
 
 
 def table_html(df: pd.DataFrame) -> str:
