@@ -110,7 +110,7 @@ def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data
 
 
 def test_a_long_wide_table_shows_whole_and_fits_its_page(chromium, tmp_path):
-    """A DataFrame displayed on a report page (200 rows, 30 snake_case columns, cell ids, a prose column) shows
+    """A DataFrame displayed on a report page (200 rows, 16 snake_case number columns, cell ids, a prose column) shows
     every row, no "N rows × M columns", and is no wider than its box or the page; pandas' own HTML of the same
     frame, on the same page, is caught by the check (it cuts rows and runs past the page)."""
     import nbformat
@@ -128,7 +128,7 @@ def test_a_long_wide_table_shows_whole_and_fits_its_page(chromium, tmp_path):
         nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, pd, setup_notebook\n"
                                   "res, FIG, save = setup_notebook('page', experiment_dir, figures_dir)"),
         nbformat.v4.new_code_cell(
-            "df = pd.DataFrame({f'usd_per_1000_sessions_metric_{i}': [j * 1.2345 for j in range(200)] for i in range(30)})\n"
+            "df = pd.DataFrame({f'usd_per_1000_sessions_metric_{i}': [j * 1.2345 for j in range(200)] for i in range(16)})\n"
             "df.insert(0, 'cell', [f'no-prefix-cache__agent-coding-timestamped__c{j}__r0' for j in range(200)])\n"
             "df['why'] = '57 % of prompts are below its minimum of 1,024 tokens; it reads only up to a breakpoint'\n"
             "display(df)"),

@@ -85,9 +85,10 @@ _TABLE_CSS = (
     f".kvs-table{{max-height:{TABLE_MAX_HEIGHT_PX}px;overflow:auto;max-width:100%;margin:0.3em 0 1em}}"
     ".kvs-table table{border-collapse:collapse;font-size:12px;table-layout:auto;margin:0}"
     ".kvs-table thead th{position:sticky;top:0;z-index:1;background:#fff;box-shadow:inset 0 -1px #999;"
-    "vertical-align:bottom;max-width:11em}"
-    ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right;white-space:normal;overflow-wrap:normal}"
-    ".kvs-table td.kvs-prose{text-align:left;min-width:14em;max-width:32em}"
+    "vertical-align:bottom;max-width:11em;overflow-wrap:anywhere}"
+    ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right;white-space:normal}"
+    ".kvs-table td{overflow-wrap:normal}"
+    ".kvs-table td.kvs-prose{text-align:left;min-width:12em;max-width:32em}"
     ".kvs-table tbody tr:nth-child(odd){background:#f6f6f6}"
 )
 
@@ -109,8 +110,8 @@ def table_html(df: pd.DataFrame) -> str:
     Why: pandas' own HTML drops the middle rows past ``display.max_rows`` ("70 rows × 18 columns") and lets a
     wide table run past the page. Here nothing is dropped, a long table scrolls inside its box with its header
     in view, and a default 0..n-1 index is left out. A table fits the page: text may break at spaces, hyphens and
-    after underscores (``_<wbr>``: snake_case names and cell ids), which the browser uses only where the table
-    would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas (``escape=True``);
+    after underscores (``_<wbr>``: snake_case names and cell ids), headers anywhere, which the browser uses only
+    where the table would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas (``escape=True``);
     the ``<wbr>`` goes into text between tags after escaping, and an underscore is never part of an escape
     sequence."""
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.name is None
