@@ -78,7 +78,7 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
     return NotebookSetup(res, fig_dir, save)
 
 
-#: Rows a table shows before it scrolls inside its own box (every row is there: scroll, never "N rows × M columns").
+#: Height of a table's box before it scrolls (every row is there: it scrolls, never "N rows × M columns").
 TABLE_MAX_HEIGHT_PX = 520
 
 _TABLE_CSS = (
@@ -103,22 +103,25 @@ def _format_value(x: Any) -> str:
 PROSE_CHARS = 30
 
 
+def _prose_cell(m: re.Match[str]) -> str:
+    return f'<td class="kvs-prose">{m.group(1)}</td>' if " " in m.group(1) else m.group(0)
+
+
 def table_html(df: pd.DataFrame) -> str:
     """Every row and column of ``df`` as an HTML table in a box that scrolls vertically under a sticky header:
     the report's one way to show a table (:func:`setup_notebook` makes it how a DataFrame displays).
 
     Why: pandas' own HTML drops the middle rows past ``display.max_rows`` ("70 rows × 18 columns") and lets a
     wide table run past the page. Here nothing is dropped, a long table scrolls inside its box with its header
-    in view, and a default 0..n-1 index is left out. A table fits the page: text may break at spaces, hyphens and
-    after underscores (``_<wbr>``: snake_case names and cell ids), headers anywhere, which the browser uses only
-    where the table would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas (``escape=True``);
-    the ``<wbr>`` goes into text between tags after escaping, and an underscore is never part of an escape
-    sequence."""
+    in view, and a default 0..n-1 index is left out. A table fits the page: text may break at spaces, hyphens
+    and after underscores (``_<wbr>``: snake_case names and cell ids), headers anywhere, which the browser uses
+    only where the table would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas
+    (``escape=True``); the ``<wbr>`` goes into text between tags after escaping, and an underscore is never part
+    of an escape sequence."""
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.name is None
     body = df.to_html(escape=True, index=not plain_index, border=0, na_rep="–", float_format=_format_value,
                       max_rows=None, max_cols=None, show_dimensions=False)
-    body = re.sub(r"<td>([^<]{%d,})</td>" % PROSE_CHARS,
-                  lambda m: f'<td class="kvs-prose">{m.group(1)}</td>' if " " in m.group(1) else m.group(0), body)
+    body = re.sub(r"<td>([^<]{%d,})</td>" % PROSE_CHARS, _prose_cell, body)
     body = re.sub(r">([^<]+)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<", body)
     return f'<div class="kvs-table"><style>{_TABLE_CSS}</style>{body}</div>'
 

@@ -40,8 +40,8 @@ SPREAD_COLUMNS = ["server", "workload", "load", "repeat", "cell", "metric", "val
 
 
 def repeat_spread(res: ExperimentResults) -> pd.DataFrame:
-    """Per configuration × workload × load with two or more repeats, and per verdict metric: each repeat's own value (what the verdict engine
-    computes from that run alone), the median of the repeats, the repeat's deviation from it, and whether it is an
+    """Per configuration × workload × load with two or more repeats, and per verdict metric: each repeat's
+    own value (what the verdict engine computes from that run alone), the median of the repeats, the repeat's deviation from it, and whether it is an
     outlier (`ab.outlier_repeats`: beyond 3 scaled MADs and 25 % of the median, with 3+ repeats)."""
     return _derived(res, ("repeat_spread",), lambda: _repeat_spread(res))
 
@@ -68,8 +68,8 @@ def _repeat_spread(res: ExperimentResults) -> pd.DataFrame:
 
 
 def _flag_words(flagged: pd.DataFrame, side: str) -> list[str]:
-    return [f"{side} r{int(r.repeat) if pd.notna(r.repeat) else r.cell} {r.relative_to_median * 100:+.0f} % vs median"
-            for r in flagged.itertuples()]
+    return [f"{side} r{int(r.repeat) if pd.notna(r.repeat) else r.cell} "
+            f"{r.relative_to_median * 100:+.0f} % vs median" for r in flagged.itertuples()]
 
 
 def data_quality_flags(table: pd.DataFrame, spread: pd.DataFrame) -> pd.Series:
@@ -195,10 +195,10 @@ def _caveat_outlier_repeats(res: ExperimentResults):
                f"{worst['median'] * scale:,.1f}{' ' + unit if unit else ''} over its repeats")
     cells = bad.groupby(["server", "workload", "load", "repeat"]).ngroups
     return ((f"{len(bad)} value(s) in {cells} repeat(s) lie far from the other repeats of their cell (beyond "
-             f"{OUTLIER_MADS:g} scaled MADs and {OUTLIER_RELATIVE * 100:.0f} % of the median), e.g. {example}. A repeat that "
-             "far off usually means the host was busy during that run, not that the configuration changed: the "
-             "verdicts resting on it are flagged (⚑, the data_quality column) and are host noise until a rerun "
-             "confirms them."),
+             f"{OUTLIER_MADS:g} scaled MADs and {OUTLIER_RELATIVE * 100:.0f} % of the median), e.g. {example}. "
+             "A repeat that far off usually means the host was busy during that run, not that the configuration "
+             "changed: the verdicts resting on it are flagged (⚑, the data_quality column) and are host noise until "
+             "a rerun confirms them."),
             {"outlier_values": float(len(bad)), "outlier_repeats": float(cells)})
 
 
