@@ -219,3 +219,17 @@ def test_a_table_shows_every_row_and_column_escaped_with_wrapping_headers():
     assert "column_<wbr>number_<wbr>24" in html and 'class="kvs-table"' in html
     ids = table_html(pd.DataFrame({"cell": ["base__agent-coding__c2__r0"], "why": ["a long reason, " * 4]}))
     assert "<td>base_<wbr>_<wbr>agent-coding_<wbr>_<wbr>c2_<wbr>_<wbr>r0</td>" in ids and 'class="kvs-prose"' in ids
+
+
+def test_the_findings_file_carries_the_flag_to_the_index_pivot(noisy, tmp_path):
+    from kvscope.harness.report.summary import findings_html
+    from kvscope.harness.results.findings_file import FINDINGS_NAME, load_findings_file
+
+    fig = tmp_path / "figures" / "ab_compare"
+    fig.mkdir(parents=True)
+    F.write_page_findings(noisy, "ab_compare", fig, ab=ab_compare.ab_table(noisy, resamples=200))
+    cells = {v.metric: v for v in load_findings_file(fig / FINDINGS_NAME).verdicts}
+    assert cells["tpot_p50_s"].data_quality.startswith("outlier repeat: B r1")
+    assert cells["hit_rate"].data_quality is None
+    page = findings_html(tmp_path, ["ab_compare"])
+    assert page.count("⚑</span>") == 1  # the tpot verdict only (the caveat names the mark too)
