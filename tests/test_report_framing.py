@@ -233,3 +233,4 @@ def test_the_findings_file_carries_the_flag_to_the_index_pivot(noisy, tmp_path):
     assert cells["hit_rate"].data_quality is None
     page = findings_html(tmp_path, ["ab_compare"])
     assert page.count("⚑</span>") == 1  # the tpot verdict only (the caveat names the mark too)
+    assert "<table" not in table_html(pd.DataFrame()) and "no data" in table_html(pd.DataFrame())

@@ -114,15 +114,18 @@ def table_html(df: pd.DataFrame) -> str:
     Why: pandas' own HTML drops the middle rows past ``display.max_rows`` ("70 rows × 18 columns") and lets a
     wide table run past the page. Here nothing is dropped, a long table scrolls inside its box with its header
     in view, and a default 0..n-1 index is left out. A table fits the page: text may break at spaces, hyphens
-    and after underscores (``_<wbr>``: snake_case names and cell ids), headers anywhere, which the browser uses
-    only where the table would otherwise be too wide; numbers never break. Cells and labels are escaped by pandas
-    (``escape=True``); the ``<wbr>`` goes into text between tags after escaping, and an underscore is never part
-    of an escape sequence."""
+    and after underscores (``_<wbr>``, only in a name: a cell or label of letters, digits and ``_.:+-`` alone,
+    such as a snake_case column or a cell id), headers anywhere, which the browser uses only where the table would
+    otherwise be too wide; numbers never break. Cells and labels are escaped by pandas (``escape=True``); any other
+    text, untrusted text with markup characters included, is left exactly as pandas escaped it."""
+    if not len(df.columns):  # a table of nothing (a page's table on data without that part): say so
+        return '<p class="kvs-table-empty"><em>(no data for this table)</em></p>'
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.name is None
     body = df.to_html(escape=True, index=not plain_index, border=0, na_rep="–", float_format=_format_value,
                       max_rows=None, max_cols=None, show_dimensions=False)
     body = re.sub(r"<td>([^<]{%d,})</td>" % PROSE_CHARS, _prose_cell, body)
-    body = re.sub(r">([^<]+)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<", body)
+    body = re.sub(r">([A-Za-z0-9_.:+\-]*_[A-Za-z0-9_.:+\-]*)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<",
+                  body)
     return f'<div class="kvs-table"><style>{_TABLE_CSS}</style>{body}</div>'
 
 
