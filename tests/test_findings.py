@@ -76,11 +76,13 @@ def test_a_habit_that_costs_nothing_says_so():
     assert "84 % vs 84 %" in f.sentence
 
 
-def test_habit_cost_words_say_dearer_or_cheaper_with_the_percentage():
+def test_habit_cost_words_compare_the_habit_with_its_reference_both_cached():
     f = hit_rates._habit_sentence("a timestamp at token 4", "agent", "agent-ts", "apc", "c1", 0.84, 0.0,
                           {"a": 0.027, "b": 0.121, "ci_low": 0.09, "ci_high": 0.1, "verdict": "worse"},
-                          "anthropic-sonnet-5m", -0.40, 0.15)
-    assert "makes anthropic-sonnet-5m caching 15 % dearer than no caching (agent: 40 % cheaper)" in f.sentence
+                          "anthropic-sonnet-5m", {"reference_usd_per_1000_sessions": 48.09,
+                                                  "habit_usd_per_1000_sessions": 73.30, "change": 73.30 / 48.09 - 1})
+    assert ("costs $73.30 vs $48.09 per 1,000 sessions on anthropic-sonnet-5m with caching (+52 % against agent)"
+            in f.sentence)
     assert f.sentence.startswith("A timestamp at token 4")
 
 
@@ -236,14 +238,6 @@ def test_hit_by_workload_counts_each_request_once_when_loads_are_pooled_and_name
     assert t.loc["off", "measured"] == 0 and t.loc["off", "predicted_by_simulator"] == 0
     assert t.loc["off", "would_hit_with_caching"] == pytest.approx(0.7)
     assert t.loc["apc", "would_hit_with_caching"] == pytest.approx(0.8)
-
-
-def test_latency_throughput_sums_workloads_per_load():
-    res = _results([_cell("apc", w, c, hit=0.5, ttft_s=0.03, tok_per_s=tps)
-                    for w in ("a", "b") for c, tps in (("c1", 100.0), ("c2", 150.0))])
-    t = concurrency.latency_throughput(res)
-    assert t["output_tok_per_s"].tolist() == [200.0, 300.0]
-    assert t["load"].tolist() == ["c1", "c2"]
 
 
 def test_speculation_vs_primer_uses_the_primer_formula():

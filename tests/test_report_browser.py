@@ -50,14 +50,18 @@ def test_the_check_finds_each_kind_of_breakage(chromium, tmp_path):
         "<p>&lt;h1 id=&quot;x&quot;&gt;Title&lt;/h1&gt; &lt;style scoped&gt;</p>"
         '<img src="data:image/png;base64,AAAA" alt=broken>'
         "<table><tr><td>1</td></tr></table><table><tr><th>h</th></tr></table>"
+        '<div style="width:400px;overflow-x:auto"><table style="width:900px"><tr><th>wide</th></tr></table></div>'
+        "<p>70 rows × 18 columns</p>"
         "<script>window.__pwned = 1; console.error('boom')</script></body></html>")
     (page,) = check_report_pages(tmp_path)
     assert page.escaped_markup[:2] == ['<h1 id="x">', "</h1>"] and "<style scoped>" in page.escaped_markup
     assert page.broken_images == ["data:image/png;base64,AAAA"]
-    assert (page.tables, page.tables_without_headers) == (2, 1)
+    assert (page.tables, page.tables_without_headers) == (3, 1)
+    assert page.overflowing_tables == ["table 3: 900 px in a 400 px box"]
+    assert page.truncated_tables == ["70 rows × 18 columns"]
     assert any("boom" in e for e in page.console_errors)
     assert page.script_ran
-    assert len(page.problems) == 5
+    assert len(page.problems) == 7
     assert (tmp_path / "screenshots" / "index.png").stat().st_size > 0
 
 
@@ -103,6 +107,48 @@ def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data
     assert "A heading" in page.visible_text and "# A heading" not in page.visible_text
     # the payload shows as text: in the table, in the markdown sentence and in the printed stream
     assert page.visible_text.count("<script>window.__pwned=1</script>") == 3, page.visible_text
+
+
+def test_a_long_wide_table_shows_whole_and_fits_its_page(chromium, tmp_path):
+    """A DataFrame displayed on a report page (200 rows, 16 snake_case number columns, cell ids, a prose column) shows
+    every row, no "N rows × M columns", and is no wider than its box or the page; pandas' own HTML of the same
+    frame, on the same page, is caught by the check (it cuts rows and runs past the page)."""
+    import nbformat
+    from kvscope.harness.report.render import run_notebook
+
+    nb_dir = tmp_path / "nbs"
+    nb_dir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
+    params = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        params,
+        nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, pd, setup_notebook\n"
+                                  "res, FIG, save = setup_notebook('page', experiment_dir, figures_dir)"),
+        nbformat.v4.new_code_cell(
+            "df = pd.DataFrame({f'usd_per_1000_sessions_metric_{i}': [j * 1.2345 for j in range(200)] for i in range(16)})\n"
+            "df.insert(0, 'cell', [f'no-prefix-cache__agent-coding-timestamped__c{j}__r0' for j in range(200)])\n"
+            "df['why'] = '57 % of prompts are below its minimum of 1,024 tokens; it reads only up to a breakpoint'\n"
+            "display(df)"),
+    ]
+    nbformat.write(nb, nb_dir / "page.ipynb")
+    out = tmp_path / "report"
+    r = run_notebook("page", out, {"experiment_dir": "", "figures_dir": str(out / "figures" / "page")},
+                     notebooks_dir=nb_dir)
+    assert r.ok, r.error
+    (out / "index.html").write_text('<!doctype html><meta charset=utf-8><a href="page.html">page</a>')
+    checks = assert_report_renders(out, expect_images=False)
+    page = checks[1]
+    assert page.tables == 1 and not page.overflowing_tables and not page.truncated_tables
+    assert "no-prefix-cache" in page.visible_text and r.html.read_text().count("<tr") == 201
+
+    import pandas as pd
+    raw = pd.DataFrame({f"usd_per_1000_sessions_metric_{i}": range(200) for i in range(30)})
+    (out / "raw.html").write_text("<!doctype html><meta charset=utf-8>" + raw.to_html(max_rows=60, show_dimensions=True))
+    (bad,) = check_report_pages(out, pages=[out / "raw.html"])
+    assert bad.truncated_tables == ["200 rows × 30 columns"] and bad.overflowing_tables
 
 
 def test_missing_chromium_is_a_one_line_error(monkeypatch, tmp_path):

@@ -450,6 +450,41 @@ def estimate_run_noise(runs: Sequence[Run]) -> dict[str, RunNoise]:
     return out
 
 
+# ---- repeats that stand apart --------------------------------------------------------------------------------
+#: A repeat is an outlier among the repeats of one cell when it lies more than OUTLIER_MADS scaled median absolute
+#: deviations from their median *and* more than OUTLIER_RELATIVE of the median away (the second keeps repeats that
+#: agree to a fraction of a percent from flagging each other). Needs OUTLIER_MIN_REPEATS: with two, neither can be
+#: told to be the odd one.
+OUTLIER_MADS = 3.0
+OUTLIER_RELATIVE = 0.25
+OUTLIER_MIN_REPEATS = 3
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
+
+def outlier_repeats(values: Sequence[float]) -> np.ndarray:
+    """Which of one cell's repeat values are outliers by the robust rule above (NaN values never are)."""
+    x = np.asarray(values, float)
+    flags = np.zeros(len(x), dtype=bool)
+    finite = np.isfinite(x)
+    if finite.sum() < OUTLIER_MIN_REPEATS:
+        return flags
+    med = float(np.median(x[finite]))
+    mad = MAD_TO_SIGMA * float(np.median(np.abs(x[finite] - med)))
+    limit = max(OUTLIER_MADS * mad, OUTLIER_RELATIVE * abs(med))
+    flags[finite] = np.abs(x[finite] - med) > limit
+    return flags
+
+
+def run_statistics(runs: Sequence[Run]) -> pd.DataFrame:
+    """Each run's own value of every verdict metric (``run``, ``metric``, ``value``): the point estimate
+    :func:`compare` would make from that run alone, so a flagged repeat is flagged on the number a verdict uses."""
+    rows = []
+    for r in runs:
+        for metric, value in _point_estimates(_side([r], None), (1.0, 0.1)).items():
+            rows.append({"run": r.name, "metric": metric, "value": value})
+    return pd.DataFrame(rows, columns=["run", "metric", "value"])
+
+
 # ---- runs from result directories ----------------------------------------------------------------------------
 def runs_from_dirs(dirs: Iterable[str | Path]) -> list[Run]:
     """Every cell of every directory (a replay run, a cell directory, or an experiment run) as a Run."""

@@ -138,6 +138,17 @@ def _metric_row(table: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     rows = table[table["metric"] == metric]
     return None if not len(rows) else rows.iloc[0].to_dict()
 
+def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
+    """(reference, habit) workloads: a workload named `<reference>-<suffix>` is a habit added to `<reference>`."""
+    workloads = sorted(set(map(str, _ok_cells(res)["workload"])))
+    pairs = []
+    for w in workloads:
+        refs = [r for r in workloads if r != w and w.startswith(r + "-")]
+        if refs:
+            pairs.append((max(refs, key=len), w))
+    return pairs
+
+
 def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
     """Token-weighted hit rate per (server, workload), summed over loads and repeats, three ways with distinct names:
 
@@ -174,3 +185,33 @@ def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
     on = g["would_hit_with_caching"].isna()
     g.loc[on, "would_hit_with_caching"] = g.loc[on, "predicted_by_simulator"]
     return g[cols]
+
+
+LATENCY_THROUGHPUT_COLUMNS = ["server", "workload", "load", "load_value", "repeats", "output_tok_per_s",
+                              "goodput_req_per_s", "goodput_fraction", "ttft_p90_ms"]
+
+
+def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
+    """The latency-throughput view, like for like: one row per configuration × workload × load level with the
+    output tokens/s and goodput (requests/s meeting the experiment's SLO, and their share) of its cells, each the
+    mean over repeats, and TTFT p90 over its requests.
+
+    Never summed or pooled across workloads: a sum over cells of different workloads is not a load level of
+    anything (a timestamped workload at 0 % hit added to a sweep's cells reads as more throughput), and two
+    load levels whose cells ran different workloads are not points of one curve."""
+    ok = res.ok_requests()
+    c = _ok_cells(res)
+    if not len(ok) or not len(c) or "output_tok_per_s" not in c:
+        return pd.DataFrame(columns=LATENCY_THROUGHPUT_COLUMNS)
+    keys = ["server", "workload", "load"]
+    c = c.assign(load=c["load"].astype(str))
+    cols = {"output_tok_per_s": "mean", "repeat": "nunique"}
+    for extra in ("goodput_req_per_s", "goodput_fraction"):
+        if extra in c:
+            cols[extra] = "mean"
+    per = c.groupby(keys, sort=False).agg(cols).rename(columns={"repeat": "repeats"})
+    p90 = ok.assign(load=ok["load"].astype(str)).groupby(keys, sort=False)["ttft_s"].quantile(0.9) * 1000
+    out = per.join(p90.rename("ttft_p90_ms"), how="inner").reset_index()
+    out["load_value"] = out["load"].str.extract(r"(\d+\.?\d*)")[0].astype(float)
+    return out.reindex(columns=LATENCY_THROUGHPUT_COLUMNS).sort_values(["workload", "server", "load_value"]) \
+        .reset_index(drop=True)

@@ -77,7 +77,8 @@ def write_page_findings(res: ExperimentResults | None, notebook: str, figures_di
         csv = f"figures/{notebook}/verdicts.csv"
         t = ab[ab["metric"].isin(PIVOT_METRICS)]
         verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
-                                verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative))
+                                verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
+                                data_quality=str(getattr(r, "data_quality", "") or "") or None)
                     for r in t.itertuples()]
     write_findings_file(Path(figures_dir) / FINDINGS_NAME,
                         FindingsFile(notebook=notebook, findings=found, verdicts=verdicts, verdicts_csv=csv))

@@ -3,7 +3,8 @@
 Checks on the page source (``"<table" in html``) passed while every page showed its own markup as text, so
 the report is checked as a reader sees it: each page is loaded in headless Chromium from disk, and the
 check reads what the browser made of it — the visible text (``document.body.innerText``), the decoded
-images (``naturalWidth``), the table DOM, the browser console and the page's global scope (a planted
+images (``naturalWidth``), the table DOM (headers; no table wider than its box or the page; no table pandas
+cut to "N rows × M columns"), the browser console and the page's global scope (a planted
 payload sets ``window.__pwned`` if it ever runs). A full-width screenshot of each page is kept beside the
 report (``report/screenshots/<page>.png``) for a person to look at.
 
@@ -36,6 +37,9 @@ ESCAPED_MARKUP = re.compile(
     r"|&(lt|gt|amp|quot);",
     re.IGNORECASE)
 
+# What pandas prints under a table it cut to `display.max_rows` / `max_columns`.
+TRUNCATED_TABLE = re.compile(r"\d[\d,]* rows × \d[\d,]* columns")
+
 _PAGE_FACTS_JS = """
 return {
   text: document.body ? document.body.innerText : '',
@@ -43,6 +47,14 @@ return {
                                                  complete: i.complete, width: i.naturalWidth})),
   tables: document.querySelectorAll('table').length,
   headless_tables: Array.from(document.querySelectorAll('table')).filter(t => !t.querySelector('th')).length,
+  // a table wider than the box it sits in (its output area, or the report's table box) or than the page
+  overflowing_tables: Array.from(document.querySelectorAll('table')).map((t, i) => {
+    const box = t.closest('.kvs-table') || t.closest('.jp-OutputArea-output') || t.parentElement;
+    const width = t.getBoundingClientRect().width, right = t.getBoundingClientRect().right;
+    const page = document.documentElement.clientWidth;
+    return (width > box.clientWidth + 1 || right > page + 1)
+      ? `table ${i + 1}: ${Math.round(width)} px in a ${box.clientWidth} px box` : null;
+  }).filter(x => x !== null),
   pwned: typeof window.__pwned !== 'undefined',
   height: Math.max(document.body ? document.body.scrollHeight : 0, document.documentElement.scrollHeight),
 };
@@ -60,6 +72,8 @@ class PageCheck:
     escaped_markup: list[str] = field(default_factory=list)  # raw markup found in the visible text
     broken_images: list[str] = field(default_factory=list)  # src (first 80 characters) of images not decoded
     tables_without_headers: int = 0
+    overflowing_tables: list[str] = field(default_factory=list)  # tables wider than their box or the page
+    truncated_tables: list[str] = field(default_factory=list)  # pandas' "N rows × M columns" of a cut table
     console_errors: list[str] = field(default_factory=list)
     script_ran: bool = False  # window.__pwned was set: a planted payload executed
     visible_text: str = field(default="", repr=False)  # document.body.innerText
@@ -73,6 +87,10 @@ class PageCheck:
             out.append(f"images not loaded: {self.broken_images[:3]}")
         if self.tables_without_headers:
             out.append(f"{self.tables_without_headers} of {self.tables} tables without header cells")
+        if self.overflowing_tables:
+            out.append(f"{len(self.overflowing_tables)} tables wider than their box, e.g. {self.overflowing_tables[:3]}")
+        if self.truncated_tables:
+            out.append(f"{len(self.truncated_tables)} truncated tables ({self.truncated_tables[:3]})")
         if self.console_errors:
             out.append(f"console errors: {self.console_errors[:3]}")
         if self.script_ran:
@@ -131,6 +149,8 @@ def _check_page(driver: Any, page: Path, screenshots: Path) -> PageCheck:
         escaped_markup=[m.group(0)[:40] for m in ESCAPED_MARKUP.finditer(facts["text"])],
         broken_images=[i["src"] for i in facts["images"] if not i["complete"] or not i["width"]],
         tables_without_headers=int(facts["headless_tables"]), console_errors=console,
+        overflowing_tables=list(facts["overflowing_tables"]),
+        truncated_tables=TRUNCATED_TABLE.findall(facts["text"]),
         script_ran=bool(facts["pwned"]), visible_text=facts["text"])
 
 

@@ -66,7 +66,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              parameters=("slo_ttft_ms", "slo_tpot_ms", "bandwidth_gb_s", "weight_bytes"),
              key_figures=("latency_ecdf",), from_spec=_latency_from_spec, relative_cost=2.0),
     Notebook("cost", "Cost: provider prompt caching and self-hosting",
-             figures=("provider_cost_per_session", "ttl_sensitivity"),
+             figures=("provider_cost_per_session", "habit_cost", "ttl_sensitivity"),
              parameters=("pricing", "gpu_hourly_usd"), key_figures=("provider_cost_per_session",),
              from_spec=_cost_from_spec),
     Notebook("speculative", "Speculative decoding: does it pay off for this traffic?",
@@ -77,7 +77,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              figures=("recomputed_by_cause", "what_if_hit_rate"), key_figures=("recomputed_by_cause",),
              relative_cost=0.5),
     Notebook("ab_compare", "A/B comparison on identical traffic",
-             figures=("forest_relative_changes", "paired_differences"), key_figures=("forest_relative_changes",),
+             figures=("forest_relative_changes", "repeat_spread", "paired_differences"),
+             key_figures=("forest_relative_changes",),
              parameters=("run_a", "run_b", "label_a", "label_b", "resamples"), relative_cost=5.0),
 )
 """Every report notebook, in the order the report runs and lists them."""

@@ -53,7 +53,8 @@ def _pivot_html(files: list[FindingsFile]) -> str:
         for m in metrics:
             v = by.get((p, m))
             rel = "" if v is None or v.relative is None else f" ({v.relative * 100:+.0f} %)"
-            tds.append("<td></td>" if v is None else f'<td class="v-{e(v.verdict)}">{e(v.verdict)}{rel}</td>')
+            flag = "" if v is None or not v.data_quality else f' <span title="{e(v.data_quality)}">⚑</span>'
+            tds.append("<td></td>" if v is None else f'<td class="v-{e(v.verdict)}">{e(v.verdict)}{rel}{flag}</td>')
         rows.append(f"<tr><td>{e(p)}</td>{''.join(tds)}</tr>")
     csv = next((f.verdicts_csv for f in files if f.verdicts_csv), None)
     link = f' <a href="{e(csv)}">full verdict table (CSV)</a>' if csv else ""

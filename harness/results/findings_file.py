@@ -59,6 +59,7 @@ class VerdictCell(BaseModel):
     metric: str
     verdict: str
     relative: float | None = None  # (B - A) / A; None where A is 0
+    data_quality: str | None = None  # the outlier repeats the verdict rests on (pages.ab_compare), None: none
 
 
 class FindingsFile(VersionedFile):

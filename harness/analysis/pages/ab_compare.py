@@ -1,11 +1,25 @@
-"""The ab_compare page (notebooks/ab_compare.ipynb): the A/B verdict table and its pivot."""
+"""The ab_compare page (notebooks/ab_compare.ipynb): the A/B verdict table and its pivot, the repeats behind each
+verdict (an outlier repeat flags the verdicts resting on it) and the forest plot's rows.
+
+Why a verdict carries a data-quality flag rather than being dropped: the bootstrap resamples repeats, so one repeat
+far from the others (a run during which the host was busy) widens the interval but can still tip a verdict; the
+reader needs to see both the verdict and that it rests on a repeat the others disagree with."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.ab import compare
-from kvscope.harness.analysis.common import RESAMPLES, _ok_cells, _runs, _signed_pct
-from kvscope.harness.analysis.registry import PageContext, page_findings_of
+from kvscope.harness.analysis.ab import (
+    OUTLIER_MADS,
+    OUTLIER_RELATIVE,
+    compare,
+    outlier_repeats,
+    run_statistics,
+)
+from kvscope.harness.analysis.common import RESAMPLES, _derived, _ok_cells, _runs, _signed_pct
+from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -13,8 +27,72 @@ from kvscope.harness.results.loaders import ExperimentResults
 PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s", "hit_rate")
 
 
+#: Metrics the repeat-spread panel shows (every verdict metric is flagged, these are plotted).
+SPREAD_METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s")
+
+#: The verdict table's columns as the page shows them, to fit its width; `verdicts.csv` beside the figures keeps
+#: every column (the margin, raw p-value, runs per side and pairing as well).
+VERDICT_COLUMNS = ["A", "B", "workload", "load", "metric", "a", "b", "diff", "ci_low", "ci_high", "relative",
+                   "p_adjusted", "verdict", "data_quality"]
+
+SPREAD_COLUMNS = ["server", "workload", "load", "repeat", "cell", "metric", "value", "median", "relative_to_median",
+                  "outlier"]
+
+
+def repeat_spread(res: ExperimentResults) -> pd.DataFrame:
+    """Per configuration × workload × load with two or more repeats, and per verdict metric: each repeat's
+    own value (what the verdict engine computes from that run alone), the median of the repeats, the repeat's deviation from it, and whether it is an
+    outlier (`ab.outlier_repeats`: beyond 3 scaled MADs and 25 % of the median, with 3+ repeats)."""
+    return _derived(res, ("repeat_spread",), lambda: _repeat_spread(res))
+
+
+def _repeat_spread(res: ExperimentResults) -> pd.DataFrame:
+    c = _ok_cells(res)
+    frames = []
+    for (server, wl, load), g in c.groupby(["server", "workload", "load"], sort=False):
+        runs = _runs(res, str(server), str(wl), str(load))
+        if len(runs) < 2:  # one run has no spread to show
+            continue
+        stats = run_statistics(runs)
+        repeat_of = dict(zip(g["cell"].astype(str), g["repeat"]))
+        for metric, m in stats.groupby("metric", sort=False):
+            values = m["value"].to_numpy(float)
+            finite = values[np.isfinite(values)]
+            med = float(np.median(finite)) if len(finite) else math.nan
+            frames.append(pd.DataFrame({
+                "server": server, "workload": wl, "load": str(load), "repeat": m["run"].map(repeat_of).to_numpy(),
+                "cell": m["run"].to_numpy(), "metric": metric, "value": values, "median": med,
+                "relative_to_median": (values - med) / med if med else math.nan,
+                "outlier": outlier_repeats(values)}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SPREAD_COLUMNS)
+
+
+def _flag_words(flagged: pd.DataFrame, side: str) -> list[str]:
+    return [f"{side} r{int(r.repeat) if pd.notna(r.repeat) else r.cell} "
+            f"{r.relative_to_median * 100:+.0f} % vs median" for r in flagged.itertuples()]
+
+
+def data_quality_flags(table: pd.DataFrame, spread: pd.DataFrame) -> pd.Series:
+    """Per verdict row: which outlier repeats of side A or B it rests on ("" where none)."""
+    if not len(table):
+        return pd.Series(dtype=str)
+    bad = spread[spread["outlier"].astype(bool)] if len(spread) else spread
+    if not len(bad):
+        return pd.Series("", index=table.index)
+    keyed = {k: g for k, g in bad.groupby(["server", "workload", "load", "metric"], sort=False)}
+    empty = bad.iloc[:0]
+    words = []
+    for r in table.itertuples():
+        wl, load = str(r.workload), str(r.load)
+        parts = _flag_words(keyed.get((r.A, wl, load, r.metric), empty), "A") + \
+            _flag_words(keyed.get((r.B, wl, load, r.metric), empty), "B")
+        words.append("outlier repeat: " + "; ".join(parts) if parts else "")
+    return pd.Series(words, index=table.index)
+
+
 def ab_table(res: ExperimentResults, resamples: int = RESAMPLES) -> pd.DataFrame:
-    """The verdict table for the first configuration against every other, per workload and load (all repeats)."""
+    """The verdict table for the first configuration against every other, per workload and load (all repeats),
+    each row with its ``data_quality`` flag (:func:`data_quality_flags`)."""
     c = _ok_cells(res)
     servers = list(dict.fromkeys(map(str, c["server"]))) if len(c) else []
     frames = []
@@ -31,6 +109,7 @@ def ab_table(res: ExperimentResults, resamples: int = RESAMPLES) -> pd.DataFrame
     # A relative change of a latency whose A value is under 1 ms (a burst delivery's TPOT) says nothing.
     tiny = out["metric"].str.endswith("_s") & (out["a"].abs() < 1e-3)
     out["relative"] = (out["diff"] / out["a"].where(out["a"] != 0)).where(~tiny)
+    out["data_quality"] = data_quality_flags(out, repeat_spread(res))
     return out
 
 
@@ -40,8 +119,36 @@ def verdict_pivot(table: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = table[table["metric"].isin(PIVOT_METRICS)].assign(
         pair=lambda d: d["A"] + " → " + d["B"] + " · " + d["workload"] + " · " + d["load"])
+    if "data_quality" in t:  # a verdict resting on an outlier repeat shows it where it is read
+        t = t.assign(verdict=t["verdict"].where(t["data_quality"].fillna("") == "", t["verdict"] + " ⚑"))
     return t.pivot_table(index="pair", columns="metric", values="verdict", aggfunc="first", sort=False) \
         .reindex(columns=[m for m in PIVOT_METRICS if m in set(t["metric"])])
+
+
+#: Metrics of the forest plot, and the widest relative change its axis shows (a larger one is drawn to the edge
+#: with its value written there, so one +600 % row does not squash every other row to a dot).
+FOREST_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s")
+FOREST_MAX_PCT = 100.0
+
+
+def forest_rows(table: pd.DataFrame, max_pct: float = FOREST_MAX_PCT) -> tuple[pd.DataFrame, float]:
+    """The forest plot's rows — (B − A) / A and its interval in %, clipped to the axis — and the axis half-width:
+    the largest |point estimate| or interval end with 15 % room, at least 10 %, at most ``max_pct``. Rows with
+    ``clipped_low`` / ``clipped_high`` run past the axis; their true ends are ``lo_pct`` / ``hi_pct``."""
+    if not len(table):
+        return pd.DataFrame(), 10.0
+    v = table[table["metric"].isin(FOREST_METRICS) & (table["a"].abs() > 1e-3)].copy()
+    if not len(v):
+        return v, 10.0
+    v["label"] = v["A"] + " → " + v["B"] + " · " + v["workload"].astype(str) + " · " + v["load"].astype(str) \
+        + ": " + v["metric"]
+    v["rel_pct"] = v["diff"] / v["a"] * 100
+    v["lo_pct"], v["hi_pct"] = v["ci_low"] / v["a"] * 100, v["ci_high"] / v["a"] * 100
+    ends = pd.concat([v["rel_pct"], v["lo_pct"], v["hi_pct"]]).abs()
+    limit = float(min(max(10.0, 1.15 * ends.max()), max_pct))
+    v["clipped_low"], v["clipped_high"] = v["lo_pct"] < -limit, v["hi_pct"] > limit
+    v["flagged"] = v["data_quality"].fillna("") != "" if "data_quality" in v else False
+    return v.reset_index(drop=True), limit
 
 
 def ab_findings(table: pd.DataFrame) -> list[Finding]:
@@ -72,6 +179,27 @@ def page_ab_table(ctx: PageContext) -> pd.DataFrame:
     if ctx.ab is None:
         ctx.ab = ab_table(ctx.res, ctx.resamples)
     return ctx.ab
+
+
+@caveat("outlier_repeats", "ab_compare")
+def _caveat_outlier_repeats(res: ExperimentResults):
+    """Repeats far from the other repeats of their cell: the verdicts resting on them carry a data-quality flag."""
+    spread = repeat_spread(res) if len(_ok_cells(res)) else pd.DataFrame(columns=SPREAD_COLUMNS)
+    bad = spread[spread["outlier"].astype(bool)] if len(spread) else spread
+    if not len(bad):
+        return None
+    worst = bad.iloc[bad["relative_to_median"].abs().argmax()]
+    unit, scale = ("ms", 1000.0) if str(worst["metric"]).endswith("_s") else ("", 1.0)
+    example = (f"{worst['server']} · {worst['workload']} · {worst['load']} repeat {worst['repeat']}: "
+               f"{worst['metric']} {worst['value'] * scale:,.1f}{' ' + unit if unit else ''} against a median of "
+               f"{worst['median'] * scale:,.1f}{' ' + unit if unit else ''} over its repeats")
+    cells = bad.groupby(["server", "workload", "load", "repeat"]).ngroups
+    return ((f"{len(bad)} value(s) in {cells} repeat(s) lie far from the other repeats of their cell (beyond "
+             f"{OUTLIER_MADS:g} scaled MADs and {OUTLIER_RELATIVE * 100:.0f} % of the median), e.g. {example}. "
+             "A repeat that far off usually means the host was busy during that run, not that the configuration "
+             "changed: the verdicts resting on it are flagged (⚑, the data_quality column) and are host noise until "
+             "a rerun confirms them."),
+            {"outlier_values": float(len(bad)), "outlier_repeats": float(cells)})
 
 
 @page_findings_of("ab_compare", "ab")

@@ -176,19 +176,14 @@ def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
     return pd.DataFrame(rows)
 
 
-def latency_throughput(res: ExperimentResults) -> pd.DataFrame:
-    """The Pareto view across loads: per server and load level, output tokens/s (summed over the workloads'
-    cells, mean over repeats) against TTFT p90 over all its requests."""
-    ok = res.ok_requests()
-    c = res.cells
-    if not len(ok) or "output_tok_per_s" not in c:
-        return pd.DataFrame(columns=["server", "load", "load_value", "output_tok_per_s", "ttft_p90_ms"])
-    thr = c.groupby(["server", "load", "repeat"], sort=False)["output_tok_per_s"].sum() \
-        .groupby(["server", "load"], sort=False).mean()
-    p90 = ok.groupby(["server", "load"], sort=False)["ttft_s"].quantile(0.9) * 1000
-    out = pd.DataFrame({"output_tok_per_s": thr, "ttft_p90_ms": p90}).reset_index()
-    out["load_value"] = out["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
-    return out.sort_values(["server", "load_value"]).reset_index(drop=True)
+def capacity_planning_pivot(plan: pd.DataFrame) -> pd.DataFrame:
+    """The capacity plan as shown: sequences per GPU, one row per model, tensor-parallel degree, KV dtype and
+    context. The tensor-parallel degree stays in the index: a 70B model's row is per GPU of a tp=4 group, and
+    without it the row reads as a single GPU holding the whole model."""
+    if not len(plan):
+        return plan
+    return plan.pivot_table(index=["model", "tp", "kv_dtype", "context"], columns="gpu", values="sequences",
+                            sort=False)
 
 
 def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:

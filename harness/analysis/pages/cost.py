@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 
 import pandas as pd
-from kvscope.harness.analysis.common import _derived, _pct, _simulated, hit_by_workload
+from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -40,7 +40,9 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
                    workloads: Iterable[str] | None = None) -> pd.DataFrame:
     """Per workload and provider preset: cost with prompt caching (TTL driven by the trace's think times)
     and without, over the same sessions (those every cell of the workload replayed): in total, per 1,000
-    sessions and per million input tokens."""
+    sessions, and the input side alone per million input tokens (output tokens are priced apart and are
+    the same with and without caching). ``caching_change`` is with caching over without, minus one: negative
+    where caching saves, positive where its write premium makes it dearer."""
     from kvscope.harness.pricing.cost import no_cache_cost
     from kvscope.harness.pricing.provider_cache import load_preset
 
@@ -62,9 +64,52 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
                          "cost_usd": s["total_usd"], "no_cache_usd": base,
                          "usd_per_1000_sessions": s["total_usd"] / sessions * 1000 if sessions else math.nan,
                          "usd_per_1000_sessions_no_cache": base / sessions * 1000 if sessions else math.nan,
-                         "usd_per_mtok_input": s["total_usd"] / total_in * 1e6 if total_in else math.nan,
-                         "saving": 1 - s["total_usd"] / base if base else math.nan})
+                         "input_usd_per_mtok_input": s["input_usd"] / total_in * 1e6 if total_in else math.nan,
+                         "input_usd_per_mtok_input_no_cache": cfg.pricing.input_per_mtok,
+                         "caching_change": s["total_usd"] / base - 1 if base else math.nan})
     return pd.DataFrame(rows)
+
+
+def caching_change_title(costs: pd.DataFrame) -> str:
+    """The provider-cost figure's title: the workload and preset where caching does worst against no caching,
+    in words whose sign matches the number (a negative saving is "dearer", never "saves")."""
+    if not len(costs):
+        return "Provider cost with and without prompt caching"
+    worst = costs.sort_values("caching_change", ascending=False).iloc[0]
+    change = float(worst["caching_change"])
+    if change > 0:
+        return (f"Caching costs {change * 100:.0f} % more than no caching on {worst['workload']} with {worst['preset']} "
+                "(cache writes paid, little read back)")
+    return f"Caching saves least on {worst['workload']} with {worst['preset']}: {-change * 100:.0f} % cheaper than no caching"
+
+
+def habit_cost_change(res: ExperimentResults, reference: str, habit: str, preset: str,
+                      block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, float] | None:
+    """What a history habit costs on a provider against its append-only reference, both with caching: $ per
+    1,000 sessions of each and the habit's change (habit over reference, minus one). The baseline is the
+    reference habit with caching, not "no caching": a habit is a choice between two ways of building the same
+    sessions' prompts, both cached."""
+    pc = provider_costs(res, [preset], block_size, workloads=[reference, habit])
+    pc = pc.set_index("workload") if len(pc) else pc
+    if not len(pc) or reference not in pc.index or habit not in pc.index:
+        return None
+    ref, hab = float(pc.loc[reference, "usd_per_1000_sessions"]), float(pc.loc[habit, "usd_per_1000_sessions"])
+    return {"reference_usd_per_1000_sessions": ref, "habit_usd_per_1000_sessions": hab,
+            "change": hab / ref - 1 if ref else math.nan}
+
+
+def habit_costs(res: ExperimentResults, presets: Iterable[str], block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
+    """Per history habit (a workload `<reference>-<suffix>`, `common.habit_pairs`) and provider preset: $ per
+    1,000 sessions of the habit and of its reference, both with caching, and the habit's change against the
+    reference (:func:`habit_cost_change`)."""
+    rows = []
+    for reference, habit in habit_pairs(res):
+        for preset in presets:
+            change = habit_cost_change(res, reference, habit, preset, block_size)
+            if change is not None:
+                rows.append({"habit": habit, "reference": reference, "preset": preset, **change})
+    return pd.DataFrame(rows, columns=["habit", "reference", "preset", "reference_usd_per_1000_sessions",
+                                       "habit_usd_per_1000_sessions", "change"])
 
 
 def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
@@ -120,7 +165,9 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
 
 
 def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: int = 1) -> pd.DataFrame:
-    """$ per million output (and total) tokens at the throughput each cell measured."""
+    """$ per million output (and total) tokens at the throughput each cell measured, at ``gpu_hourly_usd`` per GPU
+    and hour for ``num_gpus`` GPUs; the rate and GPU count are columns of the table, so a $/Mtok is never shown
+    without the price it follows from."""
     from kvscope.harness.pricing.cost import self_hosted_cost
 
     rows = []
@@ -129,8 +176,8 @@ def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: i
         all_tps = (c.get("output_tok_per_s") or 0) + (c.get("prompt_tok_per_s") or 0)
         if not out_tps or (isinstance(out_tps, float) and math.isnan(out_tps)):
             continue
-        rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"], "load": c["load"],
-                     "output_tok_per_s": out_tps,
+        rows.append({"server": c["server"], "workload": c["workload"], "load": c["load"], "repeat": c.get("repeat"),
+                     "gpu_hourly_usd": gpu_hourly_usd, "gpus": num_gpus, "output_tok_per_s": out_tps,
                      "usd_per_mtok_output": self_hosted_cost(gpu_hourly_usd, num_gpus, out_tps)["usd_per_mtok"],
                      "usd_per_mtok_all": self_hosted_cost(gpu_hourly_usd, num_gpus, all_tps)["usd_per_mtok"]})
     return pd.DataFrame(rows)
@@ -151,6 +198,15 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
                                     f"1,000 sessions with caching (${best['usd_per_1000_sessions_no_cache']:,.2f} "
                                     f"without; same {int(best['sessions'])} sessions).",
                            numbers={"usd_per_1000_sessions": float(best["usd_per_1000_sessions"])}))
+    habits = habit_costs(res, names[:1])
+    for h in habits.itertuples():
+        out.append(Finding(question="cost", notebook="cost", figure="habit_cost",
+                           sentence=f"{h.habit} costs ${h.habit_usd_per_1000_sessions:,.2f} vs "
+                                    f"${h.reference_usd_per_1000_sessions:,.2f} per 1,000 sessions of {h.reference} "
+                                    f"on {h.preset}, both with caching ({h.change * 100:+.0f} %).",
+                           numbers={"habit_usd_per_1000_sessions": float(h.habit_usd_per_1000_sessions),
+                                    "reference_usd_per_1000_sessions": float(h.reference_usd_per_1000_sessions),
+                                    "change_vs_reference": float(h.change)}))
     gap = provider_vs_vllm(res, names)
     if len(gap):
         worst = gap.iloc[(gap["vllm_hit_rate"] - gap["cache_read_ratio"]).abs().argmax()]
@@ -160,7 +216,7 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
                                     f"{_pct(worst['vllm_hit_rate'])} — {worst['why']}.",
                            numbers={"cache_read_ratio": float(worst["cache_read_ratio"]),
                                     "vllm_hit_rate": float(worst["vllm_hit_rate"])}))
-    return out[:4]
+    return out
 
 
 @caveat("min_cacheable", "cost")

@@ -20,9 +20,10 @@ from kvscope.harness.analysis.common import (
     _pct,
     _ratio,
     _runs,
+    habit_pairs,
     hit_by_workload,
 )
-from kvscope.harness.analysis.pages.cost import provider_costs
+from kvscope.harness.analysis.pages.cost import habit_cost_change
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -114,17 +115,6 @@ def reconciliation(res: ExperimentResults) -> pd.DataFrame:
               "requests_compared", "exact_share"]]
 
 
-def habit_pairs(res: ExperimentResults) -> list[tuple[str, str]]:
-    """(reference, habit) workloads: a workload named `<reference>-<suffix>` is a habit added to `<reference>`."""
-    workloads = sorted(set(map(str, _ok_cells(res)["workload"])))
-    pairs = []
-    for w in workloads:
-        refs = [r for r in workloads if r != w and w.startswith(r + "-")]
-        if refs:
-            pairs.append((max(refs, key=len), w))
-    return pairs
-
-
 def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:
     """A workload trace's history policies and scale, from its validated trace.json (none for a trace that was
     imported rather than generated from a workload spec)."""
@@ -163,14 +153,6 @@ def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
     return " and ".join(words) or f"the {habit.removeprefix(reference + '-')} habit"
 
 
-def _cost_change(res: ExperimentResults, workload: str, preset: str) -> float | None:
-    pc = provider_costs(res, [preset], workloads=[workload])
-    if not len(pc):
-        return None
-    row = pc.iloc[0]
-    return float(row["cost_usd"] / row["no_cache_usd"] - 1) if row["no_cache_usd"] else None
-
-
 def _cost_preset(res: ExperimentResults) -> str | None:
     """The spec's first preset with a cache-write premium (where a habit can make caching dearer), else its first."""
     from kvscope.harness.pricing.provider_cache import load_preset
@@ -186,7 +168,8 @@ def _cost_preset(res: ExperimentResults) -> str | None:
 class HabitEffect:
     """One habit against its reference workload on the caching configuration, at the lowest load both ran:
     the measured hit rates, the verdict engine's rows (TTFT p50, hit rate) and each side's provider cost
-    relative to no caching. The habit finding and the habit recommendation are both read from it."""
+    against its reference, both cached (`pages.cost.habit_cost_change`). The habit finding and the habit
+    recommendation are both read from it."""
 
     what: str
     reference: str
@@ -198,8 +181,7 @@ class HabitEffect:
     ttft: dict[str, Any]
     hit: dict[str, Any]
     preset: str | None
-    cost_a: float | None
-    cost_b: float | None
+    cost: dict[str, float] | None
 
 
 def habit_effects(res: ExperimentResults, resamples: int = RESAMPLES) -> list[HabitEffect]:
@@ -224,18 +206,18 @@ def _habit_effects(res: ExperimentResults, resamples: int) -> list[HabitEffect]:
                     loads[0])
         ra, rb = _runs(res, server, reference, load), _runs(res, server, habit, load)
         table = compare(ra, rb, resamples=resamples) if ra and rb else pd.DataFrame()
+        ttft = _metric_row(table, "ttft_p50_s") or {}
+        cost = habit_cost_change(res, reference, habit, preset) if preset else None
         out.append(HabitEffect(describe_habit(res, reference, habit), reference, habit, server, load,
                                float(hits.loc[reference, "measured"]), float(hits.loc[habit, "measured"]),
-                               _metric_row(table, "ttft_p50_s") or {}, _metric_row(table, "hit_rate") or {}, preset,
-                               _cost_change(res, reference, preset) if preset else None,
-                               _cost_change(res, habit, preset) if preset else None))
+                               ttft, _metric_row(table, "hit_rate") or {}, preset, cost))
     return out
 
 
 def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
     """Per habit: hit rate, TTFT p50 (with the verdict engine's interval) and provider cost against its reference."""
     return [_habit_sentence(e.what, e.reference, e.habit, e.server, e.load, e.hit_a, e.hit_b, e.ttft, e.preset,
-                            e.cost_a, e.cost_b) for e in habit_effects(res, resamples)]
+                            e.cost) for e in habit_effects(res, resamples)]
 
 
 def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
@@ -254,8 +236,8 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
             ttft_words = f"{(a - b) * 1000:+.0f} ms TTFT p50"
             (decided if ttft_v in ("worse", "better") else undecided).append(ttft_words)
         cost = ""
-        if e.preset and e.cost_a is not None and e.cost_b is not None and 1 + e.cost_b:
-            cost = f", {((1 + e.cost_a) / (1 + e.cost_b) - 1) * 100:+.0f} % {e.preset} cost (priced)"
+        if e.preset and e.cost is not None and math.isfinite(e.cost["change"]) and e.cost["change"] > -1:
+            cost = f", {(1 / (1 + e.cost['change']) - 1) * 100:+.0f} % {e.preset} cost (priced)"
         worse = "worse" in (hit_v, ttft_v)
         better = "better" in (hit_v, ttft_v) and not worse
         what = e.what[0].upper() + e.what[1:]
@@ -332,17 +314,19 @@ def _signed(x: float) -> str:
 
 
 def _habit_sentence(what: str, reference: str, habit: str, server: str, load: str, hit_a: float, hit_b: float,
-                    ttft: dict[str, Any], preset: str | None, cost_a: float | None, cost_b: float | None) -> Finding:
+                    ttft: dict[str, Any], preset: str | None, cost: dict[str, float] | None) -> Finding:
     a, b = ttft.get("a"), ttft.get("b")
     lo, hi = ttft.get("ci_low"), ttft.get("ci_high")
     verdict = ttft.get("verdict")
+    change = cost["change"] if cost is not None else None
     costs_nothing = abs(hit_b - hit_a) < 0.01 and verdict in (None, "equivalent", "inconclusive") and \
-        (cost_a is None or cost_b is None or abs(cost_b - cost_a) < 0.01)
+        (change is None or not math.isfinite(change) or abs(change) < 0.01)
     cost_words = ""
-    if preset and cost_b is not None:
-        cost_words = (f", and makes {preset} caching {abs(cost_b) * 100:.0f} % "
-                      f"{'dearer' if cost_b > 0 else 'cheaper'} than no caching"
-                      f" ({reference}: {abs(cost_a or 0) * 100:.0f} % {'dearer' if (cost_a or 0) > 0 else 'cheaper'})")
+    if preset and cost is not None and change is not None and math.isfinite(change):
+        # against the reference habit, both cached (pages.cost.habit_cost_change), never against no caching
+        cost_words = (f", and costs ${cost['habit_usd_per_1000_sessions']:,.2f} vs "
+                      f"${cost['reference_usd_per_1000_sessions']:,.2f} per 1,000 sessions on {preset} with "
+                      f"caching ({change * 100:+.0f} % against {reference})")
     interval = f" (B − A {(b - a) * 1000:+.0f} ms, 95 % CI {lo * 1000:+.0f} to {hi * 1000:+.0f} ms; {verdict})" \
         if None not in (a, b, lo, hi) else ""
     if costs_nothing:
@@ -354,7 +338,7 @@ def _habit_sentence(what: str, reference: str, habit: str, server: str, load: st
                     f"{interval}{cost_words}.")
     return Finding(question="habit", sentence=sentence, notebook="hit_rates", figure="hit_rate_by_workload",
                    numbers={"hit_rate_reference": hit_a, "hit_rate_habit": hit_b, "ttft_p50_reference_s": a,
-                            "ttft_p50_habit_s": b, "cost_change_reference": cost_a, "cost_change_habit": cost_b},
+                            "ttft_p50_habit_s": b, "cost_change_vs_reference": change},
                    interval=(lo, hi) if None not in (lo, hi) else None, interval_of="ttft_p50_s difference (s)")
 
 

@@ -39,16 +39,28 @@ def itl_long(res: ExperimentResults, max_per_cell: int = 20000) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell", "itl_ms"])
 
 
+#: The columns that say which cell a row is (the cell's name repeats them).
+CELL_KEY = ["server", "workload", "load", "repeat"]
+#: The percentile table's rate columns; the latency percentiles are the rest (two tables on the page, each fits).
+RATE_COLUMNS = [*CELL_KEY, "requests", "req_per_s", "output_tok_per_s", "goodput_fraction", "goodput_req_per_s",
+                "error_rate"]
+
+
 def percentile_table(res: ExperimentResults) -> pd.DataFrame:
-    cols = ["cell", "server", "workload", "load", "requests", "req_per_s", "output_tok_per_s"]
+    """Per cell: its rates and the TTFT, TPOT, ITL and end-to-end percentiles in ms."""
+    cols = RATE_COLUMNS.copy()
     for m in ("ttft", "tpot", "itl", "e2e"):
         cols += [f"{m}_p50_s", f"{m}_p90_s", f"{m}_p99_s"]
-    cols += ["goodput_fraction", "goodput_req_per_s", "error_rate"]
     t = res.cells.reindex(columns=cols).copy()
     for c in t.columns:
         if c.endswith("_s") and c[:-2].split("_")[0] in ("ttft", "tpot", "itl", "e2e"):
             t[c.replace("_s", "_ms")] = t.pop(c) * 1000
     return t
+
+
+def latency_percentile_columns(table: pd.DataFrame) -> list[str]:
+    """The percentile table's latency columns, with the columns that say which cell a row is."""
+    return [*CELL_KEY, *[c for c in table.columns if c.endswith("_ms")]]
 
 
 def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | None = None) -> pd.DataFrame:
@@ -60,8 +72,9 @@ def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | Non
     for cell, g in ok.groupby("cell"):
         d = goodput_block(g, float(durations.get(cell, math.nan)), slo_ttft_ms, slo_tpot_ms) or {}
         rate = d.get("goodput_req_per_s")
-        rows.append({"cell": cell, "server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
-                     "load": g["load"].iloc[0], "meeting_slo": d["requests_meeting_slo"], "requests": len(g),
+        rows.append({"server": g["server"].iloc[0], "workload": g["workload"].iloc[0],
+                     "load": g["load"].iloc[0], "repeat": g["repeat"].iloc[0] if "repeat" in g else None,
+                     "meeting_slo": d["requests_meeting_slo"], "requests": len(g),
                      "fraction": d["fraction"], "goodput_req_per_s": math.nan if rate is None else rate})
     return pd.DataFrame(rows)
 
@@ -71,7 +84,7 @@ def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_byt
     from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
 
     bound = decode_tokens_per_s_upper_bound(bandwidth_gb_s * 1e9, weight_bytes, 1)
-    t = res.cells.reindex(columns=["cell", "server", "workload", "load", "tpot_p50_s", "output_tok_per_s"]).copy()
+    t = res.cells.reindex(columns=[*CELL_KEY, "tpot_p50_s", "output_tok_per_s"]).copy()
     t["decode_tok_per_s_single_stream"] = 1.0 / t["tpot_p50_s"].where(t["tpot_p50_s"] > 0)
     t["roofline_tok_per_s_b1"] = bound
     t["fraction_of_roofline"] = t["decode_tok_per_s_single_stream"] / bound
