@@ -1,0 +1,155 @@
+"""CPU of idle vLLM CPU servers kept up beside a busy one (``servers_up: all``), per process, per phase.
+
+An experiment keeps every configuration's server up so that repeats interleave (A B A B …); while one
+configuration is measured the others wait. This starts two servers the way the experiment does (launched
+together, the tiny model, kvscope's default server environment), then samples the CPU of every process of
+both trees (API server, EngineCore) with psutil in three phases:
+
+1. ``idle``: both servers idle after their start;
+2. ``neighbour busy``: server A answers a stream of requests, B waits (what an experiment's idle server sees);
+3. ``after``: A's requests are done; both idle again.
+
+Usage (starts real vLLM servers: take the machine's lock)::
+
+    flock /tmp/kvscope-vllm.lock .venv/bin/python benchmarks/idle_servers.py --model /work/models/tiny \
+        [--seconds 30] [--env KEY=VALUE …] [--raw]
+
+``--raw`` starts the servers without kvscope's idle-CPU settings (the "before" figures); ``--env`` adds
+variables to both servers' environment (e.g. ``OMP_WAIT_POLICY=PASSIVE``) to try a cause. Prints cores used
+per process and phase; writes JSON under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import REPO
+
+sys.path.insert(0, str(REPO))
+
+
+def _tree(pid: int) -> list:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _label(proc) -> str:
+    try:
+        name = proc.name()
+        cmd = " ".join(proc.cmdline()[:3])
+    except Exception:  # noqa: BLE001 - gone meanwhile
+        return "?"
+    if "EngineCore" in name or "EngineCore" in cmd:
+        return "EngineCore"
+    if "api_server" in cmd:
+        return "APIServer"
+    return name
+
+
+def _cpu_s(proc) -> float:
+    try:
+        t = proc.cpu_times()
+        return t.user + t.system
+    except Exception:  # noqa: BLE001 - gone meanwhile
+        return 0.0
+
+
+def sample(servers: dict, seconds: float) -> dict[str, dict[str, float]]:
+    """Cores used per server and process label over `seconds` (CPU seconds / wall seconds)."""
+    procs = {name: _tree(s.process.pid) for name, s in servers.items()}
+    before = {name: [(_label(p), _cpu_s(p)) for p in ps] for name, ps in procs.items()}
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    wall = time.perf_counter() - t0
+    out: dict[str, dict[str, float]] = {}
+    for name, ps in procs.items():
+        per: dict[str, float] = {}
+        for p, (label, c0) in zip(ps, before[name]):
+            per[label] = per.get(label, 0.0) + (_cpu_s(p) - c0) / wall
+        per["total"] = sum(per.values())
+        out[name] = per
+    return out
+
+
+def _load(endpoint: str, stop: threading.Event, sent: list[int]) -> None:
+    import httpx
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with httpx.Client(timeout=120) as client:
+        while not stop.is_set():
+            prompt = rng.integers(1000, 4000, size=400).tolist()
+            client.post(endpoint + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 32})
+            sent[0] += 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=os.environ.get("KVSCOPE_TEST_MODEL", str(REPO / "models/tiny")))
+    ap.add_argument("--seconds", type=float, default=30.0, help="sampling window per phase")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra server environment")
+    ap.add_argument("--raw", action="store_true", help="without kvscope's idle-CPU environment (the 'before')")
+    args = ap.parse_args()
+
+    from kvscope.harness.serving import server as server_mod
+    from kvscope.harness.serving.server import ServerConfig, VllmServer
+
+    env = dict(kv.split("=", 1) for kv in args.env)
+    if args.raw:
+        server_mod.IDLE_CPU_ENV = {}  # type: ignore[attr-defined]
+    logs = Path(tempfile.mkdtemp(prefix="kvscope-idle-"))
+    servers = {n: VllmServer(ServerConfig(model=args.model, served_model_name="tiny", max_model_len=2048,
+                                          kv_cache_memory_bytes="32M", startup_timeout_s=300, env=env),
+                             log_path=logs / f"{n}.log") for n in ("A", "B")}
+    result: dict = {"env": env, "raw": args.raw, "seconds": args.seconds, "phases": {}}
+    try:
+        t0 = time.perf_counter()
+        for s in servers.values():
+            s.launch()
+        for s in servers.values():
+            s.finish_start()
+        print(f"two servers up in {time.perf_counter() - t0:.0f} s; env {env or '{}'}"
+              f"{' (raw: no kvscope idle settings)' if args.raw else ''}", flush=True)
+        time.sleep(5)
+        phases = result["phases"]
+        phases["idle"] = sample(servers, args.seconds)
+        stop, sent = threading.Event(), [0]
+        loader = threading.Thread(target=_load, args=(servers["A"].endpoint, stop, sent), daemon=True)
+        loader.start()
+        time.sleep(3)
+        phases["neighbour busy"] = sample(servers, args.seconds)
+        stop.set()
+        loader.join(120)
+        result["requests_to_A"] = sent[0]
+        time.sleep(2)
+        phases["after"] = sample(servers, args.seconds)
+    finally:
+        for s in servers.values():
+            s.stop()
+    print(f"{'phase':16s} {'server':6s} {'total':>6s}  per process (cores)")
+    for phase, per_server in result["phases"].items():
+        for name, per in per_server.items():
+            procs = ", ".join(f"{k} {v:.2f}" for k, v in per.items() if k != "total")
+            print(f"{phase:16s} {name:6s} {per['total']:6.2f}  {procs}")
+    out = REPO / "benchmarks" / "results" / f"idle_servers{'_raw' if args.raw else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
