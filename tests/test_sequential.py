@@ -168,7 +168,7 @@ servers:
   base: {{backend: openai, endpoint: "{a.endpoint}", block_size: 16}}
   slow: {{backend: openai, endpoint: "{b.endpoint}", block_size: 16}}
 workloads:
-  agent: {{spec: agent-coding, scale: 0.02, sessions: 3, seed: 3, max_context: 1500, output_scale: 0.05}}
+  agent: {{spec: agent-coding, scale: 0.02, sessions: 3, seed: 3, max_context: 700, output_scale: 0.02}}
 loads: [{{concurrency: 3}}]
 repeats: {{max: {max_repeats}, min: 2, stop_early: true}}
 replay: {{time_scale: 0, warmup_requests: 0}}
@@ -188,7 +188,7 @@ def test_the_runner_stops_once_the_verdicts_are_decided(tmp_path, tiny_model_dir
         return LatencyNoise(run_sigma=0.03, session_sigma=0.02, request_sigma=0.05, seed=next(seeds), **kw)
 
     effects = {"base": {}, "slow": {"ttft_effect": effect[0], "throughput_effect": effect[1]}}
-    servers = {name: FaultServer(FaultConfig(ttft_s=0.05, itl_s=0.01, noise=noise(**kw))).start()
+    servers = {name: FaultServer(FaultConfig(ttft_s=0.05, itl_s=0.002, output_len=4, noise=noise(**kw))).start()
                for name, kw in effects.items()}
     by_endpoint = {srv.endpoint: name for name, srv in servers.items()}
 

@@ -92,6 +92,11 @@ def describe_plan(spec: ExperimentSpec) -> str:
              else f"prefix cache reset before every cell, fresh server process before each repeat "
                   f"(~{n * max(spec.repeats.max - 1, 0)} extra start(s))")
     text = f"order: {order}; {reset}"
+    rep = spec.repeats
+    if rep.stop_early:
+        text += (f"; up to {rep.max} repeats, looking from repeat {rep.first_look} on: a workload x load group "
+                 f"stops once every configuration's verdicts against {rep.baseline or next(iter(spec.servers))} on "
+                 f"{', '.join(rep.metrics)} are decided ({rep.spending} alpha spending, alpha {rep.alpha:g})")
     if spec.sweep is not None:
         sw = spec.sweep
         levels = ", ".join(f"{x:g}" for x in sw.levels)
