@@ -257,9 +257,10 @@ class RepeatsSpec(BaseModel):
     metrics: list[str] = Field(default_factory=lambda: ["ttft_p50_s", "output_tokens_per_s"],
                                description="stop_early: per-repeat metrics each comparison decides on")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="stop_early: each verdict's error rate over all looks")
-    spending: Literal["pocock", "obrien-fleming"] = Field(
-        "pocock", description="stop_early: the alpha-spending function (pocock stops clear effects soonest; "
-                              "obrien-fleming keeps the last look's level closest to alpha)")
+    spending: Literal["obrien-fleming", "pocock"] = Field(
+        "obrien-fleming", description="stop_early: the alpha-spending function (obrien-fleming spends little at "
+                                      "the first looks and keeps the last look's level close to alpha; pocock "
+                                      "spends evenly)")
 
     @model_validator(mode="before")
     @classmethod
