@@ -96,12 +96,98 @@ def _load(endpoint: str, stop: threading.Event, sent: list[int]) -> None:
             sent[0] += 1
 
 
+EXPERIMENT = """\
+name: idle-cpu
+model: {{source: path, path: {model}, served_model_name: tiny}}
+server_defaults: {{max_model_len: 4096, kv_cache_memory_bytes: 16M{env}}}
+servers:
+  baseline: {{}}
+  ngram-k4:
+    speculative_config: {{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}}
+workloads:
+  agent-coding: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 4, seed: 1, max_context: 2000}}
+loads: [{{concurrency: 2}}]
+repeats: {repeats}
+"""
+
+
+def _server_trees(root_pid: int) -> dict[str, list]:
+    """vLLM API server trees under this process, by their --port."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if "vllm.entrypoints.openai.api_server" in " ".join(cmd[:3]) and "--port" in cmd:
+            out[cmd[cmd.index("--port") + 1]] = [p, *p.children(recursive=True)]
+    return out
+
+
+def during_experiment(model: str, repeats: int, env: dict[str, str], interval_s: float = 2.0) -> dict:
+    """Run a quickstart-like experiment (two configurations kept up, interleaved) and sample every server
+    tree's CPU per interval; an interval where one server uses > 0.5 cores is that server's cell, and the
+    other's CPU then is what an idle server costs."""
+    import os
+    import threading
+
+    from kvscope.harness.experiment.runner import run_experiment
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-idle-exp-"))
+    env_yaml = (", env: {" + ", ".join(f"{k}: '{v}'" for k, v in env.items()) + "}") if env else ""
+    spec = tmp / "spec.yaml"
+    spec.write_text(EXPERIMENT.format(model=model, repeats=repeats, env=env_yaml))
+    samples: list[dict[str, dict[str, float]]] = []
+    stop = threading.Event()
+
+    def sampler() -> None:
+        last: dict[int, tuple[str, str, float]] = {}
+        while not stop.wait(interval_s):
+            row: dict[str, dict[str, float]] = {}
+            for port, procs in _server_trees(os.getpid()).items():
+                per: dict[str, float] = {}
+                for p in procs:
+                    c = _cpu_s(p)
+                    if p.pid in last:
+                        label = last[p.pid][1]
+                        per[label] = per.get(label, 0.0) + max(0.0, c - last[p.pid][2]) / interval_s
+                    last[p.pid] = (port, _label(p), c)
+                per["total"] = sum(per.values())
+                row[port] = per
+            samples.append(row)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    try:
+        run_experiment(spec, out=tmp / "results")
+    finally:
+        stop.set()
+        thread.join()
+    idle: dict[str, list[dict[str, float]]] = {}
+    for row in samples:
+        busy = [port for port, per in row.items() if per.get("total", 0) > 0.5]
+        if len(row) == 2 and len(busy) == 1:
+            for port, per in row.items():
+                if port not in busy:
+                    idle.setdefault(port, []).append(per)
+    summary = {}
+    for port, rows in idle.items():
+        labels = sorted({k for r in rows for k in r})
+        summary[port] = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in labels} | {"intervals": len(rows)}
+    return {"idle_while_other_busy": summary, "samples": samples}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.environ.get("KVSCOPE_TEST_MODEL", str(REPO / "models/tiny")))
     ap.add_argument("--seconds", type=float, default=30.0, help="sampling window per phase")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra server environment")
     ap.add_argument("--raw", action="store_true", help="without kvscope's idle-CPU environment (the 'before')")
+    ap.add_argument("--experiment", type=int, metavar="REPEATS", default=0,
+                    help="instead: a quickstart-like experiment (baseline and n-gram kept up, REPEATS repeats), "
+                         "each server's CPU sampled while the other one's cell runs")
     args = ap.parse_args()
 
     from kvscope.harness.serving import server as server_mod
@@ -110,6 +196,17 @@ def main() -> int:
     env = dict(kv.split("=", 1) for kv in args.env)
     if args.raw:
         server_mod.IDLE_CPU_ENV = {}  # type: ignore[attr-defined]
+    if args.experiment:
+        res = during_experiment(args.model, args.experiment, env)
+        print("idle server while the other configuration's cell runs (cores, mean over intervals):")
+        for port, per in res["idle_while_other_busy"].items():
+            procs = ", ".join(f"{k} {v:.2f}" for k, v in per.items() if k not in ("total", "intervals"))
+            print(f"  port {port}: total {per['total']:.2f} over {per['intervals']} intervals; {procs}")
+        out = REPO / "benchmarks" / "results" / f"idle_servers_experiment{'_raw' if args.raw else ''}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2))
+        print(f"wrote {out}")
+        return 0
     logs = Path(tempfile.mkdtemp(prefix="kvscope-idle-"))
     servers = {n: VllmServer(ServerConfig(model=args.model, served_model_name="tiny", max_model_len=2048,
                                           kv_cache_memory_bytes="32M", startup_timeout_s=300, env=env),

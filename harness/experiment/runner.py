@@ -477,6 +477,12 @@ class _Servers:
     def get(self, name: str, repeat: int) -> "Backend":
         if name in self.failed:
             raise self.failed.pop(name)
+        if self.run.spec.idle_servers == "pause":  # the others freeze; this one continues
+            for other, backend in self.backends.items():
+                if other != name:
+                    backend.pause()
+            if name in self.backends:
+                self.backends[name].resume()
         srec = self._record(name)
         backend = self.backends.get(name)
         fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat

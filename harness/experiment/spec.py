@@ -321,6 +321,10 @@ class ExperimentSpec(ExperimentSpecCore):
         "all", description="all: keep every configuration's server up once started, so cells run repeat-major "
                            "across configurations (A B A B); one: one server at a time, repeats interleaved only "
                            "within a configuration")
+    idle_servers: Literal["run", "pause"] = Field(
+        "run", description="servers_up: all: run leaves the configurations not being measured running (idle); "
+                           "pause SIGSTOPs their process groups while another configuration's cell runs and "
+                           "SIGCONTs them before their own (kvscope-launched servers only)")
     sweep: SweepSpec | None = None
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
