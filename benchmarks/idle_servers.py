@@ -7,16 +7,21 @@ both trees (API server, EngineCore) with psutil in three phases:
 
 1. ``idle``: both servers idle after their start;
 2. ``neighbour busy``: server A answers a stream of requests, B waits (what an experiment's idle server sees);
-3. ``after``: A's requests are done; both idle again.
+3. ``after``: A's requests are done; both idle again;
+4. ``B paused, A busy``: B SIGSTOPped as ``idle_servers: pause`` does, A loaded again; then B continued and
+   sent a request (it must answer).
 
 Usage (starts real vLLM servers: take the machine's lock)::
 
     flock /tmp/kvscope-vllm.lock .venv/bin/python benchmarks/idle_servers.py --model /work/models/tiny \
-        [--seconds 30] [--env KEY=VALUE …] [--raw]
+        [--seconds 30] [--env KEY=VALUE …]
+    flock /tmp/kvscope-vllm.lock .venv/bin/python benchmarks/idle_servers.py --model /work/models/tiny \
+        --experiment 2 [--pause]
 
-``--raw`` starts the servers without kvscope's idle-CPU settings (the "before" figures); ``--env`` adds
-variables to both servers' environment (e.g. ``OMP_WAIT_POLICY=PASSIVE``) to try a cause. Prints cores used
-per process and phase; writes JSON under ``benchmarks/results/``.
+``--env`` adds variables to both servers' environment (e.g. ``OMP_WAIT_POLICY=PASSIVE``) to try a cause.
+``--experiment N`` instead runs a quickstart-like experiment (baseline and n-gram kept up, N repeats) and
+samples each server while the other one's cell runs (``--pause``: with ``idle_servers: pause``). Prints cores
+used per process and phase; writes JSON under ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -126,7 +131,8 @@ def _server_trees(root_pid: int) -> dict[str, list]:
     return out
 
 
-def during_experiment(model: str, repeats: int, env: dict[str, str], interval_s: float = 2.0) -> dict:
+def during_experiment(model: str, repeats: int, env: dict[str, str], interval_s: float = 2.0,
+                      pause: bool = False) -> dict:
     """Run a quickstart-like experiment (two configurations kept up, interleaved) and sample every server
     tree's CPU per interval; an interval where one server uses > 0.5 cores is that server's cell, and the
     other's CPU then is what an idle server costs."""
@@ -138,7 +144,8 @@ def during_experiment(model: str, repeats: int, env: dict[str, str], interval_s:
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-idle-exp-"))
     env_yaml = (", env: {" + ", ".join(f"{k}: '{v}'" for k, v in env.items()) + "}") if env else ""
     spec = tmp / "spec.yaml"
-    spec.write_text(EXPERIMENT.format(model=model, repeats=repeats, env=env_yaml))
+    spec.write_text(EXPERIMENT.format(model=model, repeats=repeats, env=env_yaml)
+                    + ("idle_servers: pause\n" if pause else ""))
     samples: list[dict[str, dict[str, float]]] = []
     stop = threading.Event()
 
@@ -184,25 +191,22 @@ def main() -> int:
     ap.add_argument("--model", default=os.environ.get("KVSCOPE_TEST_MODEL", str(REPO / "models/tiny")))
     ap.add_argument("--seconds", type=float, default=30.0, help="sampling window per phase")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra server environment")
-    ap.add_argument("--raw", action="store_true", help="without kvscope's idle-CPU environment (the 'before')")
+    ap.add_argument("--pause", action="store_true", help="--experiment: with idle_servers: pause")
     ap.add_argument("--experiment", type=int, metavar="REPEATS", default=0,
                     help="instead: a quickstart-like experiment (baseline and n-gram kept up, REPEATS repeats), "
                          "each server's CPU sampled while the other one's cell runs")
     args = ap.parse_args()
 
-    from kvscope.harness.serving import server as server_mod
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     env = dict(kv.split("=", 1) for kv in args.env)
-    if args.raw:
-        server_mod.IDLE_CPU_ENV = {}  # type: ignore[attr-defined]
     if args.experiment:
-        res = during_experiment(args.model, args.experiment, env)
+        res = during_experiment(args.model, args.experiment, env, pause=args.pause)
         print("idle server while the other configuration's cell runs (cores, mean over intervals):")
         for port, per in res["idle_while_other_busy"].items():
             procs = ", ".join(f"{k} {v:.2f}" for k, v in per.items() if k not in ("total", "intervals"))
             print(f"  port {port}: total {per['total']:.2f} over {per['intervals']} intervals; {procs}")
-        out = REPO / "benchmarks" / "results" / f"idle_servers_experiment{'_raw' if args.raw else ''}.json"
+        out = REPO / "benchmarks" / "results" / f"idle_servers_experiment{'_pause' if args.pause else ''}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=2))
         print(f"wrote {out}")
@@ -211,15 +215,14 @@ def main() -> int:
     servers = {n: VllmServer(ServerConfig(model=args.model, served_model_name="tiny", max_model_len=2048,
                                           kv_cache_memory_bytes="32M", startup_timeout_s=300, env=env),
                              log_path=logs / f"{n}.log") for n in ("A", "B")}
-    result: dict = {"env": env, "raw": args.raw, "seconds": args.seconds, "phases": {}}
+    result: dict = {"env": env, "seconds": args.seconds, "phases": {}}
     try:
         t0 = time.perf_counter()
         for s in servers.values():
             s.launch()
         for s in servers.values():
             s.finish_start()
-        print(f"two servers up in {time.perf_counter() - t0:.0f} s; env {env or '{}'}"
-              f"{' (raw: no kvscope idle settings)' if args.raw else ''}", flush=True)
+        print(f"two servers up in {time.perf_counter() - t0:.0f} s; env {env or '{}'}", flush=True)
         time.sleep(5)
         phases = result["phases"]
         phases["idle"] = sample(servers, args.seconds)
@@ -233,6 +236,23 @@ def main() -> int:
         result["requests_to_A"] = sent[0]
         time.sleep(2)
         phases["after"] = sample(servers, args.seconds)
+        # idle_servers: pause — B frozen while A is measured, then continued and asked again
+        servers["B"].pause()
+        stop, sent = threading.Event(), [0]
+        loader = threading.Thread(target=_load, args=(servers["A"].endpoint, stop, sent), daemon=True)
+        loader.start()
+        time.sleep(3)
+        phases["B paused, A busy"] = sample(servers, args.seconds)
+        stop.set()
+        loader.join(120)
+        servers["B"].resume()
+        import httpx
+
+        t1 = time.perf_counter()
+        r = httpx.post(servers["B"].endpoint + "/v1/completions", timeout=60,
+                       json={"model": "tiny", "prompt": [1000, 1001, 1002], "max_tokens": 4})
+        result["after_resume"] = {"status": r.status_code, "seconds": time.perf_counter() - t1}
+        print(f"B after SIGCONT: HTTP {r.status_code} in {time.perf_counter() - t1:.2f} s", flush=True)
     finally:
         for s in servers.values():
             s.stop()
@@ -241,7 +261,7 @@ def main() -> int:
         for name, per in per_server.items():
             procs = ", ".join(f"{k} {v:.2f}" for k, v in per.items() if k != "total")
             print(f"{phase:16s} {name:6s} {per['total']:6.2f}  {procs}")
-    out = REPO / "benchmarks" / "results" / f"idle_servers{'_raw' if args.raw else ''}.json"
+    out = REPO / "benchmarks" / "results" / "idle_servers.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
