@@ -160,6 +160,9 @@ def test_a_plain_count_stays_a_count_and_stop_early_is_validated():
 
 
 # ---- end to end against the mock server ----------------------------------------------------------------------
+MAX = 6
+
+
 def _spec(path, model, a, b, max_repeats: int) -> str:
     path.write_text(f"""\
 name: seqtest
@@ -176,7 +179,7 @@ replay: {{time_scale: 0, warmup_requests: 0}}
     return str(path)
 
 
-@pytest.mark.parametrize("effect", [(1.5, 0.6)])
+@pytest.mark.parametrize("effect", [(2.0, 0.5)])
 def test_the_runner_stops_once_the_verdicts_are_decided(tmp_path, tiny_model_dir, capsys, effect):
     from kvscope.harness.experiment.runner import run_experiment
     from kvscope.harness.results.loaders import load_experiment_file, load_results
@@ -197,21 +200,27 @@ def test_the_runner_stops_once_the_verdicts_are_decided(tmp_path, tiny_model_dir
         srv.noise = _NoiseState(noise(**effects[by_endpoint[backend.endpoint]]))
 
     try:
-        spec = _spec(tmp_path / "spec.yaml", tiny_model_dir, servers["base"], servers["slow"], 5)
+        spec = _spec(tmp_path / "spec.yaml", tiny_model_dir, servers["base"], servers["slow"], MAX)
         run_dir = run_experiment(spec, out=tmp_path / "results", after_cell=new_run)
+        first = load_experiment_file(run_dir / "experiment.json")
+        ran: list[str] = []  # --resume decides again from the finished cells: the skipped ones stay skipped
+        run_experiment(spec, out=tmp_path / "results", run_id=run_dir.name, resume=True,
+                       after_cell=lambda cell, backend: ran.append(cell.name))
     finally:
         for srv in servers.values():
             srv.stop()
     out = capsys.readouterr().out
     manifest = load_experiment_file(run_dir / "experiment.json")
     (entry,) = manifest.sequential
-    assert entry.stopped == "decided" and entry.repeats_used < 5 and (entry.a, entry.b) == ("base", "slow")
+    assert entry.stopped == "decided" and entry.repeats_used < MAX and (entry.a, entry.b) == ("base", "slow"), entry
     assert {v.metric: v.verdict for v in entry.verdicts} == {"ttft_p50_s": "worse", "output_tokens_per_s": "worse"}
-    assert f"[agent c3] stopped after {entry.repeats_used} of 5 repeats: all 2 verdicts decided" in out
+    assert f"[agent c3] stopped after {entry.repeats_used} of {MAX} repeats: all 2 verdicts decided" in out
     statuses = {name: c.status for name, c in manifest.cells.items()}
     assert sum(s == "ok" for s in statuses.values()) == 2 * entry.repeats_used
-    assert sum(s == "skipped" for s in statuses.values()) == 2 * (5 - entry.repeats_used)
+    assert sum(s == "skipped" for s in statuses.values()) == 2 * (MAX - entry.repeats_used)
     assert manifest.failed_cells == []
     raw = json.loads((run_dir / "experiment.json").read_text())
     assert raw["sequential"][0]["reason"].startswith("stopped after")
-    assert len(load_results(run_dir).cells) == 10  # skipped cells load (no directory), the run reads back
+    assert len(load_results(run_dir).cells) == 2 * MAX  # skipped cells load (no directory), the run reads back
+    assert ran == [] and {n: c.status for n, c in first.cells.items()} == statuses
+    assert first.sequential == manifest.sequential
