@@ -51,8 +51,8 @@ import numpy as np
 from scipy import stats
 from scipy.optimize import brentq
 
-from kvscope.harness.analysis.ab import (ALPHA, HIGHER_IS_BETTER, HIT_RATE_METRIC, MARGIN_HIT_RATE, MARGIN_RELATIVE,
-                                         THROUGHPUT_METRIC)
+from kvscope.harness.analysis.ab import (ALPHA, HIGHER_IS_BETTER, HIT_RATE_METRIC, MARGIN_HIT_RATE,
+                                         MARGIN_RELATIVE, THROUGHPUT_METRIC)
 
 Spending = Literal["pocock", "obrien-fleming"]
 SPENDING_FUNCTIONS: tuple[str, ...] = ("pocock", "obrien-fleming")
@@ -253,8 +253,9 @@ class Verdict:
     level: float  # the look's nominal level
 
 
-def look(metrics: Sequence[str], a_stats: Mapping[str, Sequence[float]], b_stats: Mapping[str, Sequence[float]],
-         rule: SequentialRule, decided: Mapping[str, Verdict] | None = None) -> dict[str, Verdict]:
+def look(metrics: Sequence[str], a_stats: Mapping[str, Sequence[float]],
+         b_stats: Mapping[str, Sequence[float]], rule: SequentialRule,
+         decided: Mapping[str, Verdict] | None = None) -> dict[str, Verdict]:
     """The verdicts of one comparison (B relative to A) after its current repeats: those already decided are
     kept; the rest are tested at this look's level (BH across this comparison's open metrics)."""
     decided = dict(decided or {})

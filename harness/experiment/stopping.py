@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvscope.harness.analysis.sequential import DECIDED, SequentialOutcome, SequentialRule, run_sequence, run_statistic
+from kvscope.harness.analysis.sequential import (DECIDED, SequentialOutcome, SequentialRule, run_sequence,
+                                                 run_statistic)
 from kvscope.harness.results.schemas import SequentialEntry, SequentialVerdictEntry
 from kvscope.harness.results.summary import summary_file_model
 
@@ -110,11 +111,12 @@ class EarlyStop:
             reason = f"stopped after {used} of {self.repeats.max} repeats: all {n_verdicts} verdicts decided"
             stopped = "decided"
         elif rounds >= self.repeats.max:
-            reason = (f"ran all {self.repeats.max} repeats: {n_decided} of {n_verdicts} verdicts decided, the "
-                      "rest inconclusive")
+            reason = (f"ran all {self.repeats.max} repeats: {n_decided} of {n_verdicts} verdicts decided, "
+                      "the rest inconclusive")
             stopped = "max_repeats"
         else:
-            reason = f"{n_decided} of {n_verdicts} verdicts decided after {rounds} of {self.repeats.max} repeats"
+            reason = (f"{n_decided} of {n_verdicts} verdicts decided after {rounds} of {self.repeats.max} "
+                      "repeats")
             stopped = "running"
         self._record(group, outcomes, used, stopped, reason)
         if stopped != "running":
