@@ -72,9 +72,9 @@ def plan_cells(spec: ExperimentSpec) -> list[Cell]:
     grid = [(s, w, lv.name or "") for s in spec.servers for w, ref in spec.workloads.items() if not ref.sweep_only
             for lv in spec.loads]
     if spec.servers_up == "one":
-        return [Cell(s, w, lv, r) for server in spec.servers for r in range(spec.repeats)
+        return [Cell(s, w, lv, r) for server in spec.servers for r in range(spec.repeats.max)
                 for (s, w, lv) in grid if s == server]
-    return [Cell(s, w, lv, r) for r in range(spec.repeats) for (s, w, lv) in grid]
+    return [Cell(s, w, lv, r) for r in range(spec.repeats.max) for (s, w, lv) in grid]
 
 
 def describe_plan(spec: ExperimentSpec) -> str:
@@ -90,8 +90,13 @@ def describe_plan(spec: ExperimentSpec) -> str:
                  "configurations are not interleaved, so drift between them reads as a difference")
     reset = ("prefix cache reset before every cell" if spec.between_repeats == "reset"
              else f"prefix cache reset before every cell, fresh server process before each repeat "
-                  f"(~{n * max(spec.repeats - 1, 0)} extra start(s))")
+                  f"(~{n * max(spec.repeats.max - 1, 0)} extra start(s))")
     text = f"order: {order}; {reset}"
+    rep = spec.repeats
+    if rep.stop_early:
+        text += (f"; up to {rep.max} repeats, looking from repeat {rep.first_look} on: a workload x load group "
+                 f"stops once every configuration's verdicts against {rep.baseline or next(iter(spec.servers))} on "
+                 f"{', '.join(rep.metrics)} are decided ({rep.spending} alpha spending, alpha {rep.alpha:g})")
     if spec.sweep is not None:
         sw = spec.sweep
         levels = ", ".join(f"{x:g}" for x in sw.levels)
@@ -297,7 +302,7 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
 def finish_run(run: RunContext) -> None:
     """Stamp completion and the failed cells (every cell not ok, whichever executor ran it)."""
     run.manifest.completed_at = time.time()
-    run.manifest.failed_cells = [n for n, c in run.manifest.cells.items() if c.status != "ok"]
+    run.manifest.failed_cells = [n for n, c in run.manifest.cells.items() if c.status not in ("ok", "skipped")]
     run.save()
 
 
@@ -350,11 +355,19 @@ def run_configurations(run: RunContext, cells: list[Cell], server_names: list[st
             t0 = time.perf_counter()
             servers.start_together([c.server for c in cells] + swept)
             run.timed("servers", t0)
+        from kvscope.harness.experiment.stopping import early_stop_for
+
+        stop = early_stop_for(run, server_names)
         t0 = time.perf_counter()
         for cell in cells:
+            if stop is not None and stop.skip(cell):
+                run.save()
+                continue
             if run.spec.servers_up == "one":
                 servers.stop_all_but(cell.server)
             _run_one(run, servers, cell, after_cell)
+            if stop is not None:
+                stop.after_cell(cell)
         run.timed("grid", t0)
         if with_sweeps:
             t0 = time.perf_counter()
@@ -464,6 +477,12 @@ class _Servers:
     def get(self, name: str, repeat: int) -> "Backend":
         if name in self.failed:
             raise self.failed.pop(name)
+        if self.run.spec.idle_servers == "pause":  # the others freeze; this one continues
+            for other, backend in self.backends.items():
+                if other != name:
+                    backend.pause()
+            if name in self.backends:
+                self.backends[name].resume()
         srec = self._record(name)
         backend = self.backends.get(name)
         fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat

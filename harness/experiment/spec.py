@@ -18,7 +18,8 @@ from kvscope.harness.common.errors import ConfigError, format_validation_error, 
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
-__all__ = ["CostSpec", "ExecutorSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "SloSpec", "SweepSpec",
+__all__ = ["CostSpec", "ExecutorSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "RepeatsSpec",
+           "SloSpec", "SweepSpec",
            "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources", "sweep_level"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -236,6 +237,66 @@ MAX_REPEATS = 1000
 MAX_CELLS = 10_000
 
 
+class RepeatsSpec(BaseModel):
+    """``repeats: N`` (N runs of every cell) or ``repeats: {max: 5, min: 2, stop_early: true}``: up to `max`
+    repeats, and with `stop_early` the runner looks after each round from `min` on and stops a workload x load
+    group once every verdict it asks for is decided (kvscope.harness.analysis.sequential: a group-sequential
+    test whose error rate holds under the repeated looks). The verdicts asked for: every configuration against
+    `baseline` on each of `metrics`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max: int = Field(3, ge=1, le=MAX_REPEATS, description="runs of every configuration x workload x load "
+                                                          "(at most, with stop_early)")
+    min: int | None = Field(None, ge=2, description="stop_early: the first look, after this many repeats "
+                                                   "(default 2)")
+    stop_early: bool = Field(False, description="stop once every requested verdict is decided (needs "
+                                                "servers_up: all and two or more configurations)")
+    baseline: str | None = Field(None, description="stop_early: the configuration the others are compared with "
+                                                   "(default: the first)")
+    metrics: list[str] = Field(default_factory=lambda: ["ttft_p50_s", "output_tokens_per_s"],
+                               description="stop_early: per-repeat metrics each comparison decides on")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="stop_early: each verdict's error rate over all looks")
+    spending: Literal["obrien-fleming", "pocock"] = Field(
+        "obrien-fleming", description="stop_early: the alpha-spending function (obrien-fleming spends little at "
+                                      "the first looks and keeps the last look's level close to alpha; pocock "
+                                      "spends evenly)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_int(cls, data: Any) -> Any:
+        if isinstance(data, int) and not isinstance(data, bool):
+            return {"max": data}
+        return data
+
+    @model_validator(mode="after")
+    def _looks(self) -> "RepeatsSpec":
+        from kvscope.harness.analysis.sequential import MAX_LOOKS, SEQUENTIAL_METRICS
+
+        if self.stop_early:
+            first = 2 if self.min is None else self.min
+            if not 2 <= first <= self.max <= MAX_LOOKS:
+                raise ValueError(f"stop_early needs 2 <= min <= max <= {MAX_LOOKS}, got min {first}, max {self.max}")
+            unknown = [m for m in self.metrics if m not in SEQUENTIAL_METRICS]
+            if unknown or not self.metrics:
+                raise ValueError(f"repeats.metrics: unknown {', '.join(unknown) or '(none given)'}; known: "
+                                 f"{', '.join(SEQUENTIAL_METRICS)}")
+        return self
+
+    @property
+    def first_look(self) -> int:
+        return 2 if self.min is None else self.min
+
+    @model_serializer(mode="wrap")
+    def _plain_count(self, handler: Any) -> Any:
+        """A plain count is recorded as the number it was written as (experiment.json keeps its shape)."""
+        data = handler(self)
+        return self.max if not self.stop_early and not (self.model_fields_set - {"max"}) else data
+
+    def __int__(self) -> int:
+        return self.max
+
+
 class ExperimentSpec(ExperimentSpecCore):
     """The whole spec. Name, description, notebooks, `slo` and `cost` come from `ExperimentSpecCore` (results
     layer), the part that experiment.json records for reports; the rest only the runner reads."""
@@ -250,7 +311,9 @@ class ExperimentSpec(ExperimentSpecCore):
                                                            "openai for an endpoint kvscope does not start)")
     workloads: dict[str, WorkloadRef]
     loads: list[LoadLevel] = Field(default_factory=lambda: [LoadLevel(concurrency=1)])
-    repeats: int = Field(3, ge=1, le=MAX_REPEATS, description="runs of every configuration x workload x load")
+    repeats: RepeatsSpec = Field(default_factory=RepeatsSpec,
+                                 description="runs of every configuration x workload x load: a count, or "
+                                             "{max, min, stop_early, …} to stop once the verdicts are decided")
     between_repeats: Literal["reset", "restart"] = Field(
         "reset", description="reset: empty the prefix cache before every cell (always done); restart: also start "
                              "a fresh server process before each new repeat of a configuration")
@@ -258,6 +321,10 @@ class ExperimentSpec(ExperimentSpecCore):
         "all", description="all: keep every configuration's server up once started, so cells run repeat-major "
                            "across configurations (A B A B); one: one server at a time, repeats interleaved only "
                            "within a configuration")
+    idle_servers: Literal["run", "pause"] = Field(
+        "run", description="servers_up: all: run leaves the configurations not being measured running (idle); "
+                           "pause SIGSTOPs their process groups while another configuration's cell runs and "
+                           "SIGCONTs them before their own (kvscope-launched servers only)")
     sweep: SweepSpec | None = None
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
@@ -293,7 +360,7 @@ class ExperimentSpec(ExperimentSpecCore):
         names = [lv.name for lv in self.loads]
         if len(set(names)) != len(names):
             raise ValueError(f"load level names must be unique, got {names}")
-        n_cells = len(self.servers) * len(self.workloads) * len(self.loads) * self.repeats
+        n_cells = len(self.servers) * len(self.workloads) * len(self.loads) * self.repeats.max
         if n_cells > MAX_CELLS:
             raise ValueError(f"servers x workloads x loads x repeats = {n_cells:,} cells; allowed: at most "
                              f"{MAX_CELLS:,}")
@@ -303,6 +370,14 @@ class ExperimentSpec(ExperimentSpecCore):
                 unknown = [n for n in names or [] if n not in known]
                 if unknown:
                     raise ValueError(f"sweep.{what}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+        rep = self.repeats
+        if rep.stop_early:
+            if self.servers_up != "all":
+                raise ValueError("repeats.stop_early needs servers_up: all (the arms must interleave round by round)")
+            if len(self.servers) < 2:
+                raise ValueError("repeats.stop_early needs two or more server configurations to compare")
+            if rep.baseline is not None and rep.baseline not in self.servers:
+                raise ValueError(f"repeats.baseline: unknown {rep.baseline}; known: {', '.join(self.servers)}")
         sweep_only = [n for n, ref in self.workloads.items() if ref.sweep_only]
         if sweep_only and (self.sweep is None or any(n not in (self.sweep.workloads or []) for n in sweep_only)):
             raise ValueError(f"workloads {', '.join(sweep_only)} are sweep_only: name them in sweep.workloads")

@@ -355,7 +355,7 @@ def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
                     rel = f.relative_to(report_dir)
                     figs.append(f'<figure><a href="{e(nb)}.html"><img src="{e(str(rel))}" alt="{e(fig)}"></a>'
                                 f"<figcaption>{e(nb)}: {e(fig.replace('_', ' '))}</figcaption></figure>")
-    failed = cells[cells["status"] != "ok"] if "status" in cells else cells.iloc[0:0]
+    failed = cells[~cells["status"].isin(["ok", "skipped"])] if "status" in cells else cells.iloc[0:0]
     failed_html = "".join(f"<li>{e(str(c['cell']))}: {e(str(c.get('reason') or c.get('status')))}</li>"
                           for _, c in failed.iterrows())
     warn = ""

@@ -134,7 +134,8 @@ class ExperimentSpecCore(BaseModel):
 
 SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
 
-CellStatus = Literal["pending", "running", "ok", "failed", "interrupted"]
+CellStatus = Literal["pending", "running", "ok", "failed", "interrupted", "skipped"]
+"""`skipped`: a repeat that `repeats: {stop_early: true}` did not need (its group's verdicts were decided)."""
 
 
 class CellHeadline(_Block):
@@ -163,6 +164,33 @@ class CellEntry(_Block):
     dir: str | None = None  # the cell's run directory, relative to the experiment directory
     headline: CellHeadline | None = None
     traceback: str | None = None
+
+
+class SequentialVerdictEntry(_Block):
+    """One metric's verdict from the early-stopping rule (kvscope.harness.analysis.sequential)."""
+
+    metric: str
+    verdict: Literal["better", "worse", "equivalent", "inconclusive"]
+    repeats: int  # paired repeats it was decided on (undecided: the repeats looked at last)
+    effect: float | None  # mean paired difference: log(B / A), the hit rate B - A
+    p_beyond: float | None  # BH-adjusted p-value that the effect lies beyond the margin
+    p_inside: float | None  # … that it lies inside the margin (TOST)
+    level: float  # the look's nominal significance level (alpha spent by then)
+
+
+class SequentialEntry(_Block):
+    """One comparison of a ``repeats: {stop_early: true}`` experiment: configuration `b` against the baseline
+    `a` at one workload and load, how many repeats it used and why it stopped."""
+
+    workload: str
+    load: str
+    a: str
+    b: str
+    repeats_used: int
+    repeats_max: int
+    stopped: Literal["decided", "max_repeats", "running"]
+    reason: str  # the console's sentence: "stopped after 3 of 5 repeats: all 4 verdicts decided"
+    verdicts: list[SequentialVerdictEntry]
 
 
 class ServerEntry(_Block):
@@ -279,6 +307,8 @@ class ExperimentFile(VersionedFile, Generic[SpecT]):
     cell_order: str | None = None  # how cells were ordered and servers kept (kvscope experiment cells says it)
     capacity: list[CapacityEntry] | None = None  # one per sweep (spec `sweep:`), null without one
     executor: ExecutorEntry | None = None
+    #: ``repeats: {stop_early: true}``: one entry per comparison (null without early stopping)
+    sequential: list[SequentialEntry] | None = None
 
 
 # ------------------------------------------------------------------------------------------- report.json

@@ -155,6 +155,14 @@ class Backend(ABC):
     def is_running(self) -> bool:
         return True
 
+    def pause(self) -> bool:
+        """Freeze a server kvscope launched while another configuration is measured (``idle_servers: pause``);
+        False where there is nothing to freeze (an attached endpoint). :meth:`resume` continues it."""
+        return False
+
+    def resume(self) -> None:
+        """Continue a :meth:`pause` d server (a no-op when it is not paused)."""
+
     def log_text(self) -> str:
         return ""
 

@@ -285,6 +285,7 @@ class VllmServer:
         self._tmp_log: Path | None = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
+        self.paused = False  # SIGSTOPped by pause() (an idle configuration of an experiment)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -419,11 +420,34 @@ class VllmServer:
         except psutil.NoSuchProcess:
             return []
 
+    def pause(self) -> bool:
+        """SIGSTOP the server's process group: an idle server kept up beside the one being measured then takes
+        no CPU at all (its memory, KV pool and prefix cache stay as they are). True when it was paused."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            return False
+        self.paused = True
+        return True
+
+    def resume(self) -> None:
+        """SIGCONT the process group after :meth:`pause` (harmless when not paused)."""
+        if self.process is None or not self.paused:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.paused = False
+
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, escalate to SIGKILL, and reap every descendant."""
         proc = self.process
         if proc is None:
             return
+        self.resume()  # a stopped process would not act on SIGTERM until continued
         import psutil
 
         tree: list[psutil.Process] = []

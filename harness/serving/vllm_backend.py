@@ -80,6 +80,13 @@ class VllmBackend(Backend):
         if self.server is not None:
             self.server.stop()
 
+    def pause(self) -> bool:
+        return self.server is not None and self.server.pause()
+
+    def resume(self) -> None:
+        if self.server is not None:
+            self.server.resume()
+
     def is_running(self) -> bool:
         if self.server_config is not None and self._endpoint is None:
             return self.server is not None and self.server.is_running()
