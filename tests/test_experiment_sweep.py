@@ -191,7 +191,10 @@ def test_the_concurrency_page_tables_pair_each_measured_level_with_the_predictio
     res = SimpleNamespace(experiment=SimpleNamespace(
         capacity=[entry, skipped], cells={"a1": cell(0.81, 0.03), "a2": cell(0.79, 0.04), "a4": cell(0.5, 0.1)}))
     pm = concurrency.predicted_vs_measured(res)
-    assert set(pm["server"]) == {"a"}  # the skipped sweep has no curve
+    # the skipped sweep has its measured rows alone, no predicted curve
+    assert set(pm[pm["source"] == "predicted"]["server"]) == {"a"}
+    assert set(pm[pm["server"] == "spec"]["source"]) == {"measured"}
+    pm = pm[pm["server"] == "a"]
     m = pm[pm["source"] == "measured"].set_index("concurrency")
     p = pm[pm["source"] == "predicted"].set_index("concurrency")
     assert list(m.index) == [1, 2, 4] and list(p.index) == [1, 2, 4, 8]
