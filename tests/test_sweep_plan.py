@@ -10,9 +10,13 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from kvscope.harness.analysis.capacity import (LoadPoint, full_climb_levels, next_planned_level,
-                                               plan_from_prediction, point_meets_slo)
+from kvscope.harness.analysis.capacity import (
+    LoadPoint,
+    full_climb_levels,
+    next_planned_level,
+    plan_from_prediction,
+    point_meets_slo,
+)
 from kvscope.harness.experiment.spec import ExperimentSpec
 from kvscope.harness.experiment.sweep import plan_sweeps
 
@@ -52,13 +56,17 @@ def test_a_right_prediction_measures_the_edge_from_both_sides_and_one_past_it():
 def test_a_wrong_prediction_searches_down_to_the_measured_edge_and_past_it():
     # the quickstart's baseline: predicted to hold 5, preempts at 5
     order, measured, plan = _drive(8, predicted_edge=6, true_edge=5, max_extra=3, unloaded=True)
-    assert order == [1, 5, 3, 4, 6]  # 6 and 7 wait until 5 failed; then bisection; then one past the edge
+    assert order == [1, 5, 4, 6]  # 6 and 7 wait until 5 failed; 4, next to it, passes; then one past the edge
     assert full_climb_levels(plan.candidates, measured, SLO_MS) == 6
+    order, _, _ = _drive(8, predicted_edge=7, true_edge=3, max_extra=3, unloaded=True)
+    assert order == [1, 6, 5, 3, 2, 4]  # next to the failure, then bisection between 1 and 5, then past the edge
+    order, _, _ = _drive(8, predicted_edge=3, true_edge=7, max_extra=3, unloaded=True)
+    assert order == [1, 2, 3, 4, 5, 7, 6, 8]  # too pessimistic: next to the passing level above the edge, then bisect
 
 
 def test_the_search_is_bounded():
     order, _, _ = _drive(64, predicted_edge=60, true_edge=3, max_extra=2, unloaded=True)
-    assert order == [1, 59, 30, 15]  # two extra levels, then it stops with the edge between 1 and 15
+    assert order == [1, 59, 58, 29]  # two extra levels, then it stops with the edge between 1 and 29
 
 
 def test_no_edge_within_the_levels_and_an_edge_at_the_bottom():
@@ -79,10 +87,10 @@ def test_a_relative_slo_measures_the_unloaded_level_first():
        unloaded=st.booleans())
 def test_the_plan_brackets_the_edge_and_a_right_one_never_costs_more_than_a_climb(n, predicted_edge, true_edge,
                                                                                  unloaded):
-    budget = math.ceil(math.log2(n + 1))  # enough bisections to close any bracket
+    budget = math.ceil(math.log2(n + 1)) + 1  # a probe next to the disagreeing level, then bisections
     order, measured, plan = _drive(n, predicted_edge, true_edge, budget, unloaded)
     ok = {p.load: point_meets_slo(p, SLO_MS) for p in measured}
-    capacity = true_edge - 1 if true_edge - 1 <= n else n
+    capacity = min(true_edge - 1, n)
     if capacity >= 1:
         assert ok.get(capacity) is True, (order, capacity)  # the highest passing level was measured ...
     if capacity + 1 <= n:

@@ -30,8 +30,8 @@ import numpy as np
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.capacity_model import LevelPrediction
 
-__all__ = ["Capacity", "LoadPoint", "TtftSlo", "capacity_from_points", "interpolated_crossing", "kv_ceiling",
-           "LevelPlan", "full_climb_levels", "mean_in_flight", "measured_bracket", "next_bisection_load",
+__all__ = ["Capacity", "LevelPlan", "LoadPoint", "TtftSlo", "capacity_from_points", "full_climb_levels",
+           "interpolated_crossing", "kv_ceiling", "mean_in_flight", "measured_bracket", "next_bisection_load",
            "next_planned_level", "parse_ttft_slo", "plan_from_prediction", "point_meets_slo", "predicted_point",
            "predicted_points", "resolve_slo", "unloaded_point"]
 
@@ -341,9 +341,11 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
 
     1. the plan's targets, ascending, up to the first measured failure (a predicted level above a level that
        already failed would not decide anything: the edge is below it);
-    2. while the measured highest pass and lowest failure above it are not adjacent among the candidates, the
-       candidate halfway between them (nothing passed: the bracket starts below the lowest; nothing failed: it
-       ends above the highest), at most ``max_extra`` levels beyond the targets;
+    2. while the measured highest pass and lowest failure above it are not adjacent among the candidates: first
+       the level next to the planned level that disagreed with the prediction (the edge is most often one level
+       off: on two real vLLM CPU sweeps the model put it one level too high), then the candidate halfway between
+       them (nothing passed: the bracket starts below the lowest; nothing failed: it ends above the highest), at
+       most ``max_extra`` levels beyond the targets;
     3. the candidate just past the measured edge, so the evidence does not end at the first failure.
 
     ``slo_ttft_p90_ms`` None (a relative SLO before its unloaded level answered) asks for the lowest level
@@ -366,6 +368,11 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
         extra = len(done - set(plan.targets))
         if extra >= max_extra:
             return None
+        near_edge = set(plan.targets) - ({plan.candidates[0]} - {plan.predicted_capacity, plan.predicted_edge})
+        if hi < len(plan.candidates) and plan.candidates[hi] in near_edge:  # a level predicted to pass failed: the edge is most likely just below
+            return plan.candidates[hi - 1]
+        if lo >= 0 and plan.candidates[lo] in near_edge:  # the level above the predicted edge passed: just above
+            return plan.candidates[lo + 1]
         return plan.candidates[(lo + hi) // 2]
     past = hi + 1
     if past < len(plan.candidates) and plan.candidates[past] not in done:
