@@ -185,3 +185,26 @@ def test_a_version_1_experiment_file_reads_as_a_ladder_sweep(tmp_path):
     (tmp_path / "experiment.json").write_text(json.dumps(data))
     read = load_experiment_file(tmp_path, Spec)
     assert read.version == 2 and read.spec.sweep.plan == "ladder"
+
+
+def test_a_relative_slo_plans_from_the_unloaded_level_it_measured_first():
+    sw = _state(slo_ttft_p90="3x_unloaded", slo_ttft_p90_ms=None)
+    sw.set_prediction([_Row(c, c <= 5) for c in range(1, 9)])  # 50 ms up to 5, 500 ms above
+    assert sw.next_load() == 1
+    sw.record(LoadPoint(1, 0.04))  # 3x 40 ms = 120 ms: the curve's 50 ms pass, its 500 ms fail
+    ran = [1.0]
+    while (load := sw.next_load()) is not None:
+        ran.append(load)
+        sw.record(LoadPoint(load, 0.05 if load <= 3 else 0.5))  # the server breaks earlier than predicted
+    assert ran == [1, 5, 4, 2, 3]  # 5 fails, 4 next to it fails, bisect (2, 3 pass); 5 is already past the edge
+    rec = sw.plan_record()
+    assert rec["measured_edge"] == 4 and sw.capacity().capacity == 3 and rec["full_climb"] == 5
+    assert rec["live_cells_saved"] == 0
+
+
+def test_a_planned_sweep_whose_unloaded_level_never_answers_stops_and_says_so():
+    sw = _state(slo_ttft_p90="3x_unloaded", slo_ttft_p90_ms=None)
+    sw.set_prediction([_Row(c, c <= 5) for c in range(1, 9)])
+    sw.record(LoadPoint(sw.next_load(), None))
+    assert sw.next_load() is None
+    assert "did not answer" in sw.plan_record()["sentence"]

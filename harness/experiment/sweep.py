@@ -143,9 +143,13 @@ class SweepState:
             edge = cands[hi] if hi < len(cands) and (lo >= 0 or hi == 0) else None
         base["measured_edge"] = edge
         plan = self.level_plan()
-        if not self.planned or plan is None or slo is None:
+        if not self.planned:
             base["sentence"] = (f"{self.server} on {self.workload}: measured {_levels(measured)} "
                                 f"(ladder{'' if not base['reason'] else ': ' + base['reason']})")
+            return base
+        if plan is None or slo is None:
+            base["sentence"] = (f"{self.server} on {self.workload}: measured {_levels(measured)}; the unloaded level "
+                                "did not answer, so the SLO could not be resolved to plan the rest")
             return base
         full = full_climb_levels(plan.candidates, points, slo)
         saved = full - len(measured)
