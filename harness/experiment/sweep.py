@@ -15,6 +15,12 @@ With ``sweep.predict`` (the default) each swept vLLM configuration is calibrated
 :func:`predict_sweep` runs the scheduler model (``kvscope capacity``'s) on the sweep's trace at the same levels,
 so experiment.json — and the report's concurrency page — hold the predicted curve beside the measured one,
 with both capacities read by the same rule.
+
+With ``sweep.plan: predicted`` (the default) that curve is computed before the first level and chooses the
+levels (`analysis.capacity.next_planned_level`): the unloaded one, those around the predicted edge, a bounded
+search where the measurement disagrees, and one level past the measured edge. A full climb spends most of its
+cells far below the edge; the model is cheap and usually within a level of it. Without a curve (speculative
+decoding, session rates, no calibration) the sweep climbs its ladder as above, and the record says why.
 """
 
 from __future__ import annotations
