@@ -342,8 +342,8 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
     1. the plan's targets, ascending, up to the first measured failure (a predicted level above a level that
        already failed would not decide anything: the edge is below it);
     2. while the measured highest pass and lowest failure above it are not adjacent among the candidates: first
-       the level next to the planned level that disagreed with the prediction (the edge is most often one level
-       off: on two real vLLM CPU sweeps the model put it one level too high), then the candidate halfway between
+       the level next to the planned level that disagreed with the prediction (the model's edge was within one
+       level of the measured one on three of four real vLLM CPU sweeps, never exact), then the candidate halfway between
        them (nothing passed: the bracket starts below the lowest; nothing failed: it ends above the highest), at
        most ``max_extra`` levels beyond the targets;
     3. the candidate just past the measured edge, so the evidence does not end at the first failure.
