@@ -343,7 +343,7 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
        already failed would not decide anything: the edge is below it);
     2. while the measured highest pass and lowest failure above it are not adjacent among the candidates: first
        the level next to the planned level that disagreed with the prediction (the model's edge was within one
-       level of the measured one on three of four real vLLM CPU sweeps, never exact), then the candidate halfway between
+       level of the measured one on four of five real vLLM CPU sweeps, exact on one), then the candidate halfway between
        them (nothing passed: the bracket starts below the lowest; nothing failed: it ends above the highest), at
        most ``max_extra`` levels beyond the targets;
     3. the candidate just past the measured edge, so the evidence does not end at the first failure.
