@@ -1,7 +1,9 @@
 """The live capacity search on real vLLM CPU: a tiny KV pool, so the ceiling (TTFT SLO or preemption) comes at a
 low concurrency; the reported capacity must be the highest measured level that meets the SLO. The SLO is the
 quickstart's relative one (3x the unloaded TTFT p90), so the test means the same on a slow host and a fast one,
-and the milliseconds it resolved to must be 3x the concurrency-1 cell's own TTFT p90."""
+and the milliseconds it resolved to must be 3x the concurrency-1 cell's own TTFT p90. The sweep is planned from
+the scheduler model's curve (``plan: predicted``, the default), so the test also checks that the levels it
+measured bracket the measured edge and go one past it, and that the record's saved cells add up."""
 
 from __future__ import annotations
 
@@ -30,13 +32,12 @@ workloads:
            sweep_only: true}}
 repeats: 1
 replay: {{time_scale: 0, warmup_requests: 1}}
-sweep: {{kind: concurrency, levels: [1, 2, 4, 6, 8], slo_ttft_p90: {slo}, adaptive: true, max_bisections: 2,
-         workloads: [agent]}}
+sweep: {{kind: concurrency, levels: [1, 2, 4, 6, 8], slo_ttft_p90: {slo}, max_bisections: 3, workloads: [agent]}}
 """
 
 
 def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level(require_vllm, tiny_model_dir,
-                                                                                  tmp_path: Path):
+                                                                                  tmp_path: Path, capsys):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(SPEC.format(model=tiny_model_dir, slo="3x_unloaded"))
     phases: dict[str, float] = {}
@@ -71,9 +72,21 @@ def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level
     passing = [lv for lv, ok in measured.items() if ok]
     assert cap.capacity == (max(passing) if passing else None)
     assert any(not ok and lv > (cap.capacity or 0) for lv, ok in measured.items())  # the ceiling was measured
-    # adaptive: no level above the first failure of the ladder was run
-    first_fail = min(lv for lv, ok in measured.items() if not ok and lv in (1, 2, 4, 6, 8))
-    assert all(lv <= first_fail for lv in measured)
+    # plan: predicted: the levels measured bracket the measured edge from both sides and go one past it
+    plan = cap.plan
+    print(plan.sentence)
+    assert plan.plan == "predicted", plan.reason
+    assert plan.candidates == [1, 2, 3, 4, 5, 6, 7, 8] and plan.measured[0] == 1  # the unloaded level first
+    assert sorted(plan.measured) == sorted(measured) and len(set(plan.measured)) == len(plan.measured)
+    edge = min(lv for lv, ok in measured.items() if not ok and lv > (cap.capacity or 0))
+    assert plan.measured_edge == edge
+    searched = len(set(plan.measured) - set(plan.targets))
+    if searched < 3:  # the search did not run out: the edge is bracketed by adjacent levels, and one past it
+        assert edge == (cap.capacity or 0) + 1
+        assert edge == 8 or edge + 1 in measured
+    assert plan.full_climb == min(edge + 1, 8)
+    assert plan.live_cells_saved == plan.full_climb - len(plan.measured)
+    assert f"levels: {plan.sentence}" in capsys.readouterr().out
     manifest = json.loads((run_dir / "experiment.json").read_text())
     assert "repeat-major" in manifest["cell_order"]
 

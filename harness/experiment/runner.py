@@ -100,10 +100,16 @@ def describe_plan(spec: ExperimentSpec) -> str:
     if spec.sweep is not None:
         sw = spec.sweep
         levels = ", ".join(f"{x:g}" for x in sw.levels)
+        if sw.plan == "predicted":
+            how = (f"; predicted: measures the unloaded level, the last level the scheduler model's curve passes, "
+                   f"its edge and one above, then up to {sw.max_bisections} more toward the measured edge and "
+                   "one past it (the ladder where the model cannot predict)")
+        elif sw.adaptive:
+            how = f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
+        else:
+            how = "; every level"
         text += (f"; then a {sw.kind} sweep over [{levels}] per configuration x workload "
-                 f"(TTFT p90 <= {_slo_plan_text(sw)}, no preemption"
-                 + (f"; adaptive: stops at the first failing level, then up to {sw.max_bisections} bisection(s)"
-                    if sw.adaptive else "") + ")")
+                 f"(TTFT p90 <= {_slo_plan_text(sw)}, no preemption{how})")
     return text
 
 
@@ -548,6 +554,9 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
         return
     calibrations = {name: _calibrate_for_sweep(run, servers, name, sweeps[0].spec)
                     for name in dict.fromkeys(sw.server for sw in sweeps)}
+    for sw in sweeps:
+        if sw.spec.plan == "predicted":
+            _plan_sweep(run, sw, *calibrations[sw.server])
     cells = run.manifest.cells
     active = list(sweeps)
     while active:
@@ -569,11 +578,13 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
         sentence = cap.sentence() + (f" (sweep stopped: {sw.stopped})" if sw.stopped else "")
         cal, cal_rel, skipped = calibrations[sw.server]
         predicted = _predict_sweep(run, sw, cal, cal_rel, skipped)
-        entry = CapacityEntry.model_validate({**asdict(cap), "sentence": sentence, "predicted": predicted})
+        entry = CapacityEntry.model_validate({**asdict(cap), "sentence": sentence, "predicted": predicted,
+                                              "plan": sw.plan_record()})
         run.manifest.capacity.append(entry)
         print(f"capacity: {sentence}", flush=True)
         print(f"predicted: {entry.predicted.sentence or entry.predicted.skipped if entry.predicted else None}",
               flush=True)
+        print(f"levels: {entry.plan.sentence}", flush=True)
     run.save()
 
 
@@ -618,6 +629,27 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
         reason = f"calibration failed: {exc.__class__.__name__}: {exc}".splitlines()[0][:300]
         print(f"[{name}] {reason}", flush=True)
         return None, None, reason
+
+
+def _plan_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> None:
+    """Give a ``plan: predicted`` sweep the scheduler model's curve, which chooses its levels; without one (no
+    calibration, a poor fit, a model error) it climbs its ladder and records why."""
+    from kvscope.harness.experiment.sweep import predicted_curve
+
+    if cal is None:
+        sw.set_prediction(None, skipped or "no calibration")
+    else:
+        try:
+            sw.set_prediction(predicted_curve(sw, run.run_dir / run.manifest.traces[sw.workload], cal,
+                                              time_scale=run.spec.replay.time_scale, mode=run.spec.replay.mode))
+        except Exception as exc:  # noqa: BLE001 - the ladder measures without a plan
+            sw.set_prediction(None, f"prediction failed: {exc.__class__.__name__}: {exc}"[:300])
+    if sw.planned:
+        levels = ", ".join(f"{p.load:g}" for p in sw.predicted)
+        print(f"[{sw.server}] {sw.workload}: predicted curve over concurrency {levels}; measuring the levels "
+              "that decide the capacity", flush=True)
+    else:
+        print(f"[{sw.server}] {sw.workload}: no predicted curve ({sw.plan_note}); climbing the levels", flush=True)
 
 
 def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> dict[str, Any]:

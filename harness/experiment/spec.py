@@ -77,9 +77,13 @@ class LoadLevel(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """A load sweep to saturation, run after the grid: closed-loop concurrency or open-loop session rate, levels
-    in ascending order until the TTFT p90 SLO breaks or the server preempts; `adaptive` skips the levels above
-    the first failure and bisects between the last passing level and it."""
+    """A load sweep to saturation, run after the grid: closed-loop concurrency or open-loop session rate.
+    ``plan: predicted`` (the default) measures the levels the scheduler model's curve says decide the capacity
+    (the unloaded level, the last predicted-passing level, the predicted edge and one above), then searches
+    toward the measured edge where it differs; ``plan: ladder`` climbs ``levels`` in ascending order until the
+    TTFT p90 SLO breaks or the server preempts, and `adaptive` skips the levels above the first failure and
+    bisects between the last passing level and it. A sweep the model cannot predict (speculative decoding,
+    session rates, ``predict: false``, a failed calibration) climbs the ladder."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -91,8 +95,14 @@ class SweepSpec(BaseModel):
     slo_ttft_p90_ms: float | None = Field(None, gt=0, description="an absolute TTFT p90 objective in ms; a level "
                                                                   "meets the SLO when its TTFT p90 is at most the "
                                                                   "objective and it caused no preemption")
-    adaptive: bool = Field(True, description="stop at the first failing level, then bisect below it")
-    max_bisections: int = Field(3, ge=0, le=20, description="adaptive: extra levels between pass and fail")
+    plan: Literal["predicted", "ladder"] = Field(
+        "predicted", description="predicted: measure the levels the scheduler model's curve (every concurrency "
+                                 "from the lowest to the highest level) says decide the capacity, then search "
+                                 "toward the measured edge; ladder: climb `levels` in order")
+    adaptive: bool = Field(True, description="ladder: stop at the first failing level, then bisect below it "
+                                             "(false: measure every level)")
+    max_bisections: int = Field(3, ge=0, le=20, description="extra levels between pass and fail: bisections of the "
+                                                            "ladder, or the predicted plan's search")
     servers: list[str] | None = Field(None, description="configurations to sweep (default: all)")
     workloads: list[str] | None = Field(None, description="workloads to sweep (default: all)")
     predict: bool = Field(True, description="calibrate each swept vLLM configuration just before its sweep (a few "
@@ -115,6 +125,11 @@ class SweepSpec(BaseModel):
     def _integer_concurrency(self) -> "SweepSpec":
         if self.kind == "concurrency" and any(x != int(x) for x in self.levels):
             raise ValueError(f"concurrency levels must be whole numbers, got {self.levels}")
+        if not self.adaptive:  # every level measured: a fixed grid, not a plan
+            if self.plan == "predicted" and "plan" in self.model_fields_set:
+                raise ValueError("plan: predicted chooses its own levels; adaptive: false measures every level: "
+                                 "drop one")
+            self.plan = "ladder"
         if (self.slo_ttft_p90 is None) == (self.slo_ttft_p90_ms is None):
             raise ValueError("a sweep sets exactly one of slo_ttft_p90 (e.g. 3x_unloaded) or slo_ttft_p90_ms "
                              "(e.g. 250)")

@@ -15,6 +15,12 @@ With ``sweep.predict`` (the default) each swept vLLM configuration is calibrated
 :func:`predict_sweep` runs the scheduler model (``kvscope capacity``'s) on the sweep's trace at the same levels,
 so experiment.json — and the report's concurrency page — hold the predicted curve beside the measured one,
 with both capacities read by the same rule.
+
+With ``sweep.plan: predicted`` (the default) that curve is computed before the first level and chooses the
+levels (`analysis.capacity.next_planned_level`): the unloaded one, those around the predicted edge, a bounded
+search where the measurement disagrees, and one level past the measured edge. A full climb spends most of its
+cells far below the edge; the model is cheap and usually within a level of it. Without a curve (speculative
+decoding, session rates, no calibration) the sweep climbs its ladder as above, and the record says why.
 """
 
 from __future__ import annotations
@@ -26,11 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from kvscope.harness.analysis.capacity import (
     Capacity,
+    LevelPlan,
     LoadPoint,
     capacity_from_points,
+    full_climb_levels,
     kv_ceiling,
     mean_in_flight,
+    measured_bracket,
     next_bisection_load,
+    next_planned_level,
+    plan_from_prediction,
     point_meets_slo,
     predicted_points,
 )
@@ -39,7 +50,7 @@ from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_lev
 if TYPE_CHECKING:
     from kvscope.harness.results.schemas import CalibrationFile, CellEntry
 
-__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep",
+__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
            "prediction_skipped"]
 
 #: The prediction covers every concurrency between the lowest and the highest swept level when there are at
@@ -57,6 +68,32 @@ class SweepState:
     points: dict[float, LoadPoint] = field(default_factory=dict)
     bisections: int = 0
     stopped: str | None = None  # why the sweep ended early (a cell that never replayed: no server, …)
+    #: ``sweep.plan: predicted``: the scheduler model's curve (its levels as load points), set before the first
+    #: level; None: the sweep climbs its ladder (``levels``), and ``plan_note`` says why where a plan was asked.
+    predicted: list[LoadPoint] | None = None
+    predicted_rows: list[Any] | None = None  # the curve's LevelPredictions, reused for the record
+    plan_note: str | None = None
+    order: list[float] = field(default_factory=list)  # levels in the order they were measured
+
+    def set_prediction(self, rows: list[Any] | None, why_not: str | None = None) -> None:
+        """The predicted curve that plans this sweep's levels, or why there is none (then: the ladder)."""
+        if rows:
+            self.predicted_rows, self.predicted = rows, predicted_points(rows)
+        else:
+            self.plan_note = why_not or "no predicted curve"
+
+    @property
+    def planned(self) -> bool:
+        """Whether the predicted curve chooses the levels (else the ladder of ``levels``)."""
+        return self.spec.plan == "predicted" and bool(self.predicted)
+
+    def level_plan(self) -> LevelPlan | None:
+        """The levels the predicted curve says decide the capacity, at the SLO resolved so far (None before a
+        relative SLO's unloaded level answered)."""
+        slo = self.slo_ms()
+        if not self.planned or slo is None:
+            return None
+        return plan_from_prediction(self.predicted or [], slo, unloaded=self.spec.ttft_slo.unloaded_factor is not None)
 
     def level_name(self, load: float) -> str:
         return sweep_level(self.spec.kind, load).name or ""
@@ -67,6 +104,11 @@ class SweepState:
             return None
         slo = self.slo_ms()
         points = list(self.points.values())
+        if self.planned:
+            plan = self.level_plan()
+            if plan is None:  # a relative SLO: its unloaded level first
+                plan = LevelPlan(tuple(p.load for p in self.predicted or []), None, None, ())
+            return next_planned_level(plan, points, slo, self.spec.max_bisections)
         failed = slo is not None and any(not point_meets_slo(p, slo) for p in points)
         if failed and not any(point_meets_slo(p, slo) for p in points):  # type: ignore[arg-type]
             # nothing passed yet: climb on for the curve and the KV ceiling, unless the server preempts already
@@ -89,6 +131,42 @@ class SweepState:
         if point.load not in self.spec.levels:
             self.bisections += 1
         self.points[point.load] = point
+        self.order.append(point.load)
+
+    def plan_record(self) -> dict[str, Any]:
+        """How the levels were chosen, for experiment.json (`SweepPlanEntry`): the predicted edge, the levels
+        measured, the measured edge and the live cells a full climb would have cost more."""
+        points = list(self.points.values())
+        slo = self.slo_ms()
+        measured = list(dict.fromkeys(self.order))
+        base: dict[str, Any] = {"plan": "predicted" if self.planned else "ladder", "measured": measured,
+                                "reason": None if self.planned else (self.plan_note if self.spec.plan == "predicted"
+                                                                     else "sweep.plan is ladder")}
+        edge = None
+        if slo is not None:
+            cands = sorted({*(p.load for p in self.predicted or []), *self.spec.levels, *self.points})
+            lo, hi = measured_bracket(cands, points, slo)
+            edge = cands[hi] if hi < len(cands) and (lo >= 0 or hi == 0) else None
+        base["measured_edge"] = edge
+        plan = self.level_plan()
+        if not self.planned:
+            base["sentence"] = (f"{self.server} on {self.workload}: measured {_levels(measured)} "
+                                f"(ladder{'' if not base['reason'] else ': ' + base['reason']})")
+            return base
+        if plan is None or slo is None:
+            base["sentence"] = (f"{self.server} on {self.workload}: measured {_levels(measured)}; the unloaded level "
+                                "did not answer, so the SLO could not be resolved to plan the rest")
+            return base
+        full = full_climb_levels(plan.candidates, points, slo)
+        saved = full - len(measured)
+        what = "no edge within the levels" if plan.predicted_edge is None else f"edge {plan.predicted_edge:g}"
+        got = "no edge within the levels" if edge is None else f"edge {edge:g}"
+        sentence = (f"{self.server} on {self.workload}: predicted {what}, measured {got}; measured "
+                    f"{_levels(measured)}: {len(measured)} of the {full} levels a full climb measures "
+                    f"({saved} live cell{'s' if abs(saved) != 1 else ''} saved)")
+        return {**base, "candidates": list(plan.candidates), "predicted_capacity": plan.predicted_capacity,
+                "predicted_edge": plan.predicted_edge, "targets": list(plan.targets), "full_climb": full,
+                "live_cells_saved": saved, "sentence": sentence}
 
     def capacity(self, unloaded_fallback: LoadPoint | None = None) -> Capacity:
         """The answer so far; ``unloaded_fallback`` (the scheduler model's lowest level) resolves a relative SLO
@@ -100,6 +178,10 @@ class SweepState:
     def slo_ms(self) -> float | None:
         """The absolute TTFT p90 objective (a relative one resolved from the lowest measured level)."""
         return self.capacity().slo_ttft_p90_ms
+
+
+def _levels(loads: list[float]) -> str:
+    return ", ".join(f"{x:g}" for x in loads) if loads else "no level"
 
 
 def plan_sweeps(spec: ExperimentSpec) -> list[SweepState]:
@@ -144,27 +226,48 @@ def prediction_skipped(spec: SweepSpec, server_config: dict[str, Any]) -> str | 
     return None
 
 
-def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
-                  time_scale: float, mode: str) -> dict[str, Any]:
-    """The scheduler model's curve for this sweep: every concurrency from the lowest to the highest swept
-    level (or, for a sweep wider than :data:`MAX_PREDICTED_LEVELS`, every spec level and every level the sweep
-    measured), with the capacity read by the live rule (`capacity_from_points`) and the eviction cliff; a dict
-    of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep measures few of them, and
-    a prediction limited to those said 4 on the quickstart where its own curve at 5 passes (measured: 6)."""
-    from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
-    from kvscope.harness.cachemodel.capacity_model import find_cliff, predict_levels
-    from kvscope.harness.cachemodel.trace_io import load_trace
-
-    base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
-    if not cal.fit_r2 >= MIN_FIT_R2:
-        return {**base, "skipped": f"the calibration's step-cost fit is too poor to predict from (R² "
-                                   f"{cal.fit_r2:.2f} < {MIN_FIT_R2:g})"}
+def curve_levels(state: SweepState) -> list[int]:
+    """The concurrencies the predicted curve covers: every one from the lowest to the highest swept level (or,
+    for a sweep wider than :data:`MAX_PREDICTED_LEVELS`, the spec's levels and every level measured)."""
     levels = sorted({int(x) for x in state.spec.levels} | {int(x) for x in state.points})
     if levels[-1] - levels[0] <= MAX_PREDICTED_LEVELS:  # every level in between: the model is cheap, and the
         levels = list(range(levels[0], levels[-1] + 1))  # predicted capacity then has the resolution of one
+    return levels
+
+
+def predicted_curve(state: SweepState, trace_dir: Path, cal: CalibrationFile, *, time_scale: float,
+                    mode: str) -> list[Any]:
+    """The scheduler model's `LevelPrediction` per level of :func:`curve_levels` for the sweep's trace; the
+    same rows plan a ``sweep.plan: predicted`` sweep before it starts and are recorded beside it after.
+    ValueError when the calibration's fit is too poor to predict from."""
+    from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
+    from kvscope.harness.cachemodel.capacity_model import predict_levels
+    from kvscope.harness.cachemodel.trace_io import load_trace
+
+    if not cal.fit_r2 >= MIN_FIT_R2:
+        raise ValueError(f"the calibration's step-cost fit is too poor to predict from (R² {cal.fit_r2:.2f} < "
+                         f"{MIN_FIT_R2:g})")
     cfg = cal.scheduler_config()
-    rows = predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), levels,
+    return predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), curve_levels(state),
                           time_scale=time_scale, mode=mode, timing_cv=cal.timing_cv)
+
+
+def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
+                  time_scale: float, mode: str) -> dict[str, Any]:
+    """The scheduler model's curve for this sweep (:func:`curve_levels`; the rows that planned it where they
+    cover every level measured), with the capacity read by the live rule (`capacity_from_points`) and the
+    eviction cliff; a dict of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep
+    measures few of them, and a prediction limited to those said 4 on the quickstart where its own curve at 5
+    passes (measured: 6)."""
+    from kvscope.harness.cachemodel.capacity_model import find_cliff
+
+    base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
+    rows = state.predicted_rows
+    if rows is None or [r.concurrency for r in rows] != curve_levels(state):
+        try:
+            rows = predicted_curve(state, trace_dir, cal, time_scale=time_scale, mode=mode)
+        except ValueError as exc:
+            return {**base, "skipped": str(exc)}
 
     def num(x: float) -> float | None:
         return None if math.isnan(x) else float(x)  # NaN (no request finished) -> null

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from kvscope.harness.results.summary import CLIENT_STALL_S, ServerFacts, summary_file_model  # noqa: F401
 from kvscope.workloads.versioned_file import VersionedFile
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
@@ -256,6 +256,26 @@ class PredictedCapacity(_Block):
     sentence: str = ""
 
 
+class SweepPlanEntry(_Block):
+    """How a sweep chose its levels (spec ``sweep.plan``, ``kvscope.harness.analysis.capacity.next_planned_level``):
+    from the scheduler model's curve, or the ladder of ``levels`` (``reason``: why, where a plan was asked)."""
+
+    plan: Literal["predicted", "ladder"]
+    reason: str | None = None
+    measured: list[float]  # the levels measured, in the order they ran
+    measured_edge: float | None = None  # lowest measured failing level above the highest passing one
+    #: predicted plans: the curve's levels (what the search may pick), its capacity and edge (the lowest
+    #: predicted-failing level above it), the levels it chose first (unloaded, last passing, edge, one above),
+    #: the levels a climb from the lowest to one past the measured edge measures, and the difference.
+    candidates: list[float] = Field(default_factory=list)
+    predicted_capacity: float | None = None
+    predicted_edge: float | None = None
+    targets: list[float] = Field(default_factory=list)
+    full_climb: int | None = None
+    live_cells_saved: int | None = None
+    sentence: str = ""
+
+
 class CapacityEntry(_Block):
     """One sweep's answer (kvscope.harness.analysis.capacity.Capacity): the highest measured load meeting the SLO."""
 
@@ -276,6 +296,8 @@ class CapacityEntry(_Block):
     slo_ttft_p90: str | None = None
     slo_unloaded_ttft_p90_ms: float | None = None
     slo_unloaded_source: str | None = None
+    #: How the levels were chosen (experiment.json version 2; null in version-1 files).
+    plan: SweepPlanEntry | None = None
 
 
 class ModelEntry(_Block):
@@ -287,11 +309,14 @@ class ModelEntry(_Block):
 
 
 class ExperimentFile(VersionedFile, Generic[SpecT]):
+    """Version 2 adds ``capacity[].plan`` and ``spec.sweep.plan``; a version-1 file reads as version 2 with its
+    sweep's plan ``ladder`` (what it ran) and no plan record."""
+
     FORMAT = "kvscope-experiment"
-    SUPPORTED_VERSIONS = (1,)
+    SUPPORTED_VERSIONS = (1, 2)
 
     format: Literal["kvscope-experiment"] = "kvscope-experiment"
-    version: int = 1
+    version: int = 2
     experiment: str
     run_id: str
     spec: SpecT  # the validated spec, defaults included
@@ -309,6 +334,17 @@ class ExperimentFile(VersionedFile, Generic[SpecT]):
     executor: ExecutorEntry | None = None
     #: ``repeats: {stop_early: true}``: one entry per comparison (null without early stopping)
     sequential: list[SequentialEntry] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        """Version 1 had no ``sweep.plan``: its sweeps climbed the ladder, so they read back as such."""
+        if isinstance(data, dict) and data.get("version") == 1:
+            data = {**data, "version": 2}
+            spec = data.get("spec")
+            if isinstance(spec, dict) and isinstance(spec.get("sweep"), dict) and "plan" not in spec["sweep"]:
+                data["spec"] = {**spec, "sweep": {**spec["sweep"], "plan": "ladder"}}
+        return data
 
 
 # ------------------------------------------------------------------------------------------- report.json
