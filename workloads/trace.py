@@ -167,9 +167,13 @@ class Trace:
         if not substitute:
             if len(ids) == 1:
                 return self.segment_tokens(int(ids[0])).copy()
-            off = self.seg_offsets
-            return np.concatenate([self.seg_tokens[off[s]:off[s + 1]] for s in ids]) if len(ids) else \
-                np.zeros(0, np.int32)
+            if not len(ids):
+                return np.zeros(0, np.int32)
+            # one gather, not a slice per segment (generated prompts hold hundreds of segments)
+            starts = self.seg_offsets[ids]
+            lengths = self.seg_offsets[ids + 1] - starts
+            before = np.cumsum(lengths) - lengths
+            return self.seg_tokens[np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()))]
         parts = [np.asarray(substitute[int(s)], dtype=np.int32) if int(s) in substitute
                  else self.segment_tokens(int(s)) for s in ids]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
@@ -186,12 +190,10 @@ class Trace:
 
     def segment_map(self, request_id: int) -> list[tuple[str, int, int, int]]:
         """``(kind, start, n_tokens, segment_id)`` for each segment of the prompt, in order."""
-        out, pos = [], 0
-        for s in self._prompt_ids[request_id]:
-            n = int(self.seg_offsets[s + 1] - self.seg_offsets[s])
-            out.append((str(self.seg_kinds[s]), pos, n, int(s)))
-            pos += n
-        return out
+        ids = self._prompt_ids[request_id]
+        lengths = self.seg_offsets[ids + 1] - self.seg_offsets[ids]
+        starts = np.cumsum(lengths) - lengths
+        return list(zip(map(str, self.seg_kinds[ids].tolist()), starts.tolist(), lengths.tolist(), ids.tolist()))
 
     def request(self, request_id: int) -> TraceRequest:
         row = self.requests.iloc[request_id].to_dict()
