@@ -3,91 +3,139 @@
 Why not a Python ``set``/``dict``: a trace whose every request breaks the cache early (a timestamp in the
 system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~23 M of them, and
 a Python int in a dict costs ~100 bytes (8.1 GB peak for ``explain``, issue 27).  Here the keys are the same
-64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`, unchanged: the structure stores exactly the values the
-simulator's sets store, so it adds no collision of its own) held in one sorted ``uint64`` numpy array with an
-``int64`` value beside it where one is kept (8 or 16 bytes a chain), plus a bounded Python dict of recent insertions that is merged
-into the arrays (``np.insert`` at ``searchsorted`` positions, linear) whenever it reaches ``pending_limit``.
-Lookups are one ``searchsorted`` per request plus a C-level ``map`` over the recent dict.
+64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) held in sorted ``uint64`` numpy arrays with an ``int64``
+value beside them where one is kept (8 or 16 bytes a chain): a small Python dict of recent insertions, merged
+into a middle sorted array every ``pending_limit`` insertions, merged into the main one when the middle one
+reaches an eighth of it (``np.insert`` at ``searchsorted`` positions: linear, amortised).
+
+Lookups use what chaining guarantees: the stored chains are *prefix-closed* (whoever put a chain put all its
+prefixes: a request caches, or holds, all its leading blocks) and a hash stands for its whole prefix, so
+membership along a request's chain is monotone and the leading run is found by binary search, O(log n) probes
+instead of one per block (a probe into a 23 M-entry array is a cache miss; a probe per block made the first
+version slower than the dicts).  The answer equals the per-block scan of :class:`~.pool.InfinitePool` unless a
+64-bit hash collides with a stored chain of another prefix, the same assumption every set of chained hashes in
+the simulator already makes (probability ~ lookups x stored / 2^64: ~3e-5 for 5,000 sessions).
 
 :class:`ChainIndex` maps a chain to the latest value put (explain's "latest earlier request holding this
-prefix").  :class:`InfiniteCacheStream` is the unbounded sequential prefix cache over it: exactly
-:class:`~.pool.InfinitePool` driven by :func:`~.simulator.simulate` in sequential mode (hit = leading run of
-``hashes[:cap]`` present, then every full block hashed in), one request at a time, so a caller streams a trace
-through it without materialising a :class:`~.sim_types.SimRequest` per request.
+prefix").  :class:`InfiniteCacheStream` is the unbounded sequential prefix cache over it: what
+:class:`~.pool.InfinitePool` driven by :func:`~.simulator.simulate` in sequential mode gives (hit = leading run
+of ``hashes[:cap]`` present, then every full block hashed in), one request at a time, so a caller streams a
+trace through it without materialising a :class:`~.sim_types.SimRequest` per request.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-_EMPTY_KEYS = np.zeros(0, np.uint64)
+
+class _Sorted:
+    """One sorted level: keys and (optionally) values."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, values: bool) -> None:
+        self.keys = np.zeros(0, np.uint64)
+        self.values: np.ndarray | None = np.zeros(0, np.int64) if values else None
+
+    def find(self, h: np.ndarray) -> int:
+        """Position of the single hash ``h`` (a length-1 uint64 array), or -1."""
+        keys = self.keys
+        if not len(keys):
+            return -1
+        i = int(keys.searchsorted(h)[0])
+        return i if i < len(keys) and keys[i] == h[0] else -1
+
+    def merge(self, keys: np.ndarray, values: np.ndarray | None) -> None:
+        """Insert new keys (none present here)."""
+        order = np.argsort(keys)
+        at = np.searchsorted(self.keys, keys[order])
+        self.keys = np.insert(self.keys, at, keys[order])
+        if self.values is not None and values is not None:
+            self.values = np.insert(self.values, at, values[order])
 
 
 class ChainIndex:
-    """uint64 chained hash -> int value (the latest put), compact; ``values=False``: a set (every value 0)."""
+    """Prefix-closed uint64 chained hashes -> int value (the latest put), compact; ``values=False``: a set.
 
-    def __init__(self, values: bool = True, pending_limit: int = 1 << 19) -> None:
-        self.keys = _EMPTY_KEYS
-        self.values: np.ndarray | None = np.zeros(0, np.int64) if values else None
+    Callers put whole chain prefixes (every hash of a request's leading blocks), see the module doc."""
+
+    def __init__(self, values: bool = True, pending_limit: int = 1 << 16) -> None:
+        self.with_values = values
+        self.levels = (_Sorted(values), _Sorted(values))  # middle, main
         self.pending: dict[int, int] = {}
         self.pending_limit = pending_limit
 
     def __len__(self) -> int:
-        return len(self.keys) + len(self.pending)
+        return len(self.levels[0].keys) + len(self.levels[1].keys) + len(self.pending)
 
-    def _locate(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(position in ``keys``, found there) per hash."""
-        pos = np.searchsorted(self.keys, hashes)
-        if not len(self.keys):
-            return pos, np.zeros(len(hashes), bool)
-        found = self.keys[np.minimum(pos, len(self.keys) - 1)] == hashes
-        return pos, found
+    def _where(self, h: np.ndarray) -> tuple[int, int] | None:
+        """(level, position) of a single hash (level -1: the pending dict), or None."""
+        if int(h[0]) in self.pending:
+            return -1, 0
+        for lv, level in enumerate(self.levels):
+            i = level.find(h)
+            if i >= 0:
+                return lv, i
+        return None
+
+    def _value(self, h: np.ndarray, at: tuple[int, int]) -> int:
+        lv, i = at
+        if lv < 0:
+            return self.pending[int(h[0])]
+        values = self.levels[lv].values
+        return int(values[i]) if values is not None else 0
 
     def leading_run(self, hashes: np.ndarray, cap: int | None = None) -> tuple[int, int | None]:
         """(length of the leading run of ``hashes[:cap]`` present, the value of its last hash or None)."""
         h = hashes if cap is None else hashes[:cap]
-        if not len(h):
+        lo, hi, last = 0, len(h), None  # h[:lo] present, h[hi:] absent
+        while lo < hi:
+            mid = (lo + hi) // 2
+            at = self._where(h[mid:mid + 1])
+            if at is None:
+                hi = mid
+            else:
+                lo, last = mid + 1, (mid, at)
+        if not lo:
             return 0, None
-        pos, found = self._locate(h)
-        miss = np.flatnonzero(~found)
-        pend = self.pending
-        if not len(miss):
-            k = len(h)
-        elif not pend or int(h[miss[0]]) not in pend:  # the usual case: the first miss is a miss
-            k = int(miss[0])
-        else:
-            in_pending = np.fromiter(map(pend.__contains__, h[miss].tolist()), bool, len(miss))
-            absent = miss[~in_pending]
-            k = int(absent[0]) if len(absent) else len(h)
-        if k == 0:
-            return 0, None
-        last = k - 1
-        if self.values is None:
-            return k, 0
-        return k, int(self.values[pos[last]]) if found[last] else self.pending[int(h[last])]
+        if last is None or last[0] != lo - 1:
+            at = self._where(h[lo - 1:lo])
+            assert at is not None
+            last = (lo - 1, at)
+        return lo, self._value(h[lo - 1:lo], last[1])
 
-    def put(self, hashes: np.ndarray, value: int) -> None:
-        """Every hash now maps to ``value`` (overwriting)."""
-        if not len(hashes):
-            return
-        pos, found = self._locate(hashes)
-        if self.values is not None and found.any():
-            self.values[pos[found]] = value
-        new = hashes[~found]
-        if len(new):
-            self.pending.update(dict.fromkeys(new.tolist(), value))
+    def put(self, hashes: np.ndarray, value: int, present: int | None = None) -> None:
+        """Every hash of the chain now maps to ``value``. ``present``: the length of its leading run already
+        stored, where the caller just asked :meth:`leading_run` (the rest are new)."""
+        k = self.leading_run(hashes)[0] if present is None else present
+        if k and self.with_values:
+            self._overwrite(hashes[:k], value)
+        if k < len(hashes):
+            self.pending.update(dict.fromkeys(hashes[k:].tolist(), value))
             if len(self.pending) >= self.pending_limit:
                 self._merge()
 
+    def _overwrite(self, h: np.ndarray, value: int) -> None:
+        for level in self.levels:
+            if len(level.keys) and level.values is not None:
+                pos = np.minimum(np.searchsorted(level.keys, h), len(level.keys) - 1)
+                level.values[pos[level.keys[pos] == h]] = value
+        pend = self.pending
+        if pend:
+            for x in h.tolist():
+                if x in pend:
+                    pend[x] = value
+
     def _merge(self) -> None:
-        keys = np.fromiter(self.pending.keys(), np.uint64, len(self.pending))
-        order = np.argsort(keys)
-        at = np.searchsorted(self.keys, keys[order])
-        self.keys = np.insert(self.keys, at, keys[order])
-        if self.values is not None:
-            values = np.fromiter(self.pending.values(), np.int64, len(self.pending))
-            self.values = np.insert(self.values, at, values[order])
+        pend = self.pending
+        keys = np.fromiter(pend.keys(), np.uint64, len(pend))
+        values = np.fromiter(pend.values(), np.int64, len(pend)) if self.with_values else None
         self.pending = {}
+        middle, main = self.levels
+        middle.merge(keys, values)
+        if len(middle.keys) * 8 >= len(main.keys):
+            main.merge(middle.keys, middle.values)
+            self.levels = (_Sorted(self.with_values), main)
 
 
 class InfiniteCacheStream:
@@ -102,9 +150,9 @@ class InfiniteCacheStream:
         (uint64; every block the finished request leaves cached); the blocks are cached afterwards."""
         B = self.block_size
         cap = (prompt_tokens - 1) // B if prompt_tokens > 0 else 0
-        k, _ = self.cached.leading_run(hashes, cap)
-        self.cached.put(hashes, 0)
-        return k * B
+        k, _ = self.cached.leading_run(hashes)
+        self.cached.put(hashes, 0, k)
+        return min(k, cap) * B
 
 
 def chain_hashes(tokens: np.ndarray, block_size: int, n_blocks: int, hasher: object = None, key: object = None

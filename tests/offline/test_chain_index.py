@@ -11,17 +11,18 @@ from kvscope.harness.cachemodel.chain_index import ChainIndex, InfiniteCacheStre
 from kvscope.harness.cachemodel.hashing import IncrementalHasher, hash_token_blocks
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
 
-# keys near both ends of uint64 (xxh3 values fill the whole range), few of them so puts overwrite and runs hit
-keys = st.sampled_from([0, 1, 2, 7, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 2, 2**64 - 1])
+# chains of a small alphabet with block size 1, so chains share prefixes, puts overwrite and runs stop midway
+chains = st.lists(st.integers(0, 2), max_size=6)
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), st.lists(keys, max_size=6), st.integers(0, 50)), max_size=30),
+@given(ops=st.lists(st.tuples(st.booleans(), chains, st.integers(0, 50)), max_size=30),
        limit=st.integers(1, 4))
 def test_chain_index_answers_like_a_dict(ops, limit):
     index, model = ChainIndex(pending_limit=limit), {}
-    for is_put, hs, value in ops:
-        arr = np.array(hs, dtype=np.uint64)
+    for is_put, tokens, value in ops:
+        arr = chain_hashes(np.asarray(tokens, np.int32), 1, len(tokens))
+        hs = arr.tolist()
         if is_put:
             index.put(arr, value)
             model.update(dict.fromkeys(hs, value))
@@ -31,6 +32,15 @@ def test_chain_index_answers_like_a_dict(ops, limit):
             cap = value % 4
             assert index.leading_run(arr, cap)[0] == min(k, cap)
     assert len(index) == len(model)
+
+
+def test_chain_index_keeps_hashes_across_the_whole_uint64_range():
+    index = ChainIndex(pending_limit=2)
+    chain = np.array([2**64 - 1, 0, 2**63, 2**63 - 1, 5], dtype=np.uint64)
+    for n in range(1, 6):
+        index.put(chain[:n], n)  # merges into both sorted levels on the way
+    assert index.leading_run(chain) == (5, 5)
+    assert index.leading_run(np.array([2**64 - 1, 1], dtype=np.uint64)) == (1, 5)
 
 
 prompts = st.lists(st.integers(0, 2), min_size=0, max_size=40)
