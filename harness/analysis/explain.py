@@ -604,10 +604,19 @@ class TraceViews(Sequence[RequestView]):
     def outputs(self):
         return (self.trace.output_token_ids(i) for i in range(len(self)))
 
+    def _spans(self, rid: int) -> list[tuple[str, int, int]]:
+        """``(kind, start, end)`` of each prompt segment (:meth:`Trace.segment_map`, vectorised: generated
+        prompts hold hundreds of segments)."""
+        trace = self.trace
+        ids = trace.prompt_segment_ids(rid)
+        lengths = trace.seg_offsets[ids + 1] - trace.seg_offsets[ids]
+        ends = np.cumsum(lengths)
+        return list(zip(trace.seg_kinds[ids].tolist(), (ends - lengths).tolist(), ends.tolist()))
+
     def _build(self, rid: int) -> RequestView:
         raw = self._msgs[rid]
         messages = json.loads(raw) if raw else None
-        spans = [(kind, s, s + n) for kind, s, n, _ in self.trace.segment_map(rid)]
+        spans = self._spans(rid)
         return RequestView(rid, self._session[rid], self._step[rid], self._parent[rid],
                            self.trace.prompt_token_ids(rid).astype(np.int32), self.trace.output_token_ids(rid),
                            messages, self._tools.get(rid), _message_ends(messages, spans), spans,
