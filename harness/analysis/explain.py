@@ -187,16 +187,23 @@ def _block_floor(n: int, block_size: int) -> int:
 
 
 class PredecessorIndex:
-    """Earlier requests by their chained full-block hashes; the latest holder of each chain prefix (a compact
-    :class:`ChainIndex`: one entry per distinct chain, ~23 M for 5,000 generated sessions)."""
+    """Earlier requests by their chained full-block hashes; the latest holder of each chain prefix.
+
+    One compact :class:`ChainIndex` serves both the infinite-cache simulation and this search (5,000 generated
+    sessions: ~47 M distinct chains): a chain maps to the latest request whose *prompt* holds it, or -1 where
+    only an earlier request's output blocks made it (cached, but nobody's prompt)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.holder = ChainIndex()
+        self.chains = ChainIndex()
+
+    def cached_blocks(self, hashes: np.ndarray) -> int:
+        """The leading run of ``hashes`` (prompt and output blocks) any earlier request left cached."""
+        return self.chains.leading_run(hashes)[0]
 
     def best(self, req: RequestView, views: Sequence[RequestView], hashes: np.ndarray) -> tuple[int | None, int]:
         cands: list[int] = []
-        _, hit = self.holder.leading_run(hashes)
+        _, hit = self.chains.leading_run(hashes, min_value=0)
         if hit is not None:
             cands.append(hit)
         if req.parent >= 0:
@@ -210,8 +217,11 @@ class PredecessorIndex:
                 best, best_k = c, k
         return best, max(best_k, 0)
 
-    def add(self, request_id: int, hashes: np.ndarray) -> None:
-        self.holder.put(hashes, request_id)
+    def add(self, request_id: int, hashes: np.ndarray, prompt_blocks: int, cached_blocks: int) -> None:
+        """The request's prompt blocks are now held by it, its output blocks cached (``cached_blocks``: what
+        :meth:`cached_blocks` said before)."""
+        self.chains.put(hashes[:prompt_blocks], request_id, min(cached_blocks, prompt_blocks))
+        self.chains.put(hashes[prompt_blocks:], -1, max(0, cached_blocks - prompt_blocks), overwrite=False)
 
 
 # ------------------------------------------------------------------------------------------ classification
@@ -461,7 +471,6 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     n = len(views)
     # One pass: the infinite-cache simulation of each request (its hit needs only earlier requests) and its
     # attribution share the request's hashes; nothing of a request is kept once it is attributed but its row.
-    cache = InfiniteCacheStream(B)
     hasher = IncrementalHasher(B, max_sessions=1024)
     index = PredecessorIndex(B)
     base: list[int] = []
@@ -472,7 +481,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     for v in tqdm(views, total=n, desc="explain: attribute", unit="req", disable=not progress, leave=False):
         P = len(v.prompt)
         all_hashes = _hashes(v.prompt, v.output, B, hasher, v.session_id)
-        base.append(cache.request(all_hashes, P))
+        in_cache = index.cached_blocks(all_hashes)  # the infinite-cache simulation, as InfiniteCacheStream
+        base.append(min(in_cache, (P - 1) // B if P else 0) * B)
         seen = None if observed is None else observed[v.request_id]
         obs.append(base[v.request_id] if seen is None else int(seen))
         hashes = all_hashes[:P // B]
@@ -496,8 +506,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             split["evicted"] = split.get("evicted", 0) + evicted
         rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
-        index.add(v.request_id, hashes)
-    del index, cache, hasher  # one entry per distinct block chain: free them before the what-if simulations
+        index.add(v.request_id, all_hashes, P // B, in_cache)
+    del index, hasher  # one entry per distinct block chain: free them before the what-if simulations
     causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress)
     preset = provider_preset or "openai-gpt-4.1"
     if provider_observed is not None:

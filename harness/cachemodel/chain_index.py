@@ -3,10 +3,11 @@
 Why not a Python ``set``/``dict``: a trace whose every request breaks the cache early (a timestamp in the
 system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~23 M of them, and
 a Python int in a dict costs ~100 bytes (8.1 GB peak for ``explain``, issue 27).  Here the keys are the same
-64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) held in sorted ``uint64`` numpy arrays with an ``int64``
-value beside them where one is kept (8 or 16 bytes a chain): a small Python dict of recent insertions, merged
+64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) held in sorted ``uint64`` numpy arrays with an ``int32``
+value (a request id) beside them where one is kept (8 or 12 bytes a chain): a small Python dict of recent insertions, merged
 into a middle sorted array every ``pending_limit`` insertions, merged into the main one when the middle one
-reaches an eighth of it (``np.insert`` at ``searchsorted`` positions: linear, amortised).
+reaches an eighth of it (in place: the arrays grow and the old entries move from the back, linear and
+amortised, without a second copy of the main array).
 
 Lookups use what chaining guarantees: the stored chains are *prefix-closed* (whoever put a chain put all its
 prefixes: a request caches, or holds, all its leading blocks) and a hash stands for its whole prefix, so
@@ -29,13 +30,14 @@ import numpy as np
 
 
 class _Sorted:
-    """One sorted level: keys and (optionally) values."""
+    """One sorted level: keys and (optionally) int32 values (request ids)."""
 
     __slots__ = ("keys", "values")
+    chunk = 1 << 20  # entries moved at a time by a merge
 
     def __init__(self, values: bool) -> None:
         self.keys = np.zeros(0, np.uint64)
-        self.values: np.ndarray | None = np.zeros(0, np.int64) if values else None
+        self.values: np.ndarray | None = np.zeros(0, np.int32) if values else None
 
     def find(self, h: np.ndarray) -> int:
         """Position of the single hash ``h`` (a length-1 uint64 array), or -1."""
@@ -46,12 +48,31 @@ class _Sorted:
         return i if i < len(keys) and keys[i] == h[0] else -1
 
     def merge(self, keys: np.ndarray, values: np.ndarray | None) -> None:
-        """Insert new keys (none present here)."""
+        """Insert new keys (none present here) in place: the arrays grow (``realloc``) and the old entries
+        move right from the back, a chunk at a time, so a merge never holds a second copy of the level."""
         order = np.argsort(keys)
-        at = np.searchsorted(self.keys, keys[order])
-        self.keys = np.insert(self.keys, at, keys[order])
+        keys = keys[order]
+        at = np.searchsorted(self.keys, keys)
+        n, m = len(self.keys), len(keys)
+        arrays = [(self.keys, keys)]
         if self.values is not None and values is not None:
-            self.values = np.insert(self.values, at, values[order])
+            arrays.append((self.values, values[order]))
+        grown = []
+        for old, new in arrays:
+            if old.flags.owndata and old.base is None:
+                old.resize(n + m, refcheck=False)
+                arr = old
+            else:
+                arr = np.concatenate([old, np.zeros(m, old.dtype)])
+            for hi in range(n, 0, -self.chunk):  # old entry i goes to i + #(new entries before it)
+                lo = max(0, hi - self.chunk)
+                idx = np.arange(lo, hi)
+                arr[idx + np.searchsorted(at, idx, side="right")] = arr[lo:hi].copy()
+            arr[at + np.arange(m)] = new
+            grown.append(arr)
+        self.keys = grown[0]
+        if len(grown) > 1:
+            self.values = grown[1]
 
 
 class ChainIndex:
@@ -85,14 +106,16 @@ class ChainIndex:
         values = self.levels[lv].values
         return int(values[i]) if values is not None else 0
 
-    def leading_run(self, hashes: np.ndarray, cap: int | None = None) -> tuple[int, int | None]:
-        """(length of the leading run of ``hashes[:cap]`` present, the value of its last hash or None)."""
+    def leading_run(self, hashes: np.ndarray, cap: int | None = None, min_value: int | None = None
+                    ) -> tuple[int, int | None]:
+        """(length of the leading run of ``hashes[:cap]`` present, the value of its last hash or None);
+        ``min_value``: only entries holding at least that value count (they must be prefix-closed too)."""
         h = hashes if cap is None else hashes[:cap]
         lo, hi, last = 0, len(h), None  # h[:lo] present, h[hi:] absent
         while lo < hi:
             mid = (lo + hi) // 2
             at = self._where(h[mid:mid + 1])
-            if at is None:
+            if at is None or (min_value is not None and self._value(h[mid:mid + 1], at) < min_value):
                 hi = mid
             else:
                 lo, last = mid + 1, (mid, at)
@@ -104,11 +127,12 @@ class ChainIndex:
             last = (lo - 1, at)
         return lo, self._value(h[lo - 1:lo], last[1])
 
-    def put(self, hashes: np.ndarray, value: int, present: int | None = None) -> None:
-        """Every hash of the chain now maps to ``value``. ``present``: the length of its leading run already
-        stored, where the caller just asked :meth:`leading_run` (the rest are new)."""
+    def put(self, hashes: np.ndarray, value: int, present: int | None = None, overwrite: bool = True) -> None:
+        """Every hash of the chain now maps to ``value`` (``overwrite=False``: only the new ones). ``present``:
+        the length of its leading run already stored, where the caller just asked :meth:`leading_run` (the
+        rest are new)."""
         k = self.leading_run(hashes)[0] if present is None else present
-        if k and self.with_values:
+        if k and overwrite and self.with_values:
             self._overwrite(hashes[:k], value)
         if k < len(hashes):
             self.pending.update(dict.fromkeys(hashes[k:].tolist(), value))
@@ -129,7 +153,7 @@ class ChainIndex:
     def _merge(self) -> None:
         pend = self.pending
         keys = np.fromiter(pend.keys(), np.uint64, len(pend))
-        values = np.fromiter(pend.values(), np.int64, len(pend)) if self.with_values else None
+        values = np.fromiter(pend.values(), np.int32, len(pend)) if self.with_values else None
         self.pending = {}
         middle, main = self.levels
         middle.merge(keys, values)
