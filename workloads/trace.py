@@ -259,8 +259,7 @@ class Trace:
         if offsets[0] != 0:
             tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
         req = _read_parquet(p / "requests.parquet", ["request_id", "session_id", "prompt_segment_ids"])
-        bad = [i for i, sids in enumerate(req.column("prompt_segment_ids").to_pylist())
-               if sids is None or any(s is None or s < 0 or s >= len(ids) for s in sids)]
+        bad = _rows_with_unknown_segments(req.column("prompt_segment_ids"), len(ids))
         if bad:
             raise TraceFileError(f"{p / 'requests.parquet'}: row {bad[0]}: prompt_segment_ids refer to segments that "
                                  f"do not exist ({len(bad)} row(s) affected)")
@@ -275,6 +274,22 @@ class Trace:
         return (np.array_equal(self.seg_offsets, other.seg_offsets) and np.array_equal(self.seg_tokens, other.seg_tokens)
                 and list(self.seg_kinds) == list(other.seg_kinds)
                 and self.requests_table().equals(other.requests_table()))
+
+
+def _rows_with_unknown_segments(column: pa.ChunkedArray, num_segments: int) -> list[int]:
+    """Rows whose prompt_segment_ids are null or name a segment that does not exist, vectorised (a
+    5,000-session trace holds 42 M segment references: as Python ints they took 1.5 GB)."""
+    lists = column.combine_chunks()
+    if isinstance(lists, pa.ChunkedArray):  # no chunks at all
+        return []
+    bad_rows = np.flatnonzero(lists.is_null().to_numpy(zero_copy_only=False)).tolist()
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    values = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    flat = values.to_numpy(zero_copy_only=False) if values.null_count == 0 else \
+        values.fill_null(-1).to_numpy(zero_copy_only=False)
+    bad_at = np.flatnonzero((flat < 0) | (flat >= num_segments)) + offsets[0]
+    bad_rows += (np.searchsorted(offsets, bad_at, side="right") - 1).tolist()
+    return sorted(set(bad_rows))
 
 
 def _py(v: Any) -> Any:
