@@ -267,7 +267,11 @@ class Trace:
             if f.name not in req.column_names:
                 req = req.append_column(f.name, pa.nulls(len(req), type=f.type))
         df = req.select(REQUEST_COLUMNS).to_pandas()
-        return cls(meta, tokens, offsets, seg.column("kind").to_pylist(), df)
+        trace = cls(meta, tokens, offsets, seg.column("kind").to_pylist(), df)
+        del seg, req, lists
+        # Arrow's allocator keeps what the tables freed: hand it back (5,000 generated sessions: ~0.7 GB)
+        pa.default_memory_pool().release_unused()
+        return trace
 
     def equals(self, other: "Trace") -> bool:
         """Same segments and same request rows (metadata other than the spec may differ)."""

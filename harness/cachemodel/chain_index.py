@@ -1,27 +1,27 @@
 """Compact maps of chained block hashes, for passes over whole traces (``kvscope explain``).
 
 Why not a Python ``set``/``dict``: a trace whose every request breaks the cache early (a timestamp in the
-system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~23 M of them, and
+system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~50 M of them, and
 a Python int in a dict costs ~100 bytes (8.1 GB peak for ``explain``, issue 27).  Here the keys are the same
-64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) held in sorted ``uint64`` numpy arrays with an ``int32``
-value (a request id) beside them where one is kept (8 or 12 bytes a chain): a small Python dict of recent insertions, merged
-into a middle sorted array every ``pending_limit`` insertions, merged into the main one when the middle one
-reaches an eighth of it (in place: the arrays grow and the old entries move from the back, linear and
-amortised, without a second copy of the main array).
+64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) in sorted ``uint64`` numpy arrays, with an ``int32``
+value (a request id) beside them where one is kept: 8 or 12 bytes a chain.  New chains go to a small Python
+dict, merged into a middle sorted array every ``pending_limit`` insertions, and that one into the main array
+when it reaches an eighth of it; merges are in place (the arrays grow, the old entries move from the back),
+linear and amortised, and never hold a second copy of the main array.
 
 Lookups use what chaining guarantees: the stored chains are *prefix-closed* (whoever put a chain put all its
 prefixes: a request caches, or holds, all its leading blocks) and a hash stands for its whole prefix, so
 membership along a request's chain is monotone and the leading run is found by binary search, O(log n) probes
-instead of one per block (a probe into a 23 M-entry array is a cache miss; a probe per block made the first
+instead of one per block (a probe into a 50 M-entry array is a cache miss; a probe per block made the first
 version slower than the dicts).  The answer equals the per-block scan of :class:`~.pool.InfinitePool` unless a
 64-bit hash collides with a stored chain of another prefix, the same assumption every set of chained hashes in
-the simulator already makes (probability ~ lookups x stored / 2^64: ~3e-5 for 5,000 sessions).
+the simulator already makes (probability ~ lookups x stored / 2^64: ~1e-4 for 5,000 sessions).
 
 :class:`ChainIndex` maps a chain to the latest value put (explain's "latest earlier request holding this
 prefix").  :class:`InfiniteCacheStream` is the unbounded sequential prefix cache over it: what
-:class:`~.pool.InfinitePool` driven by :func:`~.simulator.simulate` in sequential mode gives (hit = leading run
-of ``hashes[:cap]`` present, then every full block hashed in), one request at a time, so a caller streams a
-trace through it without materialising a :class:`~.sim_types.SimRequest` per request.
+:class:`~.pool.InfinitePool` driven by :func:`~.simulator.simulate` in sequential mode gives (hit = leading
+run of ``hashes[:cap]`` present, then every full block hashed in), one request at a time, so a caller streams
+a trace through it without materialising a :class:`~.sim_types.SimRequest` per request.
 """
 
 from __future__ import annotations
@@ -128,9 +128,9 @@ class ChainIndex:
         return lo, self._value(h[lo - 1:lo], last[1])
 
     def put(self, hashes: np.ndarray, value: int, present: int | None = None, overwrite: bool = True) -> None:
-        """Every hash of the chain now maps to ``value`` (``overwrite=False``: only the new ones). ``present``:
-        the length of its leading run already stored, where the caller just asked :meth:`leading_run` (the
-        rest are new)."""
+        """Every hash of the chain now maps to ``value`` (``overwrite=False``: only the new ones).
+        ``present``: the length of its leading run already stored, where the caller just asked
+        :meth:`leading_run` (the rest are new)."""
         k = self.leading_run(hashes)[0] if present is None else present
         if k and overwrite and self.with_values:
             self._overwrite(hashes[:k], value)
