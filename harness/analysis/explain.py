@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -390,7 +391,7 @@ class _PatchIndex:
         self.keys = sorted(self.by_span)
         self.same_length = all(n == len(new) for (_, n), new in zip(self.spans, self.new))
         self.reach = max((s + n for s, n in self.keys), default=0)
-        self.memo: dict[tuple[int, bytes], np.ndarray] = {}
+        self.memo: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()  # O(1) oldest-first eviction
         self.memo_limit = max(1024, memo_bytes // (8 * self.reach + 400))
 
     def _newest(self, ids32: np.ndarray, cursor: int) -> int:
@@ -432,7 +433,7 @@ class _PatchIndex:
             best = self._newest(head, best)
         for state in trail:
             if len(self.memo) >= self.memo_limit:
-                del self.memo[next(iter(self.memo))]  # the oldest
+                self.memo.popitem(last=False)  # the oldest (``del d[next(iter(d))]`` is O(n) after deletions)
             self.memo[state] = head
         return np.concatenate([head, ids[self.reach:]]).astype(np.int32)
 
