@@ -378,7 +378,8 @@ class _PatchIndex:
     length.  Where every patch keeps its span's length (timestamps, ids, any same-length edit), a step reads
     and writes only the first ``reach`` tokens (the furthest span end), so the chain after a patch is a
     function of that patch and those tokens alone: it is memoised (bounded), and each request's chain joins
-    the one its predecessor already followed (5,000 generated sessions: 11 M steps become ~300 k)."""
+    the one its predecessor already followed (5,000 generated sessions: the what-if pass took ~2.5 min of the
+    command's 650 s; without the memo a 300-session what-if spent most of its time stepping chains)."""
 
     def __init__(self, patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]],
                  memo_bytes: int = 64 << 20) -> None:
