@@ -78,7 +78,8 @@ def test_explain_shows_progress_on_stderr(tiny_model_dir, tmp_path, capsys):
                     max_size=12))
 def test_memoised_same_length_patch_chains_apply_what_testing_every_patch_applies(prompts, raw):
     # every patch keeps its span's length (the memoised path); chains repeat across requests (memo hits)
-    patches = sorted([(owner, (s, old, (old + shift) % 4)) for owner, s, old, shift in raw], key=lambda p: p[0])
+    patches = sorted([(owner, (s, old, (old + shift) % 4)) for owner, s, old, shift in raw],
+                     key=lambda p: p[0])
     index = _PatchIndex(patches)
     assert index.same_length
     for rid, ids in enumerate(prompts):

@@ -193,7 +193,8 @@ class Trace:
         ids = self._prompt_ids[request_id]
         lengths = self.seg_offsets[ids + 1] - self.seg_offsets[ids]
         starts = np.cumsum(lengths) - lengths
-        return list(zip(map(str, self.seg_kinds[ids].tolist()), starts.tolist(), lengths.tolist(), ids.tolist()))
+        kinds = map(str, self.seg_kinds[ids].tolist())
+        return list(zip(kinds, starts.tolist(), lengths.tolist(), ids.tolist()))
 
     def request(self, request_id: int) -> TraceRequest:
         row = self.requests.iloc[request_id].to_dict()

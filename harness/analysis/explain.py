@@ -202,7 +202,8 @@ class PredecessorIndex:
         """The leading run of ``hashes`` (prompt and output blocks) any earlier request left cached."""
         return self.chains.leading_run(hashes)[0]
 
-    def best(self, req: RequestView, views: Sequence[RequestView], hashes: np.ndarray) -> tuple[int | None, int]:
+    def best(self, req: RequestView, views: Sequence[RequestView], hashes: np.ndarray
+             ) -> tuple[int | None, int]:
         cands: list[int] = []
         _, hit = self.chains.leading_run(hashes, min_value=0)
         if hit is not None:
