@@ -69,3 +69,41 @@ def test_explain_shows_progress_on_stderr(tiny_model_dir, tmp_path, capsys):
     assert "explain:" not in captured.out
     assert main(["explain", str(tmp_path / "t"), "--no-progress"]) == 0
     assert "explain:" not in capsys.readouterr().err
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 3), max_size=12).map(lambda x: np.asarray(x, np.int32)),
+                        min_size=1, max_size=10),
+       raw=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 6), tokens.filter(len), st.integers(0, 3)),
+                    max_size=12))
+def test_memoised_same_length_patch_chains_apply_what_testing_every_patch_applies(prompts, raw):
+    # every patch keeps its span's length (the memoised path); chains repeat across requests (memo hits)
+    patches = sorted([(owner, (s, old, (old + shift) % 4)) for owner, s, old, shift in raw],
+                     key=lambda p: p[0])
+    index = _PatchIndex(patches)
+    assert index.same_length
+    for rid, ids in enumerate(prompts):
+        assert index.apply(rid, ids).tolist() == _naive_apply(rid, ids, patches).tolist()
+
+
+# Figures of the implementation before the compact indexes and memoised chains (commit 93d289a): streaming
+# and the faster structures must not move a single token of the attribution.
+PINNED = {
+    "agent-coding-timestamped": (171, 259343, 0, 246704, [("volatile_field", 246704, 0.950648)]),
+    "agent-coding-compaction": (437, 492666, 420912, 48416, [("message_edited", 48272, 0.854356),
+                                                             ("system_prompt_changed", 144, 0.855718)]),
+    "agent-coding": (165, 243767, 232752, 224, [("system_prompt_changed", 144, 0.955436),
+                                               ("message_edited", 80, 0.955462)]),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PINNED))
+def test_explain_figures_are_those_of_the_former_implementation(tiny_model_dir, preset):
+    from kvscope.workloads.generate import generate_from_file
+
+    trace = generate_from_file(preset, tiny_model_dir, seed=2, scale=0.02, sessions=4, max_context=3000)
+    ex = explain(views_from_trace(trace), 16)
+    n, prompt, cached, recomputed, causes = PINNED[preset]
+    assert (len(ex.requests), ex.prompt_tokens, ex.cached_tokens, ex.recomputed_tokens) == (n, prompt, cached,
+                                                                                            recomputed)
+    assert [(c.cause, c.recomputed_tokens, c.what_if_hit_rate) for c in ex.causes] == causes

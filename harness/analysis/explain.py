@@ -33,12 +33,14 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from kvscope.harness.cachemodel.hashing import hash_token_blocks
+from kvscope.harness.cachemodel.chain_index import ChainIndex, InfiniteCacheStream, chain_hashes
+from kvscope.harness.cachemodel.hashing import IncrementalHasher
 from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, common_prefix_len
 
@@ -191,20 +193,24 @@ def _block_floor(n: int, block_size: int) -> int:
 
 
 class PredecessorIndex:
-    """Earlier requests by their chained full-block hashes; the latest holder of each chain prefix."""
+    """Earlier requests by their chained full-block hashes; the latest holder of each chain prefix.
+
+    One compact :class:`ChainIndex` serves both the infinite-cache simulation and this search (5,000 generated
+    sessions: ~47 M distinct chains): a chain maps to the latest request whose *prompt* holds it, or -1 where
+    only an earlier request's output blocks made it (cached, but nobody's prompt)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.holder: dict[int, int] = {}
+        self.chains = ChainIndex()
 
-    def best(self, req: RequestView, views: Sequence[RequestView], hashes: list[int]) -> tuple[int | None, int]:
+    def cached_blocks(self, hashes: np.ndarray) -> int:
+        """The leading run of ``hashes`` (prompt and output blocks) any earlier request left cached."""
+        return self.chains.leading_run(hashes)[0]
+
+    def best(self, req: RequestView, views: Sequence[RequestView], hashes: np.ndarray
+             ) -> tuple[int | None, int]:
         cands: list[int] = []
-        hit = None
-        for h in hashes:
-            got = self.holder.get(h)
-            if got is None:
-                break
-            hit = got
+        _, hit = self.chains.leading_run(hashes, min_value=0)
         if hit is not None:
             cands.append(hit)
         if req.parent >= 0:
@@ -218,9 +224,11 @@ class PredecessorIndex:
                 best, best_k = c, k
         return best, max(best_k, 0)
 
-    def add(self, request_id: int, hashes: list[int]) -> None:
-        for h in hashes:
-            self.holder[h] = request_id
+    def add(self, request_id: int, hashes: np.ndarray, prompt_blocks: int, cached_blocks: int) -> None:
+        """The request's prompt blocks are now held by it, its output blocks cached (``cached_blocks``: what
+        :meth:`cached_blocks` said before)."""
+        self.chains.put(hashes[:prompt_blocks], request_id, min(cached_blocks, prompt_blocks))
+        self.chains.put(hashes[prompt_blocks:], -1, max(0, cached_blocks - prompt_blocks), overwrite=False)
 
 
 # ------------------------------------------------------------------------------------------ classification
@@ -330,9 +338,23 @@ def _generated(r: RequestView) -> bool:
 # ------------------------------------------------------------------------------------------ simulation
 
 
-def _simulate(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray | None], block_size: int) -> list[int]:
-    reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
-    return simulate(reqs, SimConfig(block_size, None)).cached_tokens
+def _hashes(prompt: np.ndarray, output: np.ndarray | None, B: int, hasher: IncrementalHasher, key: object
+            ) -> np.ndarray:
+    """The chained hashes of every full block the finished request leaves cached: its prompt's, then its known
+    output's up to the last token that was fed back (``(P+O-1)//B``), as :func:`requests_from_token_pairs`."""
+    P = len(prompt)
+    if output is not None and len(output):
+        return chain_hashes(np.concatenate([prompt, output]), B, (P + len(output) - 1) // B, hasher, key)
+    return chain_hashes(prompt, B, P // B, hasher, key)
+
+
+def _simulate(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray | None], sessions: Iterable[str],
+              block_size: int) -> list[int]:
+    """Infinite-cache cached tokens per request, streamed (no request is kept once simulated)."""
+    cache = InfiniteCacheStream(block_size)
+    hasher = IncrementalHasher(block_size, max_sessions=1024)
+    return [cache.request(_hashes(p, o, block_size, hasher, s), len(p))
+            for p, o, s in zip(prompts, outputs, sessions)]
 
 
 def _simulate_events(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray | None], block_size: int,
@@ -403,6 +425,10 @@ def _outputs(views: Sequence[RequestView]) -> Iterator[np.ndarray | None]:
     return views.outputs() if isinstance(views, TraceViews) else (v.output for v in views)
 
 
+def _sessions(views: Sequence[RequestView]) -> Iterator[str]:
+    return iter(views._session) if isinstance(views, TraceViews) else (v.session_id for v in views)
+
+
 def _arrivals(views: Sequence[RequestView]) -> list[float]:
     return list(views._arrival) if isinstance(views, TraceViews) else [v.arrival_s for v in views]
 
@@ -410,9 +436,18 @@ def _arrivals(views: Sequence[RequestView]) -> list[float]:
 class _PatchIndex:
     """The patches of one cause by (start, length) and then by their old tokens, so a request finds the newest
     earlier patch whose span it still carries by one lookup per distinct (start, length), not by testing every
-    earlier patch (that was quadratic in the trace: 405 s for 300 generated sessions)."""
+    earlier patch (that was quadratic in the trace: 405 s for 300 generated sessions).
 
-    def __init__(self, patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]) -> None:
+    A chain of patches (a timestamp patched back to the previous one, and that one to the one before, up to
+    the session's first) costs one step per earlier request, so a session's what-if is quadratic in its
+    length.  Where every patch keeps its span's length (timestamps, ids, any same-length edit), a step reads
+    and writes only the first ``reach`` tokens (the furthest span end), so the chain after a patch is a
+    function of that patch and those tokens alone: it is memoised (bounded), and each request's chain joins
+    the one its predecessor already followed (5,000 generated sessions: the what-if pass took ~2.5 min of the
+    command's 650 s; without the memo a 300-session what-if spent most of its time stepping chains)."""
+
+    def __init__(self, patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]],
+                 memo_bytes: int = 64 << 20) -> None:
         self.owners = [owner for owner, _ in patches]
         self.new = [new.astype(np.int32, copy=False) for _, (_, _, new) in patches]
         self.spans = [(s, len(old)) for _, (s, old, _) in patches]
@@ -420,23 +455,57 @@ class _PatchIndex:
         for j, (_, (s, old, _)) in enumerate(patches):
             self.by_span.setdefault((s, len(old)), {}).setdefault(old.astype(np.int32).tobytes(), []).append(j)
         self.keys = sorted(self.by_span)
+        self.same_length = all(n == len(new) for (_, n), new in zip(self.spans, self.new))
+        self.reach = max((s + n for s, n in self.keys), default=0)
+        self.memo: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()  # O(1) oldest-first eviction
+        self.memo_limit = max(1024, memo_bytes // (8 * self.reach + 400))
+
+    def _newest(self, ids32: np.ndarray, cursor: int) -> int:
+        """The newest patch before ``cursor`` whose span ``ids32`` carries (-1: none)."""
+        best = -1
+        for key in self.keys:
+            s, n = key
+            if s + n > len(ids32):
+                continue
+            held = self.by_span[key].get(ids32[s:s + n].tobytes())
+            if held:
+                j = bisect.bisect_left(held, cursor) - 1
+                if j >= 0 and held[j] > best:
+                    best = held[j]
+        return best
 
     def apply(self, request_id: int, ids: np.ndarray) -> np.ndarray:
         """``ids`` with every patch of its own or an earlier request applied where its span still matches,
         newest first (so a chain of timestamps patches back to the first one)."""
         cursor = bisect.bisect_right(self.owners, request_id)  # patches [0, cursor) are eligible
+        if cursor == 0:
+            return ids
+        if not self.same_length:
+            return self._apply_steps(ids, cursor)
+        head = ids[:self.reach].astype(np.int32)  # a copy: only these tokens are read or written
+        best = self._newest(head, cursor)
+        if best < 0:
+            return ids
+        trail: list[tuple[int, bytes]] = []
+        while best >= 0:
+            s, n = self.spans[best]
+            head[s:s + n] = self.new[best]
+            state = (best, head.tobytes())
+            done = self.memo.get(state)
+            if done is not None:
+                head = done
+                break
+            trail.append(state)
+            best = self._newest(head, best)
+        for state in trail:
+            if len(self.memo) >= self.memo_limit:
+                self.memo.popitem(last=False)  # the oldest (``del d[next(iter(d))]`` is O(n) after deletions)
+            self.memo[state] = head
+        return np.concatenate([head, ids[self.reach:]]).astype(np.int32)
+
+    def _apply_steps(self, ids: np.ndarray, cursor: int) -> np.ndarray:
         while cursor > 0:
-            best = -1
-            ids32 = ids.astype(np.int32, copy=False)
-            for key in self.keys:
-                s, n = key
-                if s + n > len(ids32):
-                    continue
-                held = self.by_span[key].get(ids32[s:s + n].tobytes())
-                if held:
-                    j = bisect.bisect_left(held, cursor) - 1
-                    if j >= 0 and held[j] > best:
-                        best = held[j]
+            best = self._newest(ids.astype(np.int32, copy=False), cursor)
             if best < 0:
                 break
             s, n = self.spans[best]
@@ -471,18 +540,24 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
 
     B = block_size
     n = len(views)
-    bar = tqdm(total=n, desc="explain: simulate", unit="req", disable=not progress, leave=False)
-    base = _simulate(_counted(_prompts(views), bar), _outputs(views), B)
-    bar.close()
-    obs = [base[i] if observed is None or observed[i] is None else int(observed[i]) for i in range(len(views))]
+    # One pass: the infinite-cache simulation of each request (its hit needs only earlier requests) and its
+    # attribution share the request's hashes; nothing of a request is kept once it is attributed but its row.
+    hasher = IncrementalHasher(B, max_sessions=1024)
     index = PredecessorIndex(B)
+    base: list[int] = []
+    obs: list[int] = []
     rows: list[Attribution] = []
     patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]] = {}
     split: dict[str, int] = {}
     for v in tqdm(views, total=n, desc="explain: attribute", unit="req", disable=not progress, leave=False):
-        hashes = hash_token_blocks(v.prompt, B)
-        pred, k = index.best(v, views, hashes) if v.request_id > 0 else (None, 0)
         P = len(v.prompt)
+        all_hashes = _hashes(v.prompt, v.output, B, hasher, v.session_id)
+        in_cache = index.cached_blocks(all_hashes)  # the infinite-cache simulation, as InfiniteCacheStream
+        base.append(min(in_cache, (P - 1) // B if P else 0) * B)
+        seen = None if observed is None else observed[v.request_id]
+        obs.append(base[v.request_id] if seen is None else int(seen))
+        hashes = all_hashes[:P // B]
+        pred, k = index.best(v, views, hashes) if v.request_id > 0 else (None, 0)
         cap = ((P - 1) // B) * B if P else 0
         brk = classify(v, views[pred], k) if pred is not None else None
         had = 0 if pred is None else (brk.had if brk is not None else min(len(views[pred].had_tokens), P))
@@ -502,8 +577,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             split["evicted"] = split.get("evicted", 0) + evicted
         rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
-        index.add(v.request_id, hashes)
-    del index  # one entry per distinct block chain: free it before the what-if simulations
+        index.add(v.request_id, all_hashes, P // B, in_cache)
+    del index, hasher  # one entry per distinct block chain: free them before the what-if simulations
     causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress,
                      num_gpu_blocks, order, generated)
     preset = provider_preset or "openai-gpt-4.1"
@@ -541,7 +616,7 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
             bar = tqdm(total=len(views), desc=f"explain: what-if {cause}", unit="req", disable=not progress,
                        leave=False)
             cached = _simulate(_counted(_apply_patches(views, patches.get(cause, [])), bar, lengths),
-                               _outputs(views), B)
+                               _outputs(views), _sessions(views), B)
             bar.close()
             rate = (sum(cached) + shortfall) / max(1, sum(lengths))
             if num_gpu_blocks:
@@ -620,10 +695,19 @@ class TraceViews(Sequence[RequestView]):
     def outputs(self):
         return (self.trace.output_token_ids(i) for i in range(len(self)))
 
+    def _spans(self, rid: int) -> list[tuple[str, int, int]]:
+        """``(kind, start, end)`` of each prompt segment (:meth:`Trace.segment_map`, vectorised: generated
+        prompts hold hundreds of segments)."""
+        trace = self.trace
+        ids = trace.prompt_segment_ids(rid)
+        lengths = trace.seg_offsets[ids + 1] - trace.seg_offsets[ids]
+        ends = np.cumsum(lengths)
+        return list(zip(trace.seg_kinds[ids].tolist(), (ends - lengths).tolist(), ends.tolist()))
+
     def _build(self, rid: int) -> RequestView:
         raw = self._msgs[rid]
         messages = json.loads(raw) if raw else None
-        spans = [(kind, s, s + n) for kind, s, n, _ in self.trace.segment_map(rid)]
+        spans = self._spans(rid)
         return RequestView(rid, self._session[rid], self._step[rid], self._parent[rid],
                            self.trace.prompt_token_ids(rid).astype(np.int32), self.trace.output_token_ids(rid),
                            messages, self._tools.get(rid), _message_ends(messages, spans), spans,
