@@ -16,8 +16,12 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 # The public traces live beside the repository (../shared/data); KVSCOPE_SHARED_DATA points elsewhere.
@@ -91,17 +95,21 @@ NGRAM_SPECULATION = {"method": "ngram", "num_speculative_tokens": 3, "prompt_loo
 class SharedServers:
     """The session's shared servers, keyed by fixture name. At the first request for any of them, every one that
     a collected test uses is launched at once, and each fixture then waits only for its own: a vLLM CPU start is
-    a chain of single-threaded imports (API server, engine core, worker), so on 2 cores three starts side by side
-    take about as long as two one after the other. A server a test stopped is started again on the next request."""
+    a chain of single-threaded imports (API server, engine core, worker), so on 2 cores a start launched beside
+    another mostly fills the idle core (`VllmServer.launch`; benchmarks/server_starts.py). Idle, a server costs
+    ~0.02 cores. A server a test stopped or killed is started again on the next request for it."""
+
+    #: all of them start at once, so the first one waited for shares the cores with the others
+    STARTUP_TIMEOUT_S = 600
 
     def __init__(self, model_dir: Path, root: Path, overrides: dict[str, dict], used: set[str]) -> None:
         self.model_dir, self.root, self.overrides = model_dir, root, overrides
         self.used = [name for name in overrides if name in used]
-        self.servers: dict = {}
+        self.servers: dict[str, VllmServer] = {}
         self.ready: set[str] = set()
         self.launches = 0
 
-    def get(self, name: str):
+    def get(self, name: str) -> VllmServer:
         if not self.launches:
             for other in self.used or [name]:
                 self._launch(other)
@@ -118,11 +126,11 @@ class SharedServers:
             self.ready.add(name)
         return server
 
-    def _launch(self, name: str):
+    def _launch(self, name: str) -> VllmServer:
         log_dir = self.root / f"{name}-{self.launches}"
         log_dir.mkdir(parents=True)
         self.launches += 1
-        server = _server(self.model_dir, log_dir, **self.overrides[name])
+        server = _server(self.model_dir, log_dir, startup_timeout_s=self.STARTUP_TIMEOUT_S, **self.overrides[name])
         server.launch()
         self.servers[name] = server
         return server
