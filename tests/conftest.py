@@ -1,10 +1,13 @@
 """Shared fixtures: the locally built tiny model, real vLLM servers on loopback and one real experiment.
 
-vLLM integration tests are marked `vllm`; they start real servers (≈20–35 s each on 2 cores), so servers are
-module- or session-scoped and shared by every test that can use the same configuration: the default server
-(`vllm_server`), the n-gram server without prefix caching (`ngram_server`), the 64-block server of the
-scheduler and simulator validations (`small_pool_server`), and the integration experiment, whose servers
-require an API key so the authentication tests read the same run (`integration_experiment`).
+vLLM integration tests are marked `vllm`; they start real servers (≈35–40 s each on 2 cores), so servers are
+session-scoped and shared by every test that can use the same configuration: the default server
+(`vllm_server`, which also serves test_record_explain's recorded agent), the n-gram server without prefix
+caching (`ngram_server`), the 64-block server of the scheduler and simulator validations (`small_pool_server`),
+and the integration experiment, whose servers require an API key so the authentication tests read the same run
+(`integration_experiment`). The three shared servers, and the one test_replay_integration kills
+(`server_to_kill`), are launched together at the first request for any of them (`SharedServers`).
+docs/testing.md lists every server start of the suite and why.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kvscope.harness.serving.server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 # The public traces live beside the repository (../shared/data); KVSCOPE_SHARED_DATA points elsewhere.
@@ -53,55 +60,127 @@ def require_vllm() -> None:
         pytest.skip("vLLM is not installed in this environment (make test installs it)")
 
 
-def start_server(model_dir: Path, log_dir: Path, **overrides):
+def _server(model_dir: Path, log_dir: Path, **overrides):
+    """A VllmServer with the suite's defaults (the tiny model as `tiny`, 2048 tokens, 32 MiB of KV), not started."""
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
-    fields = dict(model=str(model_dir), served_model_name="tiny", max_model_len=2048,
-                  kv_cache_memory_bytes="32M", startup_timeout_s=240)
+    fields = {"model": str(model_dir), "served_model_name": "tiny", "max_model_len": 2048,
+              "kv_cache_memory_bytes": "32M", "startup_timeout_s": 240}
     fields.update(overrides)
-    server = VllmServer(ServerConfig(**fields), log_path=log_dir / "server.log")
+    return VllmServer(ServerConfig(**fields), log_path=log_dir / "server.log")
+
+
+def start_server(model_dir: Path, log_dir: Path, **overrides):
+    """Start a server of a test's own (one that the test stops, kills or configures unlike the shared ones)."""
+    server = _server(model_dir, log_dir, **overrides)
     server.start()
     return server
 
 
 @pytest.fixture(scope="session")
-def vllm_server(require_vllm, tiny_model_dir, tmp_path_factory):
-    """A shared vLLM CPU server with prefix caching on (default flags, 32 MiB of KV cache)."""
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_apc"))
-    yield server
-    server.stop()
+def tools_template_file(tmp_path_factory) -> Path:
+    """The scripted agent's tool-aware chat template (tests/doubles/scripted_agent.py) as a file. For a chat
+    without tools or tool calls it renders byte for byte what the tiny model's own template renders."""
+    from tests.doubles.scripted_agent import TOOLS_TEMPLATE
+
+    p = tmp_path_factory.mktemp("tmpl") / "tools.jinja"
+    p.write_text(TOOLS_TEMPLATE)
+    return p
+
+
+#: n-gram speculation of the `ngram_server` (prompt lookup: no draft model to load)
+NGRAM_SPECULATION = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+class SharedServers:
+    """The session's shared servers, keyed by fixture name. At the first request for any of them, every one that
+    a collected test uses is launched at once, and each fixture then waits only for its own: a vLLM CPU start is
+    a chain of single-threaded imports (API server, engine core, worker), so on 2 cores a start launched beside
+    another mostly fills the idle core (`VllmServer.launch`; benchmarks/server_starts.py). Idle, a server costs
+    ~0.02 cores. A server a test stopped or killed is started again on the next request for it."""
+
+    #: all of them start at once, so the first one waited for shares the cores with the others
+    STARTUP_TIMEOUT_S = 600
+
+    def __init__(self, model_dir: Path, root: Path, overrides: dict[str, dict], used: set[str]) -> None:
+        self.model_dir, self.root, self.overrides = model_dir, root, overrides
+        self.used = [name for name in overrides if name in used]
+        self.servers: dict[str, VllmServer] = {}
+        self.ready: set[str] = set()
+        self.launches = 0
+
+    def get(self, name: str) -> VllmServer:
+        if not self.launches:
+            for other in self.used or [name]:
+                self._launch(other)
+        server = self.servers.get(name)
+        if server is None or (name in self.ready and not server.is_running()):
+            self.ready.discard(name)
+            server = self._launch(name)
+        if name not in self.ready:
+            try:
+                server.finish_start()  # raises (and stops it) if it never answers
+            except Exception:
+                del self.servers[name]  # the next request launches it again rather than waiting on a dead one
+                raise
+            self.ready.add(name)
+        return server
+
+    def _launch(self, name: str) -> VllmServer:
+        log_dir = self.root / f"{name}-{self.launches}"
+        log_dir.mkdir(parents=True)
+        self.launches += 1
+        server = _server(self.model_dir, log_dir, startup_timeout_s=self.STARTUP_TIMEOUT_S, **self.overrides[name])
+        server.launch()
+        self.servers[name] = server
+        return server
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
 
 
 @pytest.fixture(scope="session")
-def _ngram_server_holder(require_vllm, tiny_model_dir, tmp_path_factory):
-    holder: dict = {"log_dir": tmp_path_factory.mktemp("vllm_ngram")}
-    yield holder
-    if holder.get("server") is not None:
-        holder["server"].stop()
+def shared_servers(request, require_vllm, tiny_model_dir, tools_template_file, tmp_path_factory):
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    pool = SharedServers(tiny_model_dir, tmp_path_factory.mktemp("vllm_shared"), {
+        "vllm_server": {"extra_args": ["--chat-template", str(tools_template_file)]},
+        "ngram_server": {"enable_prefix_caching": False, "speculative_config": NGRAM_SPECULATION},
+        "small_pool_server": {"num_gpu_blocks_override": 64},
+        "server_to_kill": {},
+    }, used)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(shared_servers):
+    """A shared vLLM CPU server with prefix caching on (default flags, 32 MiB of KV cache), rendering chats with
+    the tool-aware template, so test_record_explain's recorded agent runs on it too (one start instead of two);
+    the text-mode chat test sees the model's own rendering, as the template is the same without tools."""
+    return shared_servers.get("vllm_server")
 
 
 @pytest.fixture()
-def ngram_server(_ngram_server_holder, tiny_model_dir):
+def ngram_server(shared_servers):
     """A shared server with prefix caching off and n-gram speculative decoding on (test_vllm_integration's
-    speculation and no-cache tests, test_replay_integration's no-cache replay: one start instead of two).
+    speculation and no-cache tests, test_replay_integration's no-cache replay, test_speculative_vllm).
     A test may stop it (test_stopping_the_manager_leaves_no_vllm_process); the next user gets a new one."""
-    server = _ngram_server_holder.get("server")
-    if server is None or not server.is_running():
-        server = start_server(tiny_model_dir, _ngram_server_holder["log_dir"], enable_prefix_caching=False,
-                              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                  "prompt_lookup_min": 2, "prompt_lookup_max": 4})
-        _ngram_server_holder["server"] = server
-    return server
+    return shared_servers.get("ngram_server")
+
+
+@pytest.fixture()
+def server_to_kill(shared_servers):
+    """A server with start_server's defaults for a test that kills it (test_replay_integration's mid-run kill):
+    launched with the shared ones, so its start overlaps theirs; a later request would start a new one."""
+    return shared_servers.get("server_to_kill")
 
 
 @pytest.fixture(scope="session")
-def small_pool_server(require_vllm, tiny_model_dir, tmp_path_factory):
+def small_pool_server(shared_servers):
     """64 blocks of 128 tokens at max_model_len 2048: a few agent sessions' worth, so concurrent replays evict
     and preempt (test_scheduler_vs_vllm) and a sequential workload evicts (test_simulator_vs_vllm)."""
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_small_pool"), num_gpu_blocks_override=64,
-                          max_model_len=2048)
-    yield server
-    server.stop()
+    return shared_servers.get("small_pool_server")
 
 
 #: The variable the integration experiment's `apc` server takes its API key from (`api_key_env`).

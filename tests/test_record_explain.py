@@ -23,17 +23,15 @@ from kvscope.harness.record.build import SessionAssigner, build_trace, finalize,
 from kvscope.harness.record.proxy import EXCHANGES_LOG, RecordingProxy
 from kvscope.harness.record.tokenize import LocalTokenize, RequestTokenizer
 from kvscope.harness.results.exchanges import read_exchanges
-from tests.doubles.scripted_agent import SYSTEM, TOOLS, TOOLS_TEMPLATE, source_file
+from tests.doubles.scripted_agent import SYSTEM, TOOLS, source_file
 from kvscope.workloads.trace import Trace
 
 B = 16
 
 
 @pytest.fixture(scope="module")
-def template_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("tmpl") / "tools.jinja"
-    p.write_text(TOOLS_TEMPLATE)
-    return p
+def template_file(tools_template_file) -> Path:
+    return tools_template_file  # conftest's: the shared vLLM server renders chats with the same file
 
 
 @pytest.fixture(scope="module")
@@ -340,38 +338,33 @@ def test_record_cli_rejects_bad_flags():
 
 
 @pytest.mark.vllm
-def test_scripted_agent_recorded_replayed_and_explained(require_vllm, tiny_model_dir, template_file, tmp_path):
+def test_scripted_agent_recorded_replayed_and_explained(vllm_server, template_file, tmp_path):
+    """On conftest's shared server (it renders chats with the tool-aware template), from an empty prefix cache."""
     import httpx
     from kvscope.harness.results.records import read_records
     from tests.doubles.scripted_agent import ScriptedAgent
 
-    from tests.conftest import start_server
-
-    server = start_server(tiny_model_dir, tmp_path, kv_cache_memory_bytes="64M",
-                          extra_args=["--enable-prompt-tokens-details", "--chat-template", str(template_file)])
+    server = vllm_server
+    assert httpx.post(server.endpoint + "/reset_prefix_cache", timeout=30).status_code == 200
+    out = tmp_path / "rec"
+    px = _ProxyThread(server.endpoint, out)
     try:
-        httpx.post(server.endpoint + "/reset_prefix_cache", timeout=30)
-        out = tmp_path / "rec"
-        px = _ProxyThread(server.endpoint, out)
-        try:
-            run = ScriptedAgent(px.url + "/v1", "tiny").run()
-        finally:
-            px.close()
-        trace_dir = finalize(out, headers=px.proxy.auth_headers)
-        block_size = server.facts().block_size
-        assert Trace.read(trace_dir).meta["block_size_hint"] == block_size
-        live = [u["prompt_tokens_details"]["cached_tokens"] for u in run.usages]
-        trace = Trace.read(trace_dir)
-        assert trace.num_requests == len(live) == 11 and trace.num_sessions == 1
-        assert [len(trace.prompt_token_ids(i)) for i in range(trace.num_requests)] == \
-            [u["prompt_tokens"] for u in run.usages]
-        r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "replay", str(trace_dir), "--endpoint",
-                            server.endpoint, "--out", str(tmp_path / "run"), "--concurrency", "1", "--time-scale", "0",
-                            "--no-progress"], capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        assert r.returncode == 0, r.stderr
+        run = ScriptedAgent(px.url + "/v1", "tiny").run()
     finally:
-        server.stop()
+        px.close()
+    trace_dir = finalize(out, headers=px.proxy.auth_headers)
+    block_size = server.facts().block_size
+    assert Trace.read(trace_dir).meta["block_size_hint"] == block_size
+    live = [u["prompt_tokens_details"]["cached_tokens"] for u in run.usages]
+    trace = Trace.read(trace_dir)
+    assert trace.num_requests == len(live) == 11 and trace.num_sessions == 1
+    assert [len(trace.prompt_token_ids(i)) for i in range(trace.num_requests)] == \
+        [u["prompt_tokens"] for u in run.usages]
+    r = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "replay", str(trace_dir), "--endpoint",
+                        server.endpoint, "--out", str(tmp_path / "run"), "--concurrency", "1", "--time-scale", "0",
+                        "--no-progress"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr
     df = read_records(tmp_path / "run").sort_values("request_id")
     assert df["cached_tokens"].tolist() == live
     ex = explain_path(str(trace_dir))  # the block size recorded from the server

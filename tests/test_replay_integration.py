@@ -18,7 +18,6 @@ import pytest
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.records import read_records
 from kvscope.harness.replay.runner import replay
-from tests.conftest import start_server
 
 pytestmark = pytest.mark.vllm
 
@@ -113,8 +112,8 @@ def test_eight_concurrent_sessions_complete_with_consistent_summary(vllm_server,
     assert (tmp_path / "run" / "manifest.json").exists()
 
 
-def test_killing_the_server_mid_run_stops_the_replay_and_keeps_finished_records(tiny_model_dir, traces, tmp_path):
-    server = start_server(tiny_model_dir, tmp_path)
+def test_killing_the_server_mid_run_stops_the_replay_and_keeps_finished_records(server_to_kill, traces, tmp_path):
+    server = server_to_kill
     out_dir = tmp_path / "run"
     killed_at: list[float] = []
 

@@ -201,7 +201,7 @@ model: {{source: path, path: {model}, served_model_name: tiny}}
 server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 32M}}
 servers: {{apc: {{}}}}
 workloads:
-  agent: {{spec: agent-coding, scale: 0.02, sessions: 3, seed: 3, max_context: 1500}}
+  agent: {{spec: agent-coding, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
 loads: [{{concurrency: 1}}]
 repeats: 2
 replay: {{time_scale: 0.0, warmup_requests: 0}}
