@@ -33,15 +33,26 @@ Methods and the sources followed:
   the product of ``count(child)/count(node)`` stays ``>= min_token_prob``, for at most
   ``min(max_spec_tokens, floor(m * max_spec_factor + max_spec_offset))`` tokens (the *adaptive draft
   length*); the best draft by score (sum of those probabilities; the first best, so the shortest match, on
-  ties) wins, the per-request tree's on a tie with the global one.  A suffix-tree node's count is the number
-  of occurrences of its string, so the trees are not built: occurrences are found from per-token position
-  lists (the global tree also keeps per-token-pair lists and each token's most frequent next token, because
-  its common tokens occur 10^5 times) and narrowed by match length, which gives the same counts.  Match
-  lengths with the same occurrences follow the same path, so each such group's path is walked once and cut
-  at each length; matches that cannot beat the best score so far (or, for the global tree, the request
-  tree's score, which wins ties) are not walked.  A depth-24 n-gram table or suffix automaton maintained
-  token by token would answer a step in O(depth), but costs ~24 Python dict updates per token over the
-  29 M tokens of the full agent preset's streams (chosen against: estimated minutes, not measured).
+  ties) wins, the per-request tree's on a tie with the global one.  Both trees are windows of fixed token
+  arrays (``_SuffixTree``): the request tree is its chain's stream up to the context, the global tree every
+  answer in arrival order (each after a -1 separator), from the oldest cached one up to the running answer so
+  far; a node's count is the number of occurrences of its string in the window, which is what Arctic's tree
+  over those sequences counts.  The arrays are known in full and the windows only move forward, so a node
+  keeps the end positions of *all* its occurrences (a window's count is a binary search), nodes are made on
+  demand (narrowed one token to the left for a longer match, to the right along a path; a node with many
+  occurrences splits into all its children with one sort) and kept, and a node asked twice for its most
+  frequent child keeps a *continuation timeline* (the leader after each continuation, in position order), so
+  the leader of any window ``[0, hi)`` is one binary search.  A few occurrences (at most ``_LIST_AT_MOST``)
+  are Python lists; their match lengths come from slice comparisons (C speed) in a binary search over the
+  length.  Match lengths with the same occurrences follow the same path, so each such group's path is walked
+  once and cut at each length; matches that cannot beat the best score so far (or, for the global tree, the
+  request tree's score, which wins ties) are not walked.  Why hand-written: ``benchmarks/speculate_speed.py``
+  showed the need.  Narrowing occurrence lists at every step (10^3-10^5 entries for common tokens and pairs
+  in the preset's 10^5-token prompts and its 3.8 M-token global tree) took 13 min (497 s CPU) for the
+  620 M-prompt-token agent preset's 514,658 decode steps, against 60 s for the whole command; a depth-24
+  count table or suffix automaton updated per token costs ~24 Python dict updates per token over its 29 M
+  stream tokens.  The node tree's work per step is bounded by the depth and the few-occurrence lists, and
+  the common short strings' nodes are shared by every step of a chain (figures: benchmarks/README.md).
   Children of equal count: Arctic's
   order is an unordered map's, unspecified; here the smallest token id.  Requests are taken one at a time in
   arrival order (the global tree holds every earlier answer complete; concurrent requests' partial answers
