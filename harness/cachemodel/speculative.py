@@ -473,7 +473,9 @@ def _f32_ratio(count: int, size: int) -> float:
 #: always a list (its continuation is copied, scored as Arctic scores a single-occurrence path)
 _LIST_AT_MOST = 16
 #: nodes with more occurrences than this split into all their children at once (one sort) when one is asked for
-_SPLIT_ABOVE = 64
+_SPLIT_ABOVE = 1024
+#: a node's most frequent child is counted directly until it is asked this many times; then it keeps a timeline
+_TIMELINE_AT = 8
 
 
 class _Node:
@@ -492,7 +494,7 @@ class _Node:
         self.length = length
         self.lefts: dict = {}
         self.rights: dict = {}
-        self.queries = 0  # continuation queries so far: the timeline is made on the second
+        self.queries = 0  # continuation queries counted directly so far (see _TIMELINE_AT)
         self.events: np.ndarray | None = None
         self.leaders: np.ndarray | None = None
         self.leader_counts: np.ndarray | None = None
@@ -581,7 +583,7 @@ class _SuffixTree:
         occurrences ``ends[i0:i1]`` (those in ``[lo, hi)``); count 0 when none continues inside the window.
         Counted directly the first time (and always in a window not starting at 0: the global tree after an
         eviction), from the timeline after that."""
-        if lo or (node.events is None and node.queries == 0):
+        if lo or (node.events is None and node.queries < _TIMELINE_AT - 1):
             node.queries += 1
             nxt = node.ends[i0:i1] + 1
             if nxt.size and int(nxt[-1]) >= hi:  # ascending: only the last ones can reach hi
