@@ -319,22 +319,24 @@ _motif_tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)
                          min_size=1, max_size=3),
        k=st.integers(1, 8), depth=st.integers(2, 9), min_prob=st.sampled_from([0.0, 0.1, 0.4]),
        cached=st.sampled_from([0, 1, 2, 10000]), factor=st.sampled_from([1.0, 2.0]),
-       narrow=st.sampled_from([1, 512]))
+       few=st.sampled_from([1, 16]), split=st.sampled_from([0, 1024]), timeline=st.sampled_from([1, 8]))
 def test_suffix_trace_equals_arctics_algorithm_across_requests_and_sessions(sessions, k, depth, min_prob,
-                                                                            cached, factor, narrow):
+                                                                            cached, factor, few, split, timeline):
     """Repeats within a request, across the requests of a session (the prompt holds earlier answers) and
-    across sessions (the global tree, with FIFO eviction); ``narrow`` 1 makes every occurrence list take the
-    one-length-at-a-time narrowing that the long lists of a full-size trace take."""
-    import kvscope.harness.cachemodel.speculative as speculative
+    across sessions (the global tree, with FIFO eviction).  ``few`` 1 makes every match and path with two or
+    more occurrences take the tree nodes (binary searches, continuation timelines) that the common tokens of a
+    full-size trace take, ``split`` 0 makes every node split into all its children at once, and ``timeline`` 1
+    makes every most-frequent-child query go through a continuation timeline."""
+    from kvscope.harness.cachemodel import speculative
 
     cfg = SuffixConfig(num_speculative_tokens=k, max_tree_depth=depth, min_token_prob=min_prob,
                        max_cached_requests=cached, max_spec_factor=factor)
-    saved = speculative._NARROW_ONE_BY_ONE
-    speculative._NARROW_ONE_BY_ONE = narrow
+    saved = speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT
+    speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = few, split, timeline
     try:
         res = simulate(_trace(sessions), cfg)
     finally:
-        speculative._NARROW_ONE_BY_ONE = saved
+        speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = saved
     want = suffix_reference_trace(sessions, cfg)
     assert len(res.requests) == len(want)
     for got, (want_d, want_a) in zip(res.requests, want):
