@@ -25,7 +25,9 @@ BLOCK, BLOCKS = 16, 64
 def trace_dir(tmp_path_factory) -> Path:
     from kvscope.workloads.generate import synthetic_trace
 
-    return synthetic_trace(4, steps=3, prompt_tokens=96, output_tokens=8).write(tmp_path_factory.mktemp("t") / "t")
+    return synthetic_trace(4, steps=3, prompt_tokens=96, output_tokens=8).write(
+        tmp_path_factory.mktemp("t") / "t"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +37,15 @@ def server():
 
 
 def _calibration(path: Path, blocks: int = BLOCKS) -> Path:
-    cal = CalibrationFile(created_at=time.time(), server=CalibrationServer(block_size=BLOCK, num_gpu_blocks=blocks),
-                          cost=CalibrationCost(base_s=0.001, per_token_s=1e-5, per_seq_s=1e-4,
-                                               per_context_token_s=0.0, per_prefill_pair_s=0.0),
-                          fit_r2=0.99, fit_median_rel_error=0.05)
+    cal = CalibrationFile(
+        created_at=time.time(),
+        server=CalibrationServer(block_size=BLOCK, num_gpu_blocks=blocks),
+        cost=CalibrationCost(
+            base_s=0.001, per_token_s=1e-5, per_seq_s=1e-4, per_context_token_s=0.0, per_prefill_pair_s=0.0
+        ),
+        fit_r2=0.99,
+        fit_median_rel_error=0.05,
+    )
     write_versioned(path, cal)
     return path
 
@@ -47,50 +54,86 @@ def _opts(**kw) -> ReplayOptions:
     return ReplayOptions(**{"time_scale": 0, "progress": False, **kw})
 
 
-def test_overlapping_replay_with_a_calibration_records_the_scheduler_models_predictions(server, trace_dir,
-                                                                                       tmp_path):
+def test_overlapping_replay_with_a_calibration_records_the_scheduler_models_predictions(
+    server, trace_dir, tmp_path
+):
     cal = _calibration(tmp_path / "cal.json")
-    out = replay(trace_dir, tmp_path / "run", _opts(concurrency=3, calibration=str(cal)),
-                 endpoints=[server.endpoint])
+    out = replay(
+        trace_dir, tmp_path / "run", _opts(concurrency=3, calibration=str(cal)), endpoints=[server.endpoint]
+    )
     df = read_records(tmp_path / "run")
     assert len(df) == 12 and (df["predictor"] == "scheduler-replay-informed").all()
-    assert df["predicted_cached_tokens"].notna().all() and df["predicted_cached_tokens_sequential"].notna().all()
+    assert (
+        df["predicted_cached_tokens"].notna().all() and df["predicted_cached_tokens_sequential"].notna().all()
+    )
     hit = load_summary(tmp_path / "run").hit_rate
-    assert (hit.predictor, hit.calibration, hit.predictor_note) == ("scheduler-replay-informed", str(cal), None)
+    assert (hit.predictor, hit.calibration, hit.predictor_note) == (
+        "scheduler-replay-informed",
+        str(cal),
+        None,
+    )
     seq_exact = int((df["cached_tokens"] == df["predicted_cached_tokens_sequential"]).sum())
     assert hit.sequential_requests_predicted_exactly == seq_exact
     assert out.summary["hit_rate"]["predictor"] == "scheduler-replay-informed"
 
 
-def test_one_request_at_a_time_keeps_the_sequential_simulator_even_with_a_calibration(server, trace_dir, tmp_path):
-    replay(trace_dir, tmp_path / "run", _opts(concurrency=1, calibration=str(_calibration(tmp_path / "c.json"))),
-           endpoints=[server.endpoint])
+def test_one_request_at_a_time_keeps_the_sequential_simulator_even_with_a_calibration(
+    server, trace_dir, tmp_path
+):
+    replay(
+        trace_dir,
+        tmp_path / "run",
+        _opts(concurrency=1, calibration=str(_calibration(tmp_path / "c.json"))),
+        endpoints=[server.endpoint],
+    )
     df = read_records(tmp_path / "run")
     assert (df["predictor"] == "sequential").all()
     hit = load_summary(tmp_path / "run").hit_rate
     assert hit.predictor == "sequential" and hit.predictor_note is None and hit.calibration is None
 
 
-def test_a_calibration_of_another_server_is_refused_before_anything_is_sent(server, trace_dir, tmp_path, capsys):
+def test_a_calibration_of_another_server_is_refused_before_anything_is_sent(
+    server, trace_dir, tmp_path, capsys
+):
     cal = _calibration(tmp_path / "other.json", blocks=BLOCKS * 2)
-    rc = main(["replay", str(trace_dir), "--endpoint", server.endpoint, "--out", str(tmp_path / "run"),
-               "--concurrency", "2", "--time-scale", "0", "--no-progress", "--calibration", str(cal)])
+    rc = main(
+        [
+            "replay",
+            str(trace_dir),
+            "--endpoint",
+            server.endpoint,
+            "--out",
+            str(tmp_path / "run"),
+            "--concurrency",
+            "2",
+            "--time-scale",
+            "0",
+            "--no-progress",
+            "--calibration",
+            str(cal),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "Traceback" not in err
     assert f"calibration {cal}: measured on a server with {BLOCKS * 2} blocks" in err and "--calibrate" in err
     assert not (tmp_path / "run" / "requests.jsonl").exists()
 
 
-def test_a_failing_scheduler_model_leaves_the_sequential_predictions(server, trace_dir, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_a_failing_scheduler_model_leaves_the_sequential_predictions(
+    server, trace_dir, tmp_path, monkeypatch, capsys
+):
     import kvscope.harness.replay.predict as predict
 
     def broken(*a, **k):
         raise RuntimeError("model broke")
 
     monkeypatch.setattr(predict, "replay_informed_cached_tokens", broken)
-    replay(trace_dir, tmp_path / "run", _opts(concurrency=3, calibration=str(_calibration(tmp_path / "c.json"))),
-           endpoints=[server.endpoint])
+    replay(
+        trace_dir,
+        tmp_path / "run",
+        _opts(concurrency=3, calibration=str(_calibration(tmp_path / "c.json"))),
+        endpoints=[server.endpoint],
+    )
     df = read_records(tmp_path / "run")
     assert len(df) == 12 and (df["predictor"] == "sequential").all()
     hit = load_summary(tmp_path / "run").hit_rate
