@@ -4,8 +4,8 @@ after the run.
 Online (:class:`OnlinePredictor`): at send time the prompt's block hashes are looked up in a simulated pool
 of the server's size; when the request finishes, its prompt and the tokens the server really generated are
 cached as vLLM does (full blocks of the first P+O-1 tokens). Sent one at a time, this equals the server's
-`cached_tokens` exactly; with overlapping requests it ignores pinning, admission order and preemption (71.7 %
-of the requests exact at concurrency 8 on a 64-block vLLM CPU pool, where the scheduler model got 95.3 %).
+`cached_tokens` exactly; with overlapping requests it ignores pinning, admission order and preemption (66-72 %
+of the requests exact at concurrency 8 on a 64-block vLLM CPU pool, where the scheduler model got 95-99 %).
 
 After the run (:func:`replay_informed_cached_tokens`): the scheduler model (``cachemodel/scheduler.py``)
 replays the same requests step by step, each arriving at its observed ``sent_s``, decoding no faster than its
