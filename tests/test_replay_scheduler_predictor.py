@@ -9,7 +9,8 @@ tests/test_scheduler_vs_vllm.py, which this is the command-line path of), or the
 disagree with what the records say.  Measured: 98.7 % exact (230/233) against the sequential simulator's
 66.1 % (154/233); 95.3 % (222/233) against 71.7 % with 6 preemptions on a 2-core host at load 8-10.  A
 host loaded beyond one per core gets ``LOADED_HOST_FLOOR``; the 97 % floor applies below that.  96 s with
-the server's start, ~45 s once the shared server is up (calibration and replay).  Its fixtures are the shared ones; nothing new in conftest.py.
+the server's start, ~45 s once the shared server is up (calibration and replay).  Its fixtures are the
+shared ones; nothing new in conftest.py.
 """
 
 from __future__ import annotations
