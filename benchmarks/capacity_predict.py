@@ -37,7 +37,7 @@ def _run_summary(trace: str, df, cal, preemptions: float, load: float, repeat: i
     the replay client was held up (summary.json: client.stalled_s; NaN for runs recorded before it existed)."""
     import numpy as np
 
-    from kvscope.harness.replay.calibrate import replay_informed_match
+    from kvscope.harness.replay.validation import replay_informed_match
 
     exact, n, _ = replay_informed_match(trace, df, cal)
     ok = df[df["error_class"].isna()]
@@ -107,7 +107,8 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
     10-round run with one calibration taken first, concurrency-1 TTFT p50 went 14.6 -> 16.2 -> 19-21 ms from
     round to round, so a prediction that matched round 0 (-11 %) was 32 % below the mean of all ten.  The
     printed spread of the rounds' predictions is that drift."""
-    from kvscope.harness.replay.calibrate import calibrate_server, measure_level
+    from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.replay.validation import measure_level
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-capacity-"))
@@ -259,7 +260,8 @@ def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
     from kvscope.harness.cachemodel import block_pool as bp
     from kvscope.harness.cachemodel.hashing import NONE_HASH
     from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.calibrate import calibrate_server, measure_level, replay_informed_match
+    from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.replay.validation import measure_level, replay_informed_match
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-kvevents-"))

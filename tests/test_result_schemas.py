@@ -61,7 +61,7 @@ def _spec():
 
 def test_replay_writes_summary_and_manifest_that_validate(run_dir):
     summary = load_summary(run_dir)
-    assert (summary.format, summary.version) == ("kvscope-summary", 1)
+    assert (summary.format, summary.version) == ("kvscope-summary", 2)
     assert summary.requests.sent == 6 and summary.requests.failed == 0
     assert summary.goodput is not None and summary.goodput.slo_ttft_ms == 500
     assert summary.server_facts and summary.client.cpu_s >= 0
@@ -72,6 +72,52 @@ def test_replay_writes_summary_and_manifest_that_validate(run_dir):
     # the file on disk is exactly the model's dump: nothing the model does not know was written
     raw = json.loads((run_dir / "summary.json").read_text())
     assert SummaryFile.model_validate(raw).model_dump(mode="json") == raw
+
+
+def test_overlapping_run_without_calibration_says_its_predictor_is_the_sequential_simulator(run_dir):
+    """Concurrency 2 and no calibration: the sequential simulator predicts, and the summary says why."""
+    from kvscope.harness.results.records import read_records
+
+    hit = load_summary(run_dir).hit_rate
+    assert hit.predictor == "sequential" and "no calibration" in hit.predictor_note
+    assert hit.sequential_requests_predicted_exactly == hit.requests_predicted_exactly
+    assert hit.predicted_exact_share == hit.requests_predicted_exactly / hit.requests_compared
+    df = read_records(run_dir)
+    assert (df["predictor"] == "sequential").all()
+    assert (df["predicted_cached_tokens_sequential"] == df["predicted_cached_tokens"]).all()
+
+
+def test_version_1_files_read_as_sequential_predictions(run_dir, tmp_path):
+    """A summary.json of version 1 and a requests.parquet without the predictor columns (runs recorded before
+    they existed) read as the sequential simulator's predictions, which is what those runs recorded."""
+    import shutil
+
+    import pandas as pd
+
+    from kvscope.harness.results.records import read_records
+
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    raw = json.loads((old / "summary.json").read_text())
+    raw["version"] = 1
+    for key in ("predictor", "predictor_note", "calibration", "predicted_exact_share", "sequential_predicted",
+                "sequential_requests_predicted_exactly", "sequential_exact_share"):
+        raw["hit_rate"].pop(key)
+    (old / "summary.json").write_text(json.dumps(raw))
+    df = pd.read_parquet(old / "requests.parquet").drop(columns=["predictor", "predicted_cached_tokens_sequential"])
+    df.to_parquet(old / "requests.parquet")
+    hit = load_summary(old).hit_rate
+    assert hit.predictor == "sequential"
+    assert hit.sequential_requests_predicted_exactly == hit.requests_predicted_exactly
+    assert hit.sequential_predicted == hit.predicted
+    records = read_records(old)
+    assert (records["predictor"] == "sequential").all()
+    assert (records["predicted_cached_tokens_sequential"] == records["predicted_cached_tokens"]).all()
+    (old / "requests.parquet").unlink()  # the raw log of version 1 (no predictor keys) reads the same
+    lines = [json.loads(x) for x in (old / "requests.jsonl").read_text().splitlines()]
+    (old / "requests.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in (
+        "predictor", "predicted_cached_tokens_sequential")}) + "\n" for r in lines))
+    assert (read_records(old)["predictor"] == "sequential").all()
 
 
 def test_would_hit_is_written_only_when_prefix_caching_is_off(run_dir):
@@ -202,7 +248,8 @@ def _valid_files(run_dir: Path, tmp_path: Path) -> dict[str, tuple[Path, object]
 KINDS = ["summary", "manifest", "experiment", "report", "trace"]
 FORMATS = {"summary": "kvscope-summary", "manifest": "kvscope-run-manifest", "experiment": "kvscope-experiment",
            "report": "kvscope-report", "trace": "kvscope-trace"}
-SUPPORTED = {"experiment": "1, 2"}  # experiment.json 2 added the sweep's plan; version 1 still reads
+#: The versions each loader reads, as its error message lists them (summary 2 added the predictor, experiment 2 the sweep's plan; version 1 still reads).
+SUPPORTED = {"summary": "1, 2", "manifest": "1", "experiment": "1, 2", "report": "1", "trace": "1"}
 
 
 def _copy_with(src: Path, dst_dir: Path, **changes) -> Path:
@@ -229,16 +276,17 @@ def _one_line_error(loader, path: Path) -> str:
 @pytest.mark.parametrize("kind", KINDS)
 def test_wrong_version_names_file_found_and_supported(kind, run_dir, tmp_path):
     src, loader = _valid_files(run_dir, tmp_path)[kind]
-    msg = _one_line_error(loader, _copy_with(src, tmp_path / "v99", version=99))
-    assert f"found format '{FORMATS[kind]}' version 99" in msg
-    assert f"reads format '{FORMATS[kind]}' version {SUPPORTED.get(kind, '1')}" in msg
+    supported = SUPPORTED[kind]
+    msg = _one_line_error(loader, _copy_with(src, tmp_path / "v9", version=9))
+    assert f"found format '{FORMATS[kind]}' version 9" in msg
+    assert f"reads format '{FORMATS[kind]}' version {supported}" in msg
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_missing_version_is_refused_with_the_same_message(kind, run_dir, tmp_path):
     src, loader = _valid_files(run_dir, tmp_path)[kind]
     msg = _one_line_error(loader, _copy_with(src, tmp_path / "nov", version=None))
-    assert "version none" in msg and "version 1" in msg
+    assert "version none" in msg and f"version {SUPPORTED[kind]}" in msg
 
 
 @pytest.mark.parametrize("kind", KINDS)

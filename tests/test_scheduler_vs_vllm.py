@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.harness.replay.calibrate import calibrate_server, measure_level, replay_informed_match
+from kvscope.harness.replay.calibrate import calibrate_server
+from kvscope.harness.replay.validation import measure_level, replay_informed_match
 from kvscope.harness.results.loaders import load_summary
 
 pytestmark = pytest.mark.vllm

@@ -158,12 +158,15 @@ def find_cliff(rows: Sequence[LevelPrediction], cliff_drop_pp: float = 5.0) -> i
 def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float], output_tokens: Sequence[int],
                     config: SchedulerConfig, cost: StepCostModel,
                     done_s: Sequence[float] | None = None,
-                    token_times_s: Sequence[Sequence[float]] | None = None) -> ScheduleRun:
+                    token_times_s: Sequence[Sequence[float]] | None = None,
+                    output_blocks_known: bool = False) -> ScheduleRun:
     """Predict a real run's per-request ``cached_tokens`` from its send times (``sent_s``).
 
     ``requests`` are the requests as sent (prompt hashes), ``output_tokens`` what the server generated.  The
     output tokens' content is taken as unknown (a recorded-mode replay sends the trace's assistant tokens, not
-    the server's), so only prompt blocks can hit; each request arrives at its ``sent_s``, no session gating.
+    the server's), so only prompt blocks can hit, unless ``output_blocks_known``: then ``requests`` carry the
+    hashes of the tokens the server really generated (the replay's own, ``replay/predict.py``), which a
+    live-mode replay's next prompt does reuse.  Each request arrives at its ``sent_s``, no session gating.
     With ``done_s`` (the run's departure times, same clock) each request also leaves when it left the server
     (see ``scheduler._Pinned``); with ``token_times_s`` too (when each output token reached the client), no
     decode step runs ahead of the run's own tokens, and the step costs are taken at
@@ -176,8 +179,8 @@ def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float],
     """
     from dataclasses import replace
 
-    reqs = [replace(r, output_tokens=max(int(o), 1), gap_s=None)
-            for r, o in zip(prompt_blocks_only(requests, config.block_size), output_tokens)]
+    known = list(requests) if output_blocks_known else prompt_blocks_only(requests, config.block_size)
+    reqs = [replace(r, output_tokens=max(int(o), 1), gap_s=None) for r, o in zip(known, output_tokens)]
     if token_times_s is not None:
         cost = cost.scaled(PACED_COST_SCALE)
     return run_scheduler(reqs, config, cost, SessionTiming(arrivals_s=list(arrivals_s),

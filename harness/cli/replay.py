@@ -90,6 +90,9 @@ def add_subcommands(sub) -> None:
     _option(p, "--no-reset-prefix-cache", "reset_prefix_cache",
             help="keep the server's prefix cache as it is (default: reset it so predictions are exact)")
     _option(p, "--no-predict", "predict", help="do not predict cached tokens (default: predict them)")
+    _option(p, "--calibration", "calibration", metavar="FILE")
+    p.add_argument("--calibrate", action="store_true", dest="calibrate",
+                   help=ReplayOptions.model_fields["calibrate"].description)
     _option(p, "--seed", "seed")
     _option(p, "--no-progress", "progress", help="no live progress bar")
     p.set_defaults(func=_cmd_replay)
@@ -131,6 +134,28 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+#: How the console names each predictor (records.PREDICTORS).
+PREDICTOR_WORDS = {"sequential": "the sequential simulator",
+                   "scheduler-replay-informed": "the scheduler model on this run's timeline"}
+
+
+def _prediction_lines(hit: Any) -> list[str]:
+    """Which model predicted, how many requests it got exactly, and the sequential simulator's figure beside
+    a scheduler prediction."""
+    if hit.predictor is None:
+        return []
+    who = PREDICTOR_WORDS.get(hit.predictor, hit.predictor)
+    lines = [f"predicted by {who} [{hit.predictor}]: "
+             f"{hit.requests_predicted_exactly}/{hit.requests_compared} requests exact ({_pct(hit.predicted_exact_share)})"]
+    if hit.predictor != "sequential" and hit.sequential_requests_predicted_exactly is not None:
+        lines.append(f"  the sequential simulator: hit rate {_pct(hit.sequential_predicted)}, "
+                     f"{hit.sequential_requests_predicted_exactly}/{hit.requests_compared} requests exact "
+                     f"({_pct(hit.sequential_exact_share)})")
+    if hit.predictor_note:
+        lines.append(f"  note: {hit.predictor_note}")
+    return lines
+
+
 def format_console_summary(summary: dict[str, Any]) -> str:
     """The console lines of a replay's summary.json body, read through its model."""
     from kvscope.harness.results.summary import summary_file_model
@@ -159,8 +184,8 @@ def format_console_summary(summary: dict[str, Any]) -> str:
                      f"{CLIENT_STALL_S:g} s (longest {client.stall_max_s:.2f} s, {client.stalled_s:.1f} s in all): sessions started late "
                      "and tokens of those windows arrived in bursts; a busy or paused host (summary.json: client)")
     lines.append(f"prefix-cache hit rate: server per-request {_pct(hit.server_per_request)}, "
-                 f"/metrics counters {_pct(hit.metrics_counters)}, predicted {_pct(hit.predicted)} "
-                 f"({hit.requests_predicted_exactly}/{hit.requests_compared} requests predicted exactly)")
+                 f"/metrics counters {_pct(hit.metrics_counters)}, predicted {_pct(hit.predicted)}")
+    lines.extend(_prediction_lines(hit))
     if "would_hit" in hit.model_fields_set:
         lines.append(f"prefix caching is off: the same traffic would hit {_pct(hit.would_hit)} with it on")
     spec = s.speculative

@@ -201,6 +201,8 @@ class _WorkerRun(RunContext):
         endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
         attach = (backend.name, backend.config, endpoint, getattr(backend, "_api_key_env", None))
         trace = trace_dir.relative_to(self.run_dir).as_posix()
+        # The calibration's path is this node's: the client node's replay keeps the sequential prediction.
+        options = options.model_copy(update={"calibration": None})
         try:
             result = ray.get(self.client.replay.remote(trace, out_dir.name, options, attach))
         except ray.exceptions.RayActorError as exc:  # the client's node or process is gone: the cell fails

@@ -212,12 +212,15 @@ def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_re
     return sent
 
 
-def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, model: str):
+def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, model: str, run_dir: Path | None = None):
+    """A cell's replay options; the server's calibration (a sweep's, ``calibrations/<server>.json``) where one
+    was taken, so a cell whose requests overlap records the scheduler model's predictions."""
     lv = loads[cell.load]
+    cal = safe_child(run_dir, "calibrations", f"{cell.server}.json") if run_dir is not None else None
     return spec.replay.cell_options(
         concurrency=lv.concurrency, session_rate=lv.session_rate, slo_ttft_ms=spec.slo.ttft_ms,
         slo_tpot_ms=spec.slo.tpot_ms, seed=cell.repeat, model=model, progress=False,
-        reset_prefix_cache=False)
+        reset_prefix_cache=False, calibration=str(cal) if cal is not None and cal.is_file() else None)
 
 
 def _model_name(backend: "Backend", spec: ExperimentSpec) -> str:
@@ -716,7 +719,8 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     entry.prefix_cache_reset = reset.detail
     # an attached server that cannot reset: the replay asks again, so the warning and the summary's
     # cache_not_reset flag come from the one place that makes them (replay.runner._reset_prefix_caches)
-    options = _cell_options(spec, cell, loads, model).model_copy(update={"reset_prefix_cache": not reset.ok})
+    options = _cell_options(spec, cell, loads, model, run.run_dir).model_copy(
+        update={"reset_prefix_cache": not reset.ok})
     cell_dir = safe_child(run.run_dir, "cells", cell.name)
     if cell_dir.exists():  # a half-written earlier attempt of this cell
         shutil.rmtree(cell_dir)

@@ -207,7 +207,10 @@ def sweep_level(kind: str, load: float) -> LoadLevel:
 
 PER_CELL_OPTIONS = {"concurrency": "loads", "session_rate": "loads", "seed": "the repeat index",
                     "slo_ttft_ms": "slo.ttft_ms", "slo_tpot_ms": "slo.tpot_ms", "model": "the server configuration",
-                    "progress": "the experiment", "reset_prefix_cache": "the experiment (it resets before each cell)"}
+                    "progress": "the experiment",
+                    "reset_prefix_cache": "the experiment (it resets before each cell)",
+                    "calibration": "the experiment (calibrations/<server>.json, where a sweep calibrated the "
+                                   "server)"}
 """ReplayOptions fields that the experiment sets per cell, and where the spec sets them instead."""
 
 

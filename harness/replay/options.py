@@ -61,6 +61,15 @@ class ReplayOptions(BaseModel):
     model: str | None = Field(None, description="model name sent in requests; default: the server's first model")
     api_key_env: str | None = Field(None, description="environment variable holding the API key")
     predict: bool = Field(True, description="predict each request's cached tokens with the simulator")
+    calibration: str | None = Field(
+        None, description="a step-cost calibration of the server (calibration.json, as kvscope capacity "
+                          "--server or an experiment's sweep writes it): with overlapping requests the "
+                          "recorded prediction is then the scheduler model's, replayed on the run's own "
+                          "timeline, instead of the sequential simulator's")
+    calibrate: bool = Field(
+        False, description="calibrate the server before the run (a few dozen requests, "
+                           "RUN_DIR/calibration.json) when the run's requests overlap and no calibration is given, so the recorded "
+                           "prediction is the scheduler model's")
     reset_prefix_cache: bool = Field(True, description="POST /reset_prefix_cache first (needs dev mode) so "
                                                          "predictions start from the same empty cache")
     progress: bool = Field(True, description="live progress bar")

@@ -37,7 +37,8 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.predict import OnlinePredictor
 from kvscope.harness.replay.priority import client_priority
-from kvscope.harness.results.records import RecordWriter, RequestRecord, compact, read_records
+from kvscope.harness.results.records import (RecordWriter, RequestRecord, compact, read_records,
+                                             write_records_parquet)
 from kvscope.harness.results.schemas import CLIENT_STALL_S
 from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.workloads.arrivals import arrival_offsets_s
@@ -46,6 +47,7 @@ from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
+    from kvscope.harness.results.schemas import CalibrationFile
     from kvscope.harness.serving.backend import Backend
 
 
@@ -174,7 +176,7 @@ def _session_starts(n: int, opts: ReplayOptions, planned: Sequence[float]) -> li
 class Replayer:
     def __init__(self, trace, endpoints: list[str], opts: ReplayOptions, run_dir: Path,
                  facts: list[dict[str, Any]], headers: dict[str, str] | None = None,
-                 backends: "list[Backend] | None" = None) -> None:
+                 backends: "list[Backend] | None" = None, keep_requests: bool = False) -> None:
         self.trace = trace
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.opts = opts
@@ -189,7 +191,8 @@ class Replayer:
         self.predictors: list[OnlinePredictor | None] = []
         for f in facts:
             if opts.predict and f.get("block_size"):
-                self.predictors.append(OnlinePredictor(int(f["block_size"]), f.get("num_blocks")))
+                self.predictors.append(OnlinePredictor(int(f["block_size"]), f.get("num_blocks"),
+                                                       keep_requests=keep_requests))
             else:
                 self.predictors.append(None)
         self.writer = RecordWriter(self.run_dir, flush_interval_s=opts.records_flush_s)
@@ -287,7 +290,9 @@ class Replayer:
             ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_s=itl,
             chunk_tokens=cts if (len(cts) != n_out or any(c != 1 for c in cts)) and res.token_ids else [],
             prompt_tokens=n_prompt, server_prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
-            predicted_cached_tokens=predicted, output_tokens=n_out, planned_output_tokens=self._planned_out[rid],
+            predicted_cached_tokens=predicted, predictor=None if predicted is None else "sequential",
+            predicted_cached_tokens_sequential=predicted, output_tokens=n_out,
+            planned_output_tokens=self._planned_out[rid],
             finish_reason=res.finish_reason, http_status=res.http_status, error_class=res.error_class,
             error=res.error, in_window=sent_rel >= self.opts.warmup_s, length_mismatch=mismatch,
             output_text_head=res.text_head, output_token_ids=list(res.token_ids),
@@ -508,8 +513,9 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     try:
         if launched:
             bks[0].start(run_dir / "server.log")
-        facts, reset, not_reset = _prepare_servers(trace, bks, opts, fresh=launched)
-        replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, facts, backends=bks)
+        facts, reset, not_reset, choice = _prepare_servers(trace, bks, opts, fresh=launched, run_dir=run_dir)
+        replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, facts, backends=bks,
+                            keep_requests=choice.calibration is not None)
         st = _drive(replayer, trace, opts)
     finally:
         if launched:
@@ -518,7 +524,7 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     from kvscope.harness.results.loaders import write_result_file
     from kvscope.harness.results.schemas import ManifestFile, SummaryFile
 
-    summary = _summarize_run(run_dir, replayer, st, facts, opts, bks, not_reset)
+    summary = _summarize_run(run_dir, replayer, st, facts, opts, bks, not_reset, choice)
     summary = write_result_file(run_dir / "summary.json", SummaryFile, summary).model_dump(mode="json")
     manifest = {
         "kvscope_version": kvscope_version(),
@@ -557,19 +563,90 @@ def _backends_for(opts: ReplayOptions, endpoints: Sequence[str] | None,
     return backends
 
 
-def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions, fresh: bool = False
-                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None, str | None]:
-    """Wait for each server, read its facts, check the vocabulary, reset the prefix caches if asked: (facts,
-    the reset's outcome per endpoint, why a reset that was asked for failed). ``fresh``: the servers were
-    launched for this run and have served nothing, so a failed reset leaves an empty cache all the same."""
+def _prepare_servers(trace, backends: "list[Backend]", opts: ReplayOptions, fresh: bool = False,
+                     run_dir: Path | None = None
+                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None, str | None, PredictorChoice]:
+    """Wait for each server, read its facts, check the vocabulary, choose the predictor (calibrating the
+    server if asked), reset the prefix caches if asked: (facts, the reset's outcome per endpoint, why a reset
+    that was asked for failed, the predictor). ``fresh``: the servers were launched for this run and have
+    served nothing, so a failed reset leaves an empty cache all the same. A calibration taken here fills the
+    cache, so the caches are then reset whatever ``reset_prefix_cache`` says, and none counts as fresh."""
     facts = []
     for b in backends:
         b.wait_ready(30.0)
         facts.append(b.facts().model_dump(mode="json"))
     headers = backends[0].auth_headers()
     _check_vocab(trace, facts, [b.endpoint for b in backends], headers)
-    reset, not_reset = _reset_prefix_caches(backends, fresh) if opts.reset_prefix_cache else (None, None)
-    return facts, reset, not_reset
+    choice = choose_predictor(opts, facts, backends, run_dir)
+    fresh = fresh and not choice.calibrated_here
+    reset, not_reset = _reset_prefix_caches(backends, fresh) \
+        if opts.reset_prefix_cache or choice.calibrated_here else (None, None)
+    return facts, reset, not_reset, choice
+
+
+@dataclass
+class PredictorChoice:
+    """Which model the run's ``predicted_cached_tokens`` come from (``records.PREDICTORS``), and why."""
+
+    predictor: str | None
+    #: The calibration the scheduler model runs on (None: the sequential simulator's predictions stay).
+    calibration: "CalibrationFile | None" = None
+    #: Where it came from: the file given, or RUN_DIR/calibration.json when taken for this run.
+    calibration_path: str | None = None
+    calibrated_here: bool = False
+    #: One sentence for the summary when the choice is not the obvious one.
+    note: str | None = None
+
+
+def one_request_at_a_time(opts: ReplayOptions) -> bool:
+    """Whether the run's requests cannot overlap on a server: the sequential simulator's case (exact there)."""
+    return opts.concurrency == 1 or opts.max_active_sessions == 1
+
+
+def choose_predictor(opts: ReplayOptions, facts: list[dict[str, Any]], backends: "Sequence[Backend]",
+                     run_dir: Path | None = None) -> PredictorChoice:
+    """The sequential simulator when requests run one at a time or there is no calibration; the scheduler
+    model, replay-informed, when they may overlap and a calibration is given (``opts.calibration``, checked against
+    the server's block size and count) or taken (``opts.calibrate``: measured now, written to
+    RUN_DIR/calibration.json; a failed calibration leaves the sequential simulator, with a note)."""
+    from kvscope.harness.common.errors import ConfigError
+
+    if not opts.predict:
+        return PredictorChoice(None)
+    if one_request_at_a_time(opts):
+        return PredictorChoice("sequential")
+    block_size, num_blocks = facts[0].get("block_size"), facts[0].get("num_blocks")
+    if opts.calibration:
+        from kvscope.harness.results.loaders import load_calibration
+
+        cal = load_calibration(opts.calibration)
+        if cal.server.block_size != block_size or (num_blocks and cal.server.num_gpu_blocks != num_blocks):
+            raise ConfigError(f"calibration {opts.calibration}: measured on a server with "
+                              f"{cal.server.num_gpu_blocks} blocks of {cal.server.block_size} tokens, but "
+                              f"{backends[0].endpoint} has {num_blocks} blocks of {block_size}: calibrate "
+                              "this server (--calibrate)")
+        return PredictorChoice("scheduler-replay-informed", cal, str(opts.calibration))
+    if opts.calibrate and run_dir is not None:
+        from kvscope.harness.replay.calibrate import calibrate_server
+
+        path = Path(run_dir) / "calibration.json"
+        cfg = getattr(backends[0], "config", None)
+        print("kvscope: calibrating the server for the scheduler model (a few dozen requests) …",
+              file=sys.stderr, flush=True)
+        try:
+            cal = calibrate_server(backends[0].endpoint, path, backend=backends[0].name,
+                                   client_priority_mode=opts.client_priority,
+                                   max_num_seqs=getattr(cfg, "max_num_seqs", None),
+                                   max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
+        except (KvscopeError, OSError, ValueError) as exc:
+            reason = f"calibration failed ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})"
+            print(f"kvscope: warning: {reason}: the sequential simulator predicts", file=sys.stderr, flush=True)
+            return PredictorChoice("sequential", note=f"{reason}; requests overlap, so the sequential "
+                                                      "simulator's predictions are approximate", calibrated_here=True)
+        return PredictorChoice("scheduler-replay-informed", cal, str(path), calibrated_here=True)
+    return PredictorChoice("sequential", note="requests overlap and no calibration was given (--calibration FILE "
+                                              "or --calibrate), so the sequential simulator predicts: it ignores "
+                                              "admission order, pinning and preemption")
 
 
 def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
@@ -591,8 +668,10 @@ def _drive(replayer: Replayer, trace, opts: ReplayOptions) -> _State:
 
 
 def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[dict[str, Any]],
-                   opts: ReplayOptions, backends: "list[Backend]", not_reset: str | None = None) -> dict[str, Any]:
-    """Compact the records, write the metrics series and build summary.json's content."""
+                   opts: ReplayOptions, backends: "list[Backend]", not_reset: str | None = None,
+                   choice: PredictorChoice | None = None) -> dict[str, Any]:
+    """Compact the records, replace the predictions by the scheduler model's where chosen, write the metrics
+    series and build summary.json's content."""
     from kvscope.harness.model.tinymodel import weights_are_random
     import pandas as pd
 
@@ -601,10 +680,17 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     compact(run_dir)
     records = read_records(run_dir)
     duration = st.end_s or 0.0
+    changed = False
     if opts.cooldown_s and len(records):
         cutoff = duration - opts.cooldown_s
         records.loc[records["sent_s"] > cutoff, "in_window"] = False
-        records.to_parquet(run_dir / "requests.parquet", index=False)
+        changed = True
+    note = choice.note if choice is not None else None
+    if choice is not None and choice.calibration is not None and len(records):
+        note = _apply_scheduler_predictions(records, replayer, choice)
+        changed = True
+    if changed:
+        write_records_parquet(run_dir, records)
     assert replayer.watcher is not None
     series = pd.read_parquet(replayer.watcher.write(run_dir))
     deltas = replayer.watcher.deltas()
@@ -615,7 +701,9 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
                         weights_random=weights_are_random(model_dir) if model_dir else None,
                         client_cpu_utilization=util, client_stalls=len(st.stalls), cache_not_reset=not_reset,
                         scrape_interval_s=opts.scrape_interval_s,
-                        scrape_times_s=tuple(series["t_s"]) if "t_s" in series else ())
+                        scrape_times_s=tuple(series["t_s"]) if "t_s" in series else (),
+                        predictor_note=note,
+                        calibration=choice.calibration_path if choice is not None else None)
     summary["aborted"] = st.abort_reason
     summary["client"] = {
         "cpu_s": st.cpu_s, "cpu_utilization": util,
@@ -631,6 +719,38 @@ def _summarize_run(run_dir: Path, replayer: Replayer, st: _State, facts: list[di
     }
     summary["server_facts"] = facts
     return summary
+
+
+def _apply_scheduler_predictions(records, replayer: Replayer, choice: PredictorChoice) -> str | None:
+    """Replace ``predicted_cached_tokens`` of the successful records (in place) by the scheduler model's,
+    replayed per server on the run's timeline (``predict.replay_informed_cached_tokens``); failed records get
+    none. The sequential simulator's stay in ``predicted_cached_tokens_sequential``. If the model cannot run
+    (a request it never saw, an error inside it) the sequential predictions stay and the returned note says
+    why; None when it ran."""
+    from kvscope.harness.replay.predict import replay_informed_cached_tokens
+
+    assert choice.calibration is not None
+    scheduled = {}
+    try:
+        for ep, group in records.groupby("endpoint_index", sort=False):
+            predictor = replayer.predictors[int(ep)]
+            if predictor is None:
+                raise KvscopeError(f"endpoint {ep} has no prediction")
+            facts = replayer.facts[int(ep)]
+            scheduled[ep] = replay_informed_cached_tokens(group, predictor.finished, choice.calibration,
+                                                          output_blocks_known=True,
+                                                          num_gpu_blocks=facts.get("num_blocks"))
+    except Exception as exc:  # noqa: BLE001 - the run's records must survive a failing model
+        reason = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        print(f"kvscope: warning: the scheduler model failed ({reason}): the sequential simulator's predictions "
+              "are recorded", file=sys.stderr, flush=True)
+        return f"the scheduler model failed ({reason}), so the sequential simulator's predictions are recorded"
+    records["predicted_cached_tokens"] = None
+    records["predictor"] = None
+    for series in scheduled.values():
+        records.loc[series.index, "predicted_cached_tokens"] = series
+        records.loc[series.index, "predictor"] = choice.predictor
+    return None
 
 
 def _reset_prefix_caches(backends: "Sequence[Backend]", fresh: bool = False

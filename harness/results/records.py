@@ -28,6 +28,16 @@ from kvscope.harness.common.errors import KvscopeError
 
 JSONL_NAME = "requests.jsonl"
 PARQUET_NAME = "requests.parquet"
+#: Version of the records' columns, kept in the Parquet file's metadata (``kvscope_records_version``).
+#: 2 added ``predictor`` and ``predicted_cached_tokens_sequential``; a file without them (version 1, no
+#: metadata) is read as the sequential simulator's predictions, which is what every such run recorded.
+RECORDS_VERSION = 2
+RECORDS_VERSION_KEY = b"kvscope_records_version"
+#: The models a run's ``predicted_cached_tokens`` may come from.  ``sequential``: the vLLM-exact simulator,
+#: online, one request at a time (harness/replay/predict.py; exact when requests do not overlap).
+#: ``scheduler-replay-informed``: the scheduler model (harness/cachemodel/scheduler.py) run after the replay
+#: on the run's observed send, token and finish times with a calibration of the server's step costs.
+PREDICTORS = ("sequential", "scheduler-replay-informed")
 
 
 class RecordsError(ValueError):
@@ -61,7 +71,13 @@ class RequestRecord:
     prompt_tokens: int = 0  # as sent
     server_prompt_tokens: int | None = None
     cached_tokens: int | None = None  # server's usage.prompt_tokens_details.cached_tokens
-    predicted_cached_tokens: int | None = None  # simulator on the ids actually sent
+    #: The run's prediction of ``cached_tokens``: from the model that ``predictor`` names.
+    predicted_cached_tokens: int | None = None
+    #: Which model produced ``predicted_cached_tokens`` (:data:`PREDICTORS`); None when nothing was predicted.
+    predictor: str | None = None
+    #: The sequential simulator's prediction, made online at send time; equal to ``predicted_cached_tokens``
+    #: when ``predictor`` is ``sequential``, kept beside the scheduler model's when that one replaced it.
+    predicted_cached_tokens_sequential: int | None = None
     output_tokens: int = 0  # tokens received
     planned_output_tokens: int = 0
     finish_reason: str | None = None
@@ -230,21 +246,52 @@ def records_frame(rows: list[dict[str, Any]]):
     df = pd.DataFrame(rows, columns=RECORD_FIELDS)
     if "length_mismatch" in df and len(df):  # records written before the column existed
         df["length_mismatch"] = [bool(x) if x is not None and x == x else False for x in df["length_mismatch"]]
+    if rows and "predictor" not in rows[0]:  # a version-1 log
+        df = upgrade_records(df.drop(columns=["predictor", "predicted_cached_tokens_sequential"]))
+    return df
+
+
+def upgrade_records(df):
+    """Version-1 records (no ``predictor`` column) as version 2: their predictions were the sequential
+    simulator's, so that is the predictor wherever there is a prediction, and the sequential column is a copy."""
+    if "predictor" in df.columns:
+        return df
+    df = df.copy()
+    pred = df["predicted_cached_tokens"] if "predicted_cached_tokens" in df else None
+    df["predictor"] = None if pred is None else pred.notna().map({True: "sequential", False: None})
+    df["predicted_cached_tokens_sequential"] = pred
     return df
 
 
 def compact(run_dir: Path) -> Path:
     """Write `requests.parquet` from the JSONL (sorted by send time)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     run_dir = Path(run_dir)
     rows = read_jsonl_records(run_dir / JSONL_NAME) if (run_dir / JSONL_NAME).exists() else []
     df = records_frame(rows).sort_values(["sent_s", "request_id", "attempt"], kind="stable").reset_index(drop=True)
-    for col in ("cached_tokens", "predicted_cached_tokens", "server_prompt_tokens", "http_status"):
-        df[col] = df[col].astype("Int64")
+    return write_records_parquet(run_dir, df)
+
+
+_INT_COLUMNS = ("cached_tokens", "predicted_cached_tokens", "predicted_cached_tokens_sequential",
+                "server_prompt_tokens", "http_status")
+
+
+def write_records_parquet(run_dir: Path, df) -> Path:
+    """Write ``requests.parquet`` atomically (temporary file + rename), nullable integer columns as Int64 and
+    the columns' version in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    df = df.copy()
+    for col in _INT_COLUMNS:
+        if col in df:
+            df[col] = df[col].astype("Int64")
+    if "predictor" in df:
+        df["predictor"] = df["predictor"].astype("string")
     table = pa.Table.from_pandas(df, preserve_index=False)
-    out = run_dir / PARQUET_NAME
+    meta = dict(table.schema.metadata or {})
+    meta[RECORDS_VERSION_KEY] = str(RECORDS_VERSION).encode()
+    table = table.replace_schema_metadata(meta)
+    out = Path(run_dir) / PARQUET_NAME
     tmp = out.with_suffix(".parquet.tmp")
     pq.write_table(table, tmp)
     tmp.replace(out)
@@ -259,7 +306,7 @@ def read_records(run_dir: Path):
     pq_path = run_dir / PARQUET_NAME
     if pq_path.exists():
         try:
-            return pd.read_parquet(pq_path)
+            return upgrade_records(pd.read_parquet(pq_path))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for corrupt files
             raise RecordsError(f"{pq_path}: unreadable Parquet ({exc})") from exc
     jl = run_dir / JSONL_NAME

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.results.goodput import goodput
 from kvscope.workloads.versioned_file import VersionedFile
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
 from pydantic_core import PydanticUndefined
 
 
@@ -53,9 +53,29 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | None) -> dict[str, Any]:
+def run_predictor(ok: pd.DataFrame) -> str | None:
+    """The model behind the records' ``predicted_cached_tokens``: the one ``predictor`` value they carry,
+    ``mixed`` if several, None if none (nothing predicted)."""
+    if "predictor" not in ok:
+        return None
+    names = sorted({str(v) for v in ok["predictor"].dropna()})
+    return names[0] if len(names) == 1 else ("mixed" if names else None)
+
+
+def _exact(ok: pd.DataFrame, column: str, caching_off: bool) -> tuple[int, int]:
+    """(requests whose ``column`` equals the server's cached tokens, requests with both): with caching off
+    the expected value is 0 whatever was predicted."""
+    both = ok.dropna(subset=["cached_tokens", column])
+    expected = 0 if caching_off else both[column]
+    return int((both["cached_tokens"] == expected).sum()), int(len(both))
+
+
+def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | None,
+              predictor_note: str | None = None, calibration: str | None = None) -> dict[str, Any]:
     """Hit rate three ways. With prefix caching off the server should report 0 for every request, so that is
-    the prediction checked request by request; the simulator's figure becomes `would_hit`."""
+    the prediction checked request by request; the simulator's figure becomes `would_hit`. The prediction is
+    the model's that ``predictor`` names; the sequential simulator's figures stay beside it (``sequential_*``),
+    equal to the main ones when it is the predictor."""
     prompt = float(ok["prompt_tokens"].sum())
     server = ok["cached_tokens"].dropna()
     simulated = ok["predicted_cached_tokens"].dropna()
@@ -81,6 +101,18 @@ def hit_rates(ok: pd.DataFrame, deltas: dict[str, Any], prefix_caching: bool | N
         "requests_compared": int(len(both)),
         "requests_predicted_exactly": int(len(both) - mismatches),
     }
+    seq_col = "predicted_cached_tokens_sequential" if "predicted_cached_tokens_sequential" in ok \
+        else "predicted_cached_tokens"
+    sequential = ok[seq_col].dropna()
+    seq_rate = _ratio(float(sequential.sum()), float(ok.loc[sequential.index, "prompt_tokens"].sum()))
+    seq_exact, seq_compared = _exact(ok, seq_col, caching_off)
+    out.update({
+        "predictor": run_predictor(ok), "predictor_note": predictor_note, "calibration": calibration,
+        "predicted_exact_share": _ratio(out["requests_predicted_exactly"], out["requests_compared"]),
+        "sequential_predicted": (0.0 if seq_rate is not None else None) if caching_off else seq_rate,
+        "sequential_requests_predicted_exactly": seq_exact,
+        "sequential_exact_share": _ratio(seq_exact, seq_compared),
+    })
     if caching_off:
         out["would_hit"] = simulated_rate
         out["would_hit_cached_tokens"] = int(simulated.sum())
@@ -106,6 +138,8 @@ class RunView:
     cache_not_reset: str | None = None  # why the prefix cache could not be emptied before the run (None: it was)
     scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
     scrape_interval_s: float | None = None  # the scrape period asked for
+    predictor_note: str | None = None  # why the predictor is not the obvious one (replay.runner.choose_predictor)
+    calibration: str | None = None  # the calibration file the scheduler model's predictions ran on
 
 
 CLIENT_SATURATED_CPU_SHARE = 0.9
@@ -341,8 +375,32 @@ class HitRates(_Block):
     server_minus_metrics: float | None
     requests_compared: int
     requests_predicted_exactly: int
+    #: The model behind ``predicted*`` (``records.PREDICTORS``, ``mixed``, or None: nothing predicted) and
+    #: why it, when that is not obvious; the calibration the scheduler model ran on.
+    predictor: str | None = None
+    predictor_note: str | None = None
+    calibration: str | None = None
+    predicted_exact_share: float | None = None
+    #: The sequential simulator's figures (the online prediction), the same as the above when it predicts.
+    sequential_predicted: float | None = None
+    sequential_requests_predicted_exactly: int | None = None
+    sequential_exact_share: float | None = None
     would_hit: float | None = None
     would_hit_cached_tokens: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_1(cls, data: Any) -> Any:
+        """A summary of version 1 has no ``predictor``: every prediction then was the sequential simulator's."""
+        if isinstance(data, dict) and "predictor" not in data:
+            data = dict(data)
+            compared, exact = data.get("requests_compared") or 0, data.get("requests_predicted_exactly")
+            predicted = data.get("predicted") is not None or data.get("would_hit") is not None
+            data.update(predictor="sequential" if predicted else None,
+                        predicted_exact_share=exact / compared if compared and exact is not None else None,
+                        sequential_predicted=data.get("predicted"), sequential_requests_predicted_exactly=exact,
+                        sequential_exact_share=exact / compared if compared and exact is not None else None)
+        return data
 
     @model_serializer(mode="wrap")
     def _drop_absent_would_hit(self, handler: Any) -> dict[str, Any]:
@@ -359,13 +417,15 @@ class HitRatesMetric(SummaryMetric):
     output = HitRates
 
     def compute(self, run: RunView) -> dict[str, Any]:
-        return hit_rates(run.ok, run.deltas, run.prefix_caching)
+        return hit_rates(run.ok, run.deltas, run.prefix_caching, run.predictor_note, run.calibration)
 
     def cell_columns(self, value: HitRates) -> dict[str, Any]:
         return {"hit_server": value.server_per_request, "hit_metrics": value.metrics_counters,
                 "hit_predicted": value.predicted, "would_hit": value.would_hit,
                 "requests_predicted_exactly": value.requests_predicted_exactly,
-                "requests_compared": value.requests_compared}
+                "requests_compared": value.requests_compared, "predictor": value.predictor,
+                "hit_predicted_sequential": value.sequential_predicted,
+                "requests_predicted_exactly_sequential": value.sequential_requests_predicted_exactly}
 
 
 # ------------------------------------------------------------------------------------ speculative decoding
@@ -549,6 +609,10 @@ class ServerFacts(BaseModel):
         return self.model_dump_json(indent=2)
 
 
+#: summary.json's version. 2 added the predictor to ``hit_rate`` (``predictor``, ``sequential_*``, …);
+#: a version-1 file is read with the sequential simulator as its predictor (``HitRates._version_1``).
+SUMMARY_VERSION = 2
+
 #: summary.json's entries that are not metrics (the replay writes them after summarising), after the metrics.
 _RUN_FIELDS: dict[str, Any] = {
     "aborted": (str | None, ...),
@@ -575,8 +639,9 @@ def summary_file_model() -> type[VersionedFile]:
         fields = {name: _field(name, v) for name, v in tree.items()}
         _MODELS[key] = create_model(  # type: ignore[call-overload]
             "SummaryFile", __base__=VersionedFile, __module__=__name__,
-            FORMAT=(ClassVar[str], "kvscope-summary"), SUPPORTED_VERSIONS=(ClassVar[tuple[int, ...]], (1,)),
-            format=(Literal["kvscope-summary"], "kvscope-summary"), version=(int, 1), **fields, **_RUN_FIELDS)
+            FORMAT=(ClassVar[str], "kvscope-summary"), SUPPORTED_VERSIONS=(ClassVar[tuple[int, ...]], (1, 2)),
+            format=(Literal["kvscope-summary"], "kvscope-summary"), version=(int, SUMMARY_VERSION), **fields,
+            **_RUN_FIELDS)
     return _MODELS[key]
 
 
@@ -604,7 +669,8 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
               weights_random: bool | None = None, client_cpu_utilization: float | None = None,
               client_stalls: int | None = None, cache_not_reset: str | None = None,
-              scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None) -> dict[str, Any]:
+              scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None,
+              predictor_note: str | None = None, calibration: str | None = None) -> dict[str, Any]:
     """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
     requests inside the window."""
     window = records[records["in_window"].astype(bool)] if len(records) else records
@@ -613,7 +679,8 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
                   prefix_caching=prefix_caching, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                   weights_random=weights_random, client_cpu_utilization=client_cpu_utilization,
                   client_stalls=client_stalls, cache_not_reset=cache_not_reset,
-                  scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s)
+                  scrape_times_s=tuple(scrape_times_s), scrape_interval_s=scrape_interval_s,
+                  predictor_note=predictor_note, calibration=calibration)
     summary: dict[str, Any] = {}
     for tag, metric in _METRICS.items():
         *parents, leaf = tag.split(".")

@@ -34,7 +34,7 @@ def hit_table(res: ExperimentResults) -> pd.DataFrame:
     """Per cell: prompt tokens and hit rate three ways (server per request, /metrics counters, predicted)."""
     cols = ["cell", "server", "workload", "load", "repeat", "status", "prefix_caching", "speculative", "requests",
             "hit_server", "hit_metrics", "hit_predicted", "would_hit", "requests_predicted_exactly",
-            "requests_compared"]
+            "requests_compared", "predictor", "requests_predicted_exactly_sequential"]
     df = res.cells.reindex(columns=cols).copy()
     df["predicted_minus_server_pp"] = (df["hit_predicted"] - df["hit_server"]) * 100
     df["server_minus_metrics_pp"] = (df["hit_server"] - df["hit_metrics"]) * 100
@@ -107,12 +107,15 @@ def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
 
 
 def reconciliation(res: ExperimentResults) -> pd.DataFrame:
-    """Client vs server: predicted and reported hits request by request, and the /metrics counters."""
+    """Client vs server: predicted and reported hits request by request, and the /metrics counters; which
+    model predicted (``predictor``) and, beside a scheduler-model prediction, the sequential simulator's share."""
     t = hit_table(res)
-    t["exact_share"] = t["requests_predicted_exactly"] / t["requests_compared"].where(t["requests_compared"] > 0)
+    compared = t["requests_compared"].where(t["requests_compared"] > 0)
+    t["exact_share"] = t["requests_predicted_exactly"] / compared
+    t["exact_share_sequential"] = t["requests_predicted_exactly_sequential"] / compared
     return t[["cell", "prefix_caching", "hit_server", "hit_metrics", "hit_predicted", "would_hit",
-              "server_minus_metrics_pp", "predicted_minus_server_pp", "requests_predicted_exactly",
-              "requests_compared", "exact_share"]]
+              "server_minus_metrics_pp", "predicted_minus_server_pp", "predictor", "requests_predicted_exactly",
+              "requests_compared", "exact_share", "exact_share_sequential"]]
 
 
 def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:

@@ -1,0 +1,141 @@
+"""Which model a replay's predictions come from, against the fault-injecting mock server (no vLLM): the
+scheduler model with a calibration when requests overlap, the sequential simulator otherwise, a calibration of
+another server refused before anything is sent, and a failing model leaving the sequential predictions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvscope.harness.cli.main import main
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.replay.runner import replay
+from kvscope.harness.results.loaders import load_summary
+from kvscope.harness.results.records import read_records
+from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+from kvscope.workloads.versioned_file import write_versioned
+from tests.doubles.faultserver import FaultConfig, FaultServer
+
+BLOCK, BLOCKS = 16, 64
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory) -> Path:
+    from kvscope.workloads.generate import synthetic_trace
+
+    return synthetic_trace(4, steps=3, prompt_tokens=96, output_tokens=8).write(
+        tmp_path_factory.mktemp("t") / "t"
+    )
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FaultServer(FaultConfig(model="tiny", block_size=BLOCK, num_gpu_blocks=BLOCKS)) as s:
+        yield s
+
+
+def _calibration(path: Path, blocks: int = BLOCKS) -> Path:
+    cal = CalibrationFile(
+        created_at=time.time(),
+        server=CalibrationServer(block_size=BLOCK, num_gpu_blocks=blocks),
+        cost=CalibrationCost(
+            base_s=0.001, per_token_s=1e-5, per_seq_s=1e-4, per_context_token_s=0.0, per_prefill_pair_s=0.0
+        ),
+        fit_r2=0.99,
+        fit_median_rel_error=0.05,
+    )
+    write_versioned(path, cal)
+    return path
+
+
+def _opts(**kw) -> ReplayOptions:
+    return ReplayOptions(**{"time_scale": 0, "progress": False, **kw})
+
+
+def test_overlapping_replay_with_a_calibration_records_the_scheduler_models_predictions(
+    server, trace_dir, tmp_path
+):
+    cal = _calibration(tmp_path / "cal.json")
+    out = replay(
+        trace_dir, tmp_path / "run", _opts(concurrency=3, calibration=str(cal)), endpoints=[server.endpoint]
+    )
+    df = read_records(tmp_path / "run")
+    assert len(df) == 12 and (df["predictor"] == "scheduler-replay-informed").all()
+    assert (
+        df["predicted_cached_tokens"].notna().all() and df["predicted_cached_tokens_sequential"].notna().all()
+    )
+    hit = load_summary(tmp_path / "run").hit_rate
+    assert (hit.predictor, hit.calibration, hit.predictor_note) == (
+        "scheduler-replay-informed",
+        str(cal),
+        None,
+    )
+    seq_exact = int((df["cached_tokens"] == df["predicted_cached_tokens_sequential"]).sum())
+    assert hit.sequential_requests_predicted_exactly == seq_exact
+    assert out.summary["hit_rate"]["predictor"] == "scheduler-replay-informed"
+
+
+def test_one_request_at_a_time_keeps_the_sequential_simulator_even_with_a_calibration(
+    server, trace_dir, tmp_path
+):
+    replay(
+        trace_dir,
+        tmp_path / "run",
+        _opts(concurrency=1, calibration=str(_calibration(tmp_path / "c.json"))),
+        endpoints=[server.endpoint],
+    )
+    df = read_records(tmp_path / "run")
+    assert (df["predictor"] == "sequential").all()
+    hit = load_summary(tmp_path / "run").hit_rate
+    assert hit.predictor == "sequential" and hit.predictor_note is None and hit.calibration is None
+
+
+def test_a_calibration_of_another_server_is_refused_before_anything_is_sent(
+    server, trace_dir, tmp_path, capsys
+):
+    cal = _calibration(tmp_path / "other.json", blocks=BLOCKS * 2)
+    rc = main(
+        [
+            "replay",
+            str(trace_dir),
+            "--endpoint",
+            server.endpoint,
+            "--out",
+            str(tmp_path / "run"),
+            "--concurrency",
+            "2",
+            "--time-scale",
+            "0",
+            "--no-progress",
+            "--calibration",
+            str(cal),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "Traceback" not in err
+    assert f"calibration {cal}: measured on a server with {BLOCKS * 2} blocks" in err and "--calibrate" in err
+    assert not (tmp_path / "run" / "requests.jsonl").exists()
+
+
+def test_a_failing_scheduler_model_leaves_the_sequential_predictions(
+    server, trace_dir, tmp_path, monkeypatch, capsys
+):
+    import kvscope.harness.replay.predict as predict
+
+    def broken(*a, **k):
+        raise RuntimeError("model broke")
+
+    monkeypatch.setattr(predict, "replay_informed_cached_tokens", broken)
+    replay(
+        trace_dir,
+        tmp_path / "run",
+        _opts(concurrency=3, calibration=str(_calibration(tmp_path / "c.json"))),
+        endpoints=[server.endpoint],
+    )
+    df = read_records(tmp_path / "run")
+    assert len(df) == 12 and (df["predictor"] == "sequential").all()
+    hit = load_summary(tmp_path / "run").hit_rate
+    assert hit.predictor == "sequential" and "model broke" in hit.predictor_note
+    assert "the scheduler model failed (RuntimeError: model broke)" in capsys.readouterr().err
