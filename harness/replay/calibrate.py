@@ -32,7 +32,7 @@ from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, 
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority, client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
-from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend, endpoint_facts
+from kvscope.harness.serving.backend import DEFAULT_BACKEND, endpoint_facts
 from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.versioned_file import write_versioned
 
