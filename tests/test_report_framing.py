@@ -210,6 +210,18 @@ def test_the_forest_axis_is_not_stretched_by_one_huge_interval():
     assert limit == pytest.approx(34.5) and not v["clipped_high"].any()  # 1.15 x the widest interval end (-30 %)
 
 
+def test_the_forest_bars_are_never_negative_when_the_interval_misses_the_estimate():
+    """Found by the integration run: a bootstrap interval that does not contain the point estimate made matplotlib
+    refuse the figure ("'xerr' must not contain negative values") and the whole A/B page failed."""
+    rows = [{"A": "a", "B": "b", "workload": "w", "load": "c1", "metric": "ttft_p50_s", "a": 0.1, "diff": d,
+             "ci_low": lo, "ci_high": hi, "verdict": "inconclusive", "data_quality": ""}
+            for d, lo, hi in ((0.02, -0.01, 0.01), (-0.02, -0.01, 0.01), (0.9, 0.01, 0.02), (0.01, None, None))]
+    v, limit = ab_compare.forest_rows(pd.DataFrame(rows))
+    assert (v["err_low_pct"] >= 0).all() and (v["err_high_pct"] >= 0).all()
+    assert v["err_low_pct"].iloc[0] == pytest.approx(30) and v["err_high_pct"].iloc[0] == 0  # bar from the point
+    assert v["plot_pct"].abs().max() <= limit
+
+
 def test_a_table_shows_every_row_and_column_escaped_with_wrapping_headers():
     df = pd.DataFrame({f"column_number_{i}": np.arange(100) * i for i in range(25)})
     df["server"] = "<script>x</script>"

@@ -134,7 +134,10 @@ FOREST_MAX_PCT = 100.0
 def forest_rows(table: pd.DataFrame, max_pct: float = FOREST_MAX_PCT) -> tuple[pd.DataFrame, float]:
     """The forest plot's rows — (B − A) / A and its interval in %, clipped to the axis — and the axis half-width:
     the largest |point estimate| or interval end with 15 % room, at least 10 %, at most ``max_pct``. Rows with
-    ``clipped_low`` / ``clipped_high`` run past the axis; their true ends are ``lo_pct`` / ``hi_pct``."""
+    ``clipped_low`` / ``clipped_high`` run past the axis; their true ends are ``lo_pct`` / ``hi_pct``. What the
+    plot draws is ``plot_pct`` (the estimate clipped to the axis) with ``err_low_pct`` / ``err_high_pct``, never
+    negative: a bootstrap interval need not contain the point estimate (few repeats, a skewed statistic), and the
+    bar then starts at the point."""
     if not len(table):
         return pd.DataFrame(), 10.0
     v = table[table["metric"].isin(FOREST_METRICS) & (table["a"].abs() > 1e-3)].copy()
@@ -147,6 +150,9 @@ def forest_rows(table: pd.DataFrame, max_pct: float = FOREST_MAX_PCT) -> tuple[p
     ends = pd.concat([v["rel_pct"], v["lo_pct"], v["hi_pct"]]).abs()
     limit = float(min(max(10.0, 1.15 * ends.max()), max_pct))
     v["clipped_low"], v["clipped_high"] = v["lo_pct"] < -limit, v["hi_pct"] > limit
+    v["plot_pct"] = v["rel_pct"].clip(-limit, limit)
+    v["err_low_pct"] = (v["plot_pct"] - v["lo_pct"].clip(-limit, limit)).clip(lower=0).fillna(0)
+    v["err_high_pct"] = (v["hi_pct"].clip(-limit, limit) - v["plot_pct"]).clip(lower=0).fillna(0)
     v["flagged"] = v["data_quality"].fillna("") != "" if "data_quality" in v else False
     return v.reset_index(drop=True), limit
 
