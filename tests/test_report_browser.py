@@ -71,15 +71,10 @@ def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data
     import nbformat
     from kvscope.harness.report.render import REPORT_CSP, run_notebook
 
+    from tests.doubles.scratch_notebook import write_report_notebook
+
     nb_dir = tmp_path / "nbs"
-    nb_dir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                   "language_info": {"name": "python"}}
-    params = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        params,
+    write_report_notebook(nb_dir, "page", [
         nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, display_markdown, pd, "
                                   "plt, setup_notebook\nres, FIG, save = setup_notebook('page', experiment_dir, "
                                   "figures_dir)"),
@@ -89,8 +84,7 @@ def test_a_rendered_notebook_shows_markup_tables_and_figures_and_never_runs_data
                                   "display_markdown('The server **{name}** hit {hit:.0%}.', name=payload, hit=0.5)\n"
                                   "fig, ax = plt.subplots()\nax.plot([0, 1], [1, 0])\nsave(fig, 'line')\n"
                                   "print(payload)"),
-    ]
-    nbformat.write(nb, nb_dir / "page.ipynb")
+    ])
     out = tmp_path / "report"
     r = run_notebook("page", out, {"experiment_dir": "", "figures_dir": str(out / "figures" / "page")},
                      notebooks_dir=nb_dir)
@@ -116,15 +110,10 @@ def test_a_long_wide_table_shows_whole_and_fits_its_page(chromium, tmp_path):
     import nbformat
     from kvscope.harness.report.render import run_notebook
 
+    from tests.doubles.scratch_notebook import write_report_notebook
+
     nb_dir = tmp_path / "nbs"
-    nb_dir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                   "language_info": {"name": "python"}}
-    params = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        params,
+    write_report_notebook(nb_dir, "page", [
         nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, pd, setup_notebook\n"
                                   "res, FIG, save = setup_notebook('page', experiment_dir, figures_dir)"),
         nbformat.v4.new_code_cell(
@@ -132,8 +121,7 @@ def test_a_long_wide_table_shows_whole_and_fits_its_page(chromium, tmp_path):
             "df.insert(0, 'cell', [f'no-prefix-cache__agent-coding-timestamped__c{j}__r0' for j in range(200)])\n"
             "df['why'] = '57 % of prompts are below its minimum of 1,024 tokens; it reads only up to a breakpoint'\n"
             "display(df)"),
-    ]
-    nbformat.write(nb, nb_dir / "page.ipynb")
+    ])
     out = tmp_path / "report"
     r = run_notebook("page", out, {"experiment_dir": "", "figures_dir": str(out / "figures" / "page")},
                      notebooks_dir=nb_dir)

@@ -39,17 +39,12 @@ def test_index_escapes_everything_it_shows(tmp_path):
 def test_notebook_output_with_script_is_escaped_in_html(tmp_path):
     import nbformat
 
+    from tests.doubles.scratch_notebook import write_report_notebook
+
     nb_dir = tmp_path / "nbs"
-    nb_dir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                   "language_info": {"name": "python"}}
-    p = nbformat.v4.new_code_cell('experiment_dir = ""\nfigures_dir = ""')
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [p, nbformat.v4.new_code_cell(
+    write_report_notebook(nb_dir, "xss", [nbformat.v4.new_code_cell(
         "import pandas as pd\nfrom IPython.display import display\n"
-        f"display(pd.DataFrame({{'generated_text': ['{SCRIPT}']}}))\nprint('{SCRIPT}')")]
-    nbformat.write(nb, nb_dir / "xss.ipynb")
+        f"display(pd.DataFrame({{'generated_text': ['{SCRIPT}']}}))\nprint('{SCRIPT}')")])
     r = run_notebook("xss", tmp_path / "out", {"experiment_dir": "", "figures_dir": str(tmp_path / "f")},
                      notebooks_dir=nb_dir)
     assert r.ok, r.error
