@@ -20,6 +20,7 @@ from kvscope.harness.analysis.common import (
     _pct,
     _ratio,
     _runs,
+    _signed_pct,
     habit_pairs,
     hit_by_workload,
 )
@@ -295,7 +296,7 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             rel = (m["diff"] / m["a"].where(m["a"] != 0)).median()
             words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
                               if counts.get(v))
-            parts.append(f"{label} {_signed(rel)} median ({words} of {len(m)})")
+            parts.append(f"{label} {_signed_pct(rel)} median ({words} of {len(m)})")
         n = t.groupby(["workload", "load"]).ngroups
         evidence = f"with caching on against {off} over {n} workload × load comparison(s): " + "; ".join(parts)
         if decided_better and not decided_worse:
@@ -310,10 +311,6 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
                            figure="hit_rate_by_workload", numbers={"comparisons": float(n)},
                            claim=f"prefix_caching:{on}", claim_value=value))
     return out
-
-
-def _signed(x: float) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x * 100:+.0f} %"
 
 
 def _habit_sentence(what: str, reference: str, habit: str, server: str, load: str, hit_a: float, hit_b: float,
