@@ -290,6 +290,69 @@ def test_proxy_records_a_non_streaming_answer_with_tool_calls(tmp_path):
     assert not row["injected_include_usage"] and "Bearer k" not in (tmp_path / EXCHANGES_LOG).read_text()
 
 
+def _held_stream_upstream(loop: asyncio.AbstractEventLoop, events: list[str], hold_s: float):
+    """An upstream that streams ``events`` then holds its connection open ``hold_s`` before the end of stream."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(f"data: {e}\n\n".encode())
+        await asyncio.sleep(hold_s)
+        await resp.write_eof()
+        return resp
+
+    async def start() -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+    return loop.run_until_complete(start())
+
+
+@pytest.mark.parametrize("client_asks_usage", [True, False])
+@pytest.mark.parametrize("read_to_done", [True, False])
+def test_a_client_that_leaves_on_done_is_recorded_complete_and_one_that_leaves_before_is_not(
+        tmp_path, client_asks_usage, read_to_done):
+    """The openai SDK closes its connection on ``data: [DONE]``, which can come before the upstream's end of
+    stream: the exchange is complete (it was counted as a client disconnect, so the trace lost a request)."""
+    import time
+
+    import httpx
+
+    chunk = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+    loop = asyncio.new_event_loop()
+    events = [json.dumps(chunk), json.dumps(usage), "[DONE]"] if read_to_done else [json.dumps(chunk)]
+    runner, port = _held_stream_upstream(loop, events, hold_s=30)
+    px = _ProxyThread(f"http://127.0.0.1:{port}", tmp_path, loop)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    if client_asks_usage:
+        body["stream_options"] = {"include_usage": True}
+    try:
+        with httpx.stream("POST", px.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]" or (not read_to_done and line.startswith("data: {")):
+                    break  # leave with the stream still open upstream
+        deadline = time.monotonic() + 10
+        while not (tmp_path / EXCHANGES_LOG).read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the proxy notices the client left and logs the exchange
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        px.close()
+    (row,) = read_exchanges_log(tmp_path)
+    if read_to_done:
+        assert row["status"] == 200 and row["error"] is None and row["done_unix_s"] is not None, row
+        assert row["response"]["usage"]["completion_tokens"] == 1 and row["response"]["text"] == "ok"
+    else:
+        assert row["status"] != 200 and "closed the connection" in row["error"], row
+
+
 def test_proxy_answers_502_when_the_upstream_is_down(tmp_path):
     import httpx
 

@@ -23,7 +23,10 @@ credential-named fields of a request body (``api_key`` …) are redacted in the 
 Shutdown (:meth:`RecordingProxy.shutdown`): the listener closes, exchanges in flight get ``drain_s`` to end,
 then are cancelled and written with ``status: "interrupted"`` (what they had streamed so far). A client that
 leaves mid-stream cancels its handler (aiohttp ``handler_cancellation``), which closes the upstream request and
-writes the exchange with ``status: "client_disconnected"``. Every wait has a bound: reading a request body,
+writes the exchange with ``status: "client_disconnected"`` — unless the client already had the whole answer
+(the ``[DONE]`` event, or the whole JSON body): the openai SDK closes its connection on ``[DONE]``, often before
+the upstream's end of stream, and such an exchange (and one cut by shutdown at that point) is complete. Every
+wait has a bound: reading a request body,
 connecting upstream, each upstream read.
 """
 
@@ -230,6 +233,10 @@ class _Exchange:
     capture: ResponseCapture = field(default_factory=ResponseCapture)
     first_byte: float | None = None
     done: float | None = None
+    #: when the client had the whole answer (the ``[DONE]`` event or the whole JSON body written to it): a
+    #: client that closes its connection then (the openai SDK does on ``[DONE]``) cancels the handler before
+    #: the upstream's end of stream, yet the exchange is complete
+    delivered: float | None = None
     status: int | str = 502
     logged: bool = False
     may_hold_credentials: bool = True  # a credential-named key somewhere in the body's bytes
@@ -397,6 +404,7 @@ class RecordingProxy:
                         ex.first_byte = time.time()
                     await resp.write(data)
                     if ex is not None:
+                        ex.delivered = time.time()
                         obj = _json_object(data)
                         if obj is not None:
                             ex.capture.feed(obj)
@@ -411,7 +419,9 @@ class RecordingProxy:
                 if ex is not None:
                     ex.done = time.time()
         except asyncio.CancelledError:
-            if ex is not None:
+            if ex is not None and ex.delivered is not None:
+                ex.done = ex.done or ex.delivered  # complete: the client had every byte of the answer
+            elif ex is not None:
                 ex.status = INTERRUPTED if self._stopping else CLIENT_DISCONNECTED
                 ex.capture.error = ex.capture.error or (
                     "interrupted: the proxy stopped before the response ended" if self._stopping
@@ -448,13 +458,18 @@ class RecordingProxy:
                 await resp.write(data)  # bytes first, parsing after: the client never waits for the parser
                 if capture is not None:
                     for payload, _ in events.feed(data):
+                        if payload == b"[DONE]":
+                            ex.delivered = time.time()
                         obj = _json_object(payload)
                         if obj is not None:
                             capture.feed(obj)
                 continue
-            out = self._filter_events(events.feed(data), events.terminator or b"\n", capture)
+            fed = events.feed(data)
+            out = self._filter_events(fed, events.terminator or b"\n", capture)
             if out:
                 await resp.write(out)
+            if any(payload == b"[DONE]" for payload, _ in fed):
+                ex.delivered = time.time()
         if ex is None:
             return
         if not ex.injected:  # the bytes are out already; parse an event the stream did not close
