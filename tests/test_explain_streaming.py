@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -69,6 +70,15 @@ def test_explain_shows_progress_on_stderr(tiny_model_dir, tmp_path, capsys):
     assert "explain:" not in captured.out
     assert main(["explain", str(tmp_path / "t"), "--no-progress"]) == 0
     assert "explain:" not in capsys.readouterr().err
+    # --json streams the attribution into the file (and to stdout with "-"): every row, as to_json gives it
+    from kvscope.harness.analysis.explain import explain_path
+
+    want = explain_path(str(tmp_path / "t")).to_json()
+    assert main(["explain", str(tmp_path / "t"), "--no-progress", "--json", str(tmp_path / "x.json")]) == 0
+    assert json.loads((tmp_path / "x.json").read_text()) == want and len(want["requests"]) > 1
+    capsys.readouterr()
+    assert main(["explain", str(tmp_path / "t"), "--no-progress", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == want
 
 
 @settings(max_examples=300, deadline=None)

@@ -26,6 +26,15 @@ predecessor's; for compaction and truncation the predecessor's full history put 
 and to every later request that carries the same span, newest patch first; the patched trace goes through the
 exact simulator (:mod:`kvscope.harness.cachemodel.simulator`, infinite cache) and the observed shortfall against
 the simulation (evictions) is carried over. ``evicted``'s what-if is the infinite-cache hit rate.
+
+Memory (5,000 generated timestamped sessions, every request breaking the cache: the heaviest case,
+``benchmarks/explain_scale.py``): a pass over the trace keeps, per request, only its attribution row; prompts
+are rebuilt from the trace as they are read (:class:`TraceViews`), the infinite-cache simulation and the
+predecessor search share one compact index of block-hash chains (:mod:`~kvscope.harness.cachemodel.chain_index`,
+12 bytes a chain: the largest holder, ~0.6 GB for ~48 M chains), the what-if patches of a cause are packed in
+flat arrays (:class:`_PatchList`), and the provider cache model's comparison builds each request's block hashes
+when it comes to it in arrival order, not a hash list per request up front. The trace itself holds its segment
+ids as int32 views into one flat array (:class:`~kvscope.workloads.trace.Trace`).
 """
 
 from __future__ import annotations
