@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.harness.analysis.explain import RequestView, TraceViews, _PatchIndex, explain, views_from_trace
+from kvscope.harness.analysis.explain import (RequestView, TraceViews, _PatchIndex, _PatchList, explain,
+                                              views_from_trace)
 
 
 def _naive_apply(request_id: int, ids: np.ndarray, patches) -> np.ndarray:
@@ -39,6 +40,20 @@ def test_patch_index_applies_what_testing_every_patch_applies(prompts, raw):
     index = _PatchIndex(patches)
     for rid, ids in enumerate(prompts):
         assert index.apply(rid, ids).tolist() == _naive_apply(rid, ids, patches).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(raw=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 6), tokens, tokens), max_size=10))
+def test_packed_patch_list_gives_back_what_was_appended(raw):
+    packed = _PatchList()
+    for owner, s, old, new in raw:
+        packed.append((owner, (s, old, new)))
+    assert len(packed) == len(raw)
+    got = [(o, s, old.tolist(), new.tolist()) for o, (s, old, new) in packed]
+    assert got == [(o, s, old.tolist(), new.tolist()) for o, s, old, new in raw]
+    if raw:  # appending after a read
+        packed.append((9, (1, raw[0][2], raw[0][3])))
+        assert packed[-1][1][1].tolist() == raw[0][2].tolist() and packed[-1][0] == 9
 
 
 @pytest.mark.parametrize("preset", ["agent-coding-timestamped", "agent-coding-compaction"])
