@@ -307,6 +307,8 @@ def _segment_id_views(cells: Sequence[Any]) -> list[np.ndarray]:
 
 def _list_views(lists: pa.Array) -> list[np.ndarray]:
     """A list<int> column without nulls as int32 views into one flat array (as :func:`_segment_id_views`)."""
+    if not len(lists):
+        return []
     offsets = lists.offsets.to_numpy().astype(np.int64)
     flat = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
     flat = flat.astype(np.int32 if not len(flat) or int(flat.max()) < 2**31 else np.int64)

@@ -10,7 +10,7 @@ import pytest
 
 from kvscope.workloads.generate import generate
 from kvscope.workloads.spec import SpecError, load_spec, parse_spec
-from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace import Trace, TraceBuilder
 
 
 def _write(tmp_path, text: str):
@@ -76,6 +76,8 @@ def test_trace_roundtrip_and_api(tmp_path, source):
     assert all(a is b for a, b in zip(ids, back.requests["prompt_segment_ids"]))
     assert [x.tolist() for x in ids] == [tr.prompt_segment_ids(i).tolist() for i in range(tr.num_requests)]
     assert back.seg_kinds.tolist() == tr.seg_kinds.tolist()
+    empty = TraceBuilder().build({}).write(tmp_path / "empty")  # no requests: no views, not one empty one
+    assert Trace.read(empty).num_requests == 0 and len(Trace.read(empty).requests["prompt_segment_ids"]) == 0
     meta = json.loads((tmp_path / "t" / "trace.json").read_text())
     assert meta["format"] == "kvscope-trace" and meta["version"] == 1 and meta["num_requests"] == tr.num_requests
     p = back.prompt_token_ids(3)
