@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.harness.analysis.explain import RequestView, TraceViews, _PatchIndex, explain, views_from_trace
+from kvscope.harness.analysis.explain import (RequestView, TraceViews, _PatchIndex, _PatchList, explain,
+                                              views_from_trace)
 
 
 def _naive_apply(request_id: int, ids: np.ndarray, patches) -> np.ndarray:
@@ -38,6 +40,20 @@ def test_patch_index_applies_what_testing_every_patch_applies(prompts, raw):
     index = _PatchIndex(patches)
     for rid, ids in enumerate(prompts):
         assert index.apply(rid, ids).tolist() == _naive_apply(rid, ids, patches).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(raw=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 6), tokens, tokens), max_size=10))
+def test_packed_patch_list_gives_back_what_was_appended(raw):
+    packed = _PatchList()
+    for owner, s, old, new in raw:
+        packed.append((owner, (s, old, new)))
+    assert len(packed) == len(raw)
+    got = [(o, s, old.tolist(), new.tolist()) for o, (s, old, new) in packed]
+    assert got == [(o, s, old.tolist(), new.tolist()) for o, s, old, new in raw]
+    if raw:  # appending after a read
+        packed.append((9, (1, raw[0][2], raw[0][3])))
+        assert packed[-1][1][1].tolist() == raw[0][2].tolist() and packed[-1][0] == 9
 
 
 @pytest.mark.parametrize("preset", ["agent-coding-timestamped", "agent-coding-compaction"])
@@ -69,6 +85,15 @@ def test_explain_shows_progress_on_stderr(tiny_model_dir, tmp_path, capsys):
     assert "explain:" not in captured.out
     assert main(["explain", str(tmp_path / "t"), "--no-progress"]) == 0
     assert "explain:" not in capsys.readouterr().err
+    # --json streams the attribution into the file (and to stdout with "-"): every row, as to_json gives it
+    from kvscope.harness.analysis.explain import explain_path
+
+    want = explain_path(str(tmp_path / "t")).to_json()
+    assert main(["explain", str(tmp_path / "t"), "--no-progress", "--json", str(tmp_path / "x.json")]) == 0
+    assert json.loads((tmp_path / "x.json").read_text()) == want and len(want["requests"]) > 1
+    capsys.readouterr()
+    assert main(["explain", str(tmp_path / "t"), "--no-progress", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == want
 
 
 @settings(max_examples=300, deadline=None)

@@ -62,15 +62,16 @@ REQUEST_SCHEMA = pa.schema([
 REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
 
 
-def _read_parquet(path: Path, required: list[str]) -> pa.Table:
-    """A trace table; a missing, truncated or foreign file is an error naming the file."""
+def _read_parquet(path: Path, required: list[str], dictionary: list[str] | None = None) -> pa.Table:
+    """A trace table; a missing, truncated or foreign file is an error naming the file. ``dictionary``:
+    string columns read dictionary-encoded."""
     from kvscope.workloads.errors import TraceFileError
 
     if not path.is_file():
         raise TraceFileError(f"{path}: missing (a trace directory holds trace.json, segments.parquet, "
                              "requests.parquet)")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, read_dictionary=dictionary)
     except (pa.ArrowException, OSError) as exc:
         raise TraceFileError(f"{path}: unreadable or truncated Parquet file ({exc})") from None
     missing = [c for c in required if c not in table.column_names]
@@ -132,7 +133,9 @@ class Trace:
             self.requests[c] = col.where(col.notna(), None)
         for c in OBSERVED_COLUMNS:  # nullable integers stay integers (pandas' Int64), not floats with NaN
             self.requests[c] = self.requests[c].astype("Int64")
-        self._prompt_ids: list[np.ndarray] = [np.asarray(x, dtype=np.int64) for x in self.requests["prompt_segment_ids"]]
+        self._prompt_ids = _segment_id_views(self.requests["prompt_segment_ids"])
+        self.requests["prompt_segment_ids"] = pd.Series(self._prompt_ids, index=self.requests.index,
+                                                        dtype=object)
         self._out_ids = self.requests["output_segment_id"].to_numpy(np.int64)
 
     # ------------------------------------------------------------------ sizes
@@ -250,7 +253,7 @@ class Trace:
         if not p.is_dir():
             raise TraceFileError(f"{p}: no such trace directory")
         meta = read_trace_file(p / "trace.json").model_dump(mode="json")
-        seg = _read_parquet(p / "segments.parquet", ["segment_id", "kind", "token_ids"])
+        seg = _read_parquet(p / "segments.parquet", ["segment_id", "kind", "token_ids"], dictionary=["kind"])
         ids = seg.column("segment_id").to_numpy()
         if not np.array_equal(ids, np.arange(len(ids))):
             raise ValueError(f"{p}: segment ids must be 0..N-1 in order")
@@ -259,20 +262,28 @@ class Trace:
         tokens = lists.values.to_numpy().astype(np.int32)
         if offsets[0] != 0:
             tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
+        kinds = _dictionary_strings(seg.column("kind"))
+        del seg, lists
         req = _read_parquet(p / "requests.parquet", ["request_id", "session_id", "prompt_segment_ids"])
-        bad = _rows_with_unknown_segments(req.column("prompt_segment_ids"), len(ids))
+        prompt_ids = req.column("prompt_segment_ids").combine_chunks()
+        if isinstance(prompt_ids, pa.ChunkedArray):  # no chunks at all
+            prompt_ids = pa.array([], type=pa.list_(pa.int64()))
+        bad = _rows_with_unknown_segments(prompt_ids, len(ids))
         if bad:
             raise TraceFileError(f"{p / 'requests.parquet'}: row {bad[0]}: prompt_segment_ids refer to segments that "
                                  f"do not exist ({len(bad)} row(s) affected)")
         for f in REQUEST_SCHEMA:  # tolerate traces written before optional columns existed
             if f.name not in req.column_names:
                 req = req.append_column(f.name, pa.nulls(len(req), type=f.type))
-        df = req.select(REQUEST_COLUMNS).to_pandas()
-        trace = cls(meta, tokens, offsets, seg.column("kind").to_pylist(), df)
-        del seg, req, lists
+        # The segment ids go to numpy once, as views into one flat array (see _segment_id_views), not through
+        # pandas (a copy of all 42 M ids of 5,000 generated sessions, beside Arrow's)
+        df = req.select([c for c in REQUEST_COLUMNS if c != "prompt_segment_ids"]).to_pandas()
+        del req
+        df.insert(REQUEST_COLUMNS.index("prompt_segment_ids"), "prompt_segment_ids", _list_views(prompt_ids))
+        del prompt_ids
         # Arrow's allocator keeps what the tables freed: hand it back (5,000 generated sessions: ~0.7 GB)
         pa.default_memory_pool().release_unused()
-        return trace
+        return cls(meta, tokens, offsets, kinds, df)
 
     def equals(self, other: "Trace") -> bool:
         """Same segments and same request rows (metadata other than the spec may differ)."""
@@ -281,12 +292,46 @@ class Trace:
                 and self.requests_table().equals(other.requests_table()))
 
 
-def _rows_with_unknown_segments(column: pa.ChunkedArray, num_segments: int) -> list[int]:
+def _segment_id_views(cells: Sequence[Any]) -> list[np.ndarray]:
+    """Each request's prompt segment ids as a view into one flat array, ``int32`` while the ids fit (a
+    5,000-session generated trace holds 42 M of them: 170 MB, not 340 MB of ``int64`` and a header per row
+    array). Cells that already are such views (:meth:`Trace.read`) are kept as they are."""
+    if all(isinstance(x, np.ndarray) and x.dtype == np.int32 for x in cells):
+        return list(cells)
+    arrays = [np.asarray(x, dtype=np.int64).reshape(-1) for x in cells]
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+    if not len(flat) or (int(flat.min()) >= 0 and int(flat.max()) < 2**31):
+        flat = flat.astype(np.int32)
+    return np.split(flat, np.cumsum([len(a) for a in arrays])[:-1]) if arrays else []
+
+
+def _list_views(lists: pa.Array) -> list[np.ndarray]:
+    """A list<int> column without nulls as int32 views into one flat array (as :func:`_segment_id_views`)."""
+    if not len(lists):
+        return []
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    flat = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
+    flat = flat.astype(np.int32 if not len(flat) or int(flat.max()) < 2**31 else np.int64)
+    return np.split(flat, offsets[1:-1] - offsets[0])
+
+
+def _dictionary_strings(column: pa.ChunkedArray) -> np.ndarray:
+    """A dictionary-encoded string column as an object array of its few distinct strings (one Python string
+    per segment kind, not one per segment: a million segments took 60 MB of copies of 13 names)."""
+    chunks = [c if isinstance(c, pa.DictionaryArray) else c.dictionary_encode() for c in column.chunks]
+    out = np.empty(len(column), dtype=object)
+    at = 0
+    for c in chunks:
+        names = np.array(c.dictionary.to_pylist() + [None], dtype=object)
+        codes = c.indices.fill_null(len(c.dictionary)).to_numpy(zero_copy_only=False)
+        out[at:at + len(c)] = names[codes]
+        at += len(c)
+    return out
+
+
+def _rows_with_unknown_segments(lists: pa.Array, num_segments: int) -> list[int]:
     """Rows whose prompt_segment_ids are null or name a segment that does not exist, vectorised (a
     5,000-session trace holds 42 M segment references: as Python ints they took 1.5 GB)."""
-    lists = column.combine_chunks()
-    if isinstance(lists, pa.ChunkedArray):  # no chunks at all
-        return []
     bad_rows = np.flatnonzero(lists.is_null().to_numpy(zero_copy_only=False)).tolist()
     offsets = lists.offsets.to_numpy().astype(np.int64)
     values = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))

@@ -26,12 +26,22 @@ predecessor's; for compaction and truncation the predecessor's full history put 
 and to every later request that carries the same span, newest patch first; the patched trace goes through the
 exact simulator (:mod:`kvscope.harness.cachemodel.simulator`, infinite cache) and the observed shortfall against
 the simulation (evictions) is carried over. ``evicted``'s what-if is the infinite-cache hit rate.
+
+Memory (5,000 generated timestamped sessions, every request breaking the cache: the heaviest case,
+``benchmarks/explain_scale.py``): a pass over the trace keeps, per request, only its attribution row; prompts
+are rebuilt from the trace as they are read (:class:`TraceViews`), the infinite-cache simulation and the
+predecessor search share one compact index of block-hash chains (:mod:`~kvscope.harness.cachemodel.chain_index`,
+12 bytes a chain: the largest holder, ~0.6 GB for ~48 M chains), the what-if patches of a cause are packed in
+flat arrays (:class:`_PatchList`), and the provider cache model's comparison builds each request's block hashes
+when it comes to it in arrival order, not a hash list per request up front. The trace itself holds its segment
+ids as int32 views into one flat array (:class:`~kvscope.workloads.trace.Trace`).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+from array import array
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -41,7 +51,8 @@ from typing import Any
 import numpy as np
 from kvscope.harness.cachemodel.chain_index import ChainIndex, InfiniteCacheStream, chain_hashes
 from kvscope.harness.cachemodel.hashing import IncrementalHasher
-from kvscope.harness.cachemodel.simulator import SimConfig, requests_from_token_pairs, simulate
+from kvscope.harness.cachemodel.simulator import (SimConfig, iter_requests_from_token_pairs,
+                                                  requests_from_token_pairs, simulate)
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, common_prefix_len
 
 CAUSES = ("volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "history_truncated",
@@ -421,6 +432,11 @@ def _prompts(views: Sequence[RequestView]) -> Iterator[np.ndarray]:
     return views.prompts() if isinstance(views, TraceViews) else (v.prompt for v in views)
 
 
+def _prompt(views: Sequence[RequestView], rid: int) -> np.ndarray:
+    """One request's prompt (a :class:`TraceViews` reads it from the trace without building the view)."""
+    return views.trace.prompt_token_ids(rid).astype(np.int32) if isinstance(views, TraceViews) else views[rid].prompt
+
+
 def _outputs(views: Sequence[RequestView]) -> Iterator[np.ndarray | None]:
     return views.outputs() if isinstance(views, TraceViews) else (v.output for v in views)
 
@@ -431,6 +447,41 @@ def _sessions(views: Sequence[RequestView]) -> Iterator[str]:
 
 def _arrivals(views: Sequence[RequestView]) -> list[float]:
     return list(views._arrival) if isinstance(views, TraceViews) else [v.arrival_s for v in views]
+
+
+class _PatchList(Sequence[tuple[int, tuple[int, np.ndarray, np.ndarray]]]):
+    """One cause's what-if patches ``(owner, (start, old tokens, new tokens))`` in request order, packed into
+    flat arrays: a 5,000-session trace where every request breaks the cache holds a patch per request (232 k),
+    and two small numpy arrays and two tuples apiece took ~0.1 GB through the attribution pass, this ~10 MB.
+    Items are rebuilt on access (views into the flat tokens)."""
+
+    def __init__(self) -> None:
+        self._fields = array("q")  # owner, start, old end, new end per patch
+        self._old, self._new = array("i"), array("i")
+        self._frozen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def append(self, item: tuple[int, tuple[int, np.ndarray, np.ndarray]]) -> None:
+        owner, (start, old, new) = item
+        self._old.frombytes(np.ascontiguousarray(old, dtype=np.int32).tobytes())
+        self._new.frombytes(np.ascontiguousarray(new, dtype=np.int32).tobytes())
+        self._fields.extend((owner, start, len(self._old), len(self._new)))
+        self._frozen = None
+
+    def __len__(self) -> int:
+        return len(self._fields) // 4
+
+    def __getitem__(self, j: int) -> tuple[int, tuple[int, np.ndarray, np.ndarray]]:  # type: ignore[override]
+        if not -len(self) <= j < len(self):
+            raise IndexError(j)
+        j %= len(self)
+        if self._frozen is None:
+            self._frozen = (np.frombuffer(self._fields, np.int64).copy(), np.array(self._old, np.int32),
+                            np.array(self._new, np.int32))
+        fields, old, new = self._frozen
+        owner, start, old_end, new_end = fields[4 * j:4 * j + 4].tolist()
+        old_start = int(fields[4 * j - 2]) if j else 0
+        new_start = int(fields[4 * j - 1]) if j else 0
+        return owner, (start, old[old_start:old_end], new[new_start:new_end])
 
 
 class _PatchIndex:
@@ -446,7 +497,7 @@ class _PatchIndex:
     the one its predecessor already followed (5,000 generated sessions: the what-if pass took ~2.5 min of the
     command's 650 s; without the memo a 300-session what-if spent most of its time stepping chains)."""
 
-    def __init__(self, patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]],
+    def __init__(self, patches: Sequence[tuple[int, tuple[int, np.ndarray, np.ndarray]]],
                  memo_bytes: int = 64 << 20) -> None:
         self.owners = [owner for owner, _ in patches]
         self.new = [new.astype(np.int32, copy=False) for _, (_, _, new) in patches]
@@ -514,8 +565,8 @@ class _PatchIndex:
         return ids
 
 
-def _apply_patches(views: Sequence[RequestView], patches: list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]
-                   ) -> Iterator[np.ndarray]:
+def _apply_patches(views: Sequence[RequestView],
+                   patches: Sequence[tuple[int, tuple[int, np.ndarray, np.ndarray]]]) -> Iterator[np.ndarray]:
     """Each request with every patch of its own or an earlier request applied where its span still matches,
     newest first, in request order. Patches come in request order."""
     index = _PatchIndex(patches)
@@ -547,7 +598,7 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     base: list[int] = []
     obs: list[int] = []
     rows: list[Attribution] = []
-    patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]] = {}
+    patches: dict[str, _PatchList] = {}
     split: dict[str, int] = {}
     for v in tqdm(views, total=n, desc="explain: attribute", unit="req", disable=not progress, leave=False):
         P = len(v.prompt)
@@ -572,7 +623,7 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         if diverged and brk is not None:
             split[brk.cause] = split.get(brk.cause, 0) + diverged
             if brk.patch is not None:
-                patches.setdefault(brk.cause, []).append((v.request_id, brk.patch))
+                patches.setdefault(brk.cause, _PatchList()).append((v.request_id, brk.patch))
         if evicted:
             split["evicted"] = split.get("evicted", 0) + evicted
         rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
@@ -598,7 +649,7 @@ def _counted(items: Iterator[np.ndarray], bar: Any, lengths: list[int] | None = 
 
 
 def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
-            patches: dict[str, list[tuple[int, tuple[int, np.ndarray, np.ndarray]]]], base: list[int],
+            patches: dict[str, _PatchList], base: list[int],
             obs: list[int], prompt_tokens: int, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
             generated: Sequence[np.ndarray | None] | None = None) -> list[CauseTotal]:
@@ -635,10 +686,14 @@ def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], pro
 
     cfg = load_preset(preset)
     unit = 16
-    reqs = requests_from_token_pairs(((p, None) for p in _prompts(views)), unit)
+    arrivals = _arrivals(views)
+    order = sorted(range(len(rows)), key=arrivals.__getitem__)  # arrival order, ties in request order
+    # one request at a time: a hash list per request of the whole trace is ~40 bytes a block
+    reqs = iter_requests_from_token_pairs(((_prompt(views, rid), None) for rid in order), unit)
     cache = ProviderCache(cfg)
-    for arrival_s, req, row in sorted(zip(_arrivals(views), reqs, rows), key=lambda t: t[0]):
-        req.arrival_s = arrival_s
+    for rid, req in zip(order, reqs):
+        row = rows[rid]
+        req.arrival_s = arrivals[rid]
         row.provider_cached_tokens = provider_observed[row.request_id]
         row.provider_predicted_cached_tokens = cache.request(req).cache_read
         row.provider_prompt_tokens = provider_prompt[row.request_id] if provider_prompt is not None else None

@@ -3,7 +3,7 @@
 Why not a Python ``set``/``dict``: a trace whose every request breaks the cache early (a timestamp in the
 system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~50 M of them, and
 a Python int in a dict costs ~100 bytes (8.1 GB peak for ``explain``, issue 27; with this index the whole
-command peaks at 1.9 GB and takes 650 s, ``benchmarks/explain_scale.py``).  Here the keys are the same
+command peaks at 1.5 GB and takes ~4 min, ``benchmarks/explain_scale.py``).  Here the keys are the same
 64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) in sorted ``uint64`` numpy arrays, with an ``int32``
 value (a request id) beside them where one is kept: 8 or 12 bytes a chain.  New chains go to a small Python
 dict, merged into a middle sorted array every ``pending_limit`` insertions, and that one into the main array
@@ -50,14 +50,19 @@ class _Sorted:
 
     def merge(self, keys: np.ndarray, values: np.ndarray | None) -> None:
         """Insert new keys (none present here) in place: the arrays grow (``realloc``) and the old entries
-        move right from the back, a chunk at a time, so a merge never holds a second copy of the level."""
-        order = np.argsort(keys)
-        keys = keys[order]
+        move right from the back, a chunk at a time, so a merge never holds a second copy of the level.
+        Keys already sorted (a middle level merged into the main one) are not sorted again, and the new
+        entries go in a chunk at a time too: beside the grown arrays a merge holds one ``int64`` position
+        per new key (a whole-array sort and placement held five such arrays, ~0.25 GB at 5,000 sessions)."""
+        if len(keys) > 1 and not bool(np.all(keys[:-1] <= keys[1:])):
+            order = np.argsort(keys)
+            keys = keys[order]
+            values = values[order] if values is not None else None
         at = np.searchsorted(self.keys, keys)
         n, m = len(self.keys), len(keys)
         arrays = [(self.keys, keys)]
         if self.values is not None and values is not None:
-            arrays.append((self.values, values[order]))
+            arrays.append((self.values, values))
         grown = []
         for old, new in arrays:
             if old.flags.owndata and old.base is None:
@@ -69,7 +74,9 @@ class _Sorted:
                 lo = max(0, hi - self.chunk)
                 idx = np.arange(lo, hi)
                 arr[idx + np.searchsorted(at, idx, side="right")] = arr[lo:hi].copy()
-            arr[at + np.arange(m)] = new
+            for lo in range(0, m, self.chunk):  # new entry j goes to at[j] + j
+                hi = min(m, lo + self.chunk)
+                arr[at[lo:hi] + np.arange(lo, hi)] = new[lo:hi]
             grown.append(arr)
         self.keys = grown[0]
         if len(grown) > 1:

@@ -22,7 +22,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from kvscope.harness.cachemodel.block_pool import FreeOrder
 from kvscope.harness.cachemodel.pool import Pool, make_pool
@@ -254,12 +254,24 @@ def requests_from_token_pairs(
     session_ids: Sequence[str | None] | None = None,
 ) -> list[SimRequest]:
     """Build :class:`SimRequest` s from ``(prompt_ids, output_ids)`` pairs (output ids may be None)."""
+    return list(iter_requests_from_token_pairs(pairs, block_size, cache_salts=cache_salts,
+                                               session_ids=session_ids))
+
+
+def iter_requests_from_token_pairs(
+    pairs: Iterable[tuple[Sequence[int], Sequence[int] | None]],
+    block_size: int,
+    *,
+    cache_salts: Sequence[str | None] | None = None,
+    session_ids: Sequence[str | None] | None = None,
+) -> Iterator[SimRequest]:
+    """:func:`requests_from_token_pairs` one request at a time, for a caller that streams a whole trace (a
+    request's Python hash list is ~40 bytes a block: kept for every request of a large trace, gigabytes)."""
     import numpy as np
 
     from kvscope.harness.cachemodel.hashing import IncrementalHasher, as_token_array
 
     hasher = IncrementalHasher(block_size)
-    out = []
     for i, (prompt, output) in enumerate(pairs):
         salt = cache_salts[i] if cache_salts is not None else None
         sid = session_ids[i] if session_ids is not None else None
@@ -273,8 +285,7 @@ def requests_from_token_pairs(
             n_blocks = P // block_size
         # Without a session id every request is compared against the previous one (cheap and exact).
         hashes = hasher.hashes(sid if sid is not None else "__all__", toks, n_blocks, salt)
-        out.append(SimRequest(i, P, O, hashes, block_size, session_id=sid, cache_salt=salt))
-    return out
+        yield SimRequest(i, P, O, hashes, block_size, session_id=sid, cache_salt=salt)
 
 
 def predict_cached_tokens(

@@ -10,7 +10,7 @@ import pytest
 
 from kvscope.workloads.generate import generate
 from kvscope.workloads.spec import SpecError, load_spec, parse_spec
-from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace import Trace, TraceBuilder
 
 
 def _write(tmp_path, text: str):
@@ -69,6 +69,15 @@ def test_trace_roundtrip_and_api(tmp_path, source):
     tr.write(tmp_path / "t")
     back = Trace.read(tmp_path / "t")
     assert back.equals(tr)
+    # in memory: segment ids are views of one flat int32 array, the frame's column the same views, and the
+    # kinds what was written (decoded from a dictionary)
+    ids = [back.prompt_segment_ids(i) for i in range(back.num_requests)]
+    assert all(x.dtype == np.int32 and x.base is ids[0].base for x in ids)
+    assert all(a is b for a, b in zip(ids, back.requests["prompt_segment_ids"]))
+    assert [x.tolist() for x in ids] == [tr.prompt_segment_ids(i).tolist() for i in range(tr.num_requests)]
+    assert back.seg_kinds.tolist() == tr.seg_kinds.tolist()
+    empty = TraceBuilder().build({}).write(tmp_path / "empty")  # no requests: no views, not one empty one
+    assert Trace.read(empty).num_requests == 0 and len(Trace.read(empty).requests["prompt_segment_ids"]) == 0
     meta = json.loads((tmp_path / "t" / "trace.json").read_text())
     assert meta["format"] == "kvscope-trace" and meta["version"] == 1 and meta["num_requests"] == tr.num_requests
     p = back.prompt_token_ids(3)
