@@ -267,6 +267,17 @@ def test_vllm_backend_authenticates_facts_reset_scrape_and_warm_up(auth_server, 
     assert all(w["ignore_eos"] is True for w in warm)  # vLLM's request extras
 
 
+def test_warm_up_fills_the_pool_only_when_asked(auth_server, monkeypatch):
+    from kvscope.harness.experiment.runner import _warm_up
+    from kvscope.harness.results.summary import ServerFacts
+
+    monkeypatch.setenv("UNIT_KEY", "sk-unit-key-777")
+    backend = Backend.create("vllm", endpoint=auth_server.endpoint, api_key_env="UNIT_KEY")
+    facts = ServerFacts(max_model_len=64, kv_capacity_tokens=480)  # 48-token prompts: 10 write the pool
+    assert _warm_up(backend, "tiny", facts, extra_requests=2, seed=0) == 12  # a fresh process's first cell
+    assert _warm_up(backend, "tiny", facts, extra_requests=2, seed=0, fill_pool=False) == 2  # its later cells
+
+
 def test_warm_up_without_the_key_fails_loudly(auth_server):
     from kvscope.harness.common.errors import KvscopeError
     from kvscope.harness.experiment.runner import _warm_up

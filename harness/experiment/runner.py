@@ -182,11 +182,13 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
 
 
 def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_requests: int, seed: int,
-             max_pool_tokens: int = 262_144) -> int:
-    """Unrelated requests before a cell, enough to write every KV block once, then a few more.
+             max_pool_tokens: int = 262_144, fill_pool: bool = True) -> int:
+    """Unrelated requests before a cell, enough to write every KV block once (``fill_pool``), then a few more.
 
     The first use of each KV block (page faults on CPU, lazy allocations) and of each code path is slower;
     without this the first cell on a fresh server measures warm-up, and two runs of one configuration differ.
+    Once a process has written its whole pool the pages stay resident (a paused server's too), so its later
+    cells send only the ``extra_requests`` (the code paths, and a server just continued from SIGSTOP).
     Returns the number of requests sent; a refused request (HTTP 401 for a missing key, …) fails the cell.
     The prefix cache is reset afterwards by the caller.
     """
@@ -195,7 +197,7 @@ def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_re
     rng = np.random.default_rng(10_000 + seed)
     capacity = (facts.kv_capacity_tokens if facts is not None else None) or 0
     prompt_len = max(16, min(((facts.max_model_len if facts is not None else None) or 2048) - 16, 2048))
-    n = -(-min(capacity, max_pool_tokens) // prompt_len) + extra_requests
+    n = (-(-min(capacity, max_pool_tokens) // prompt_len) if fill_pool else 0) + extra_requests
     sent = 0
     with httpx.Client(timeout=300, headers=backend.auth_headers(), verify=tls_context()) as client:
         for _ in range(n):
@@ -445,6 +447,8 @@ class _Servers:
         self.backends: dict[str, "Backend"] = {}
         self.last_repeat: dict[str, int] = {}
         self.failed: dict[str, Exception] = {}  # a start_together failure, until the configuration's next get
+        #: configurations whose current process has had its whole KV pool written by a warm-up (`_warm_up`)
+        self.pool_written: set[str] = set()
 
     def _record(self, name: str) -> ServerEntry:
         log_path = safe_child(self.run.run_dir, "servers", f"{name}.log")
@@ -496,9 +500,11 @@ class _Servers:
         backend = self.backends.get(name)
         fresh = self.run.spec.between_repeats == "restart" and self.last_repeat.get(name, repeat) != repeat
         if backend is None:
+            self.pool_written.discard(name)
             backend = self._new_backend(name, srec)
             _start_server(backend, name, self.log_path(name), srec)
         elif fresh or not backend.is_running():
+            self.pool_written.discard(name)
             srec.restarts += 1
             backend.stop()
             _start_server(backend, name, self.log_path(name), srec)
@@ -524,8 +530,12 @@ def _run_one(run: RunContext, servers: _Servers, cell: Cell, after_cell: Callabl
     try:
         t0 = time.perf_counter()
         backend = servers.get(cell.server, cell.repeat)
-        _run_cell(run, cell, backend, run.manifest.servers[cell.server], servers.log_path(cell.server), level,
-                  switch_s=time.perf_counter() - t0)
+        srec = run.manifest.servers[cell.server]
+        restarts = srec.restarts
+        _run_cell(run, cell, backend, srec, servers.log_path(cell.server), level,
+                  switch_s=time.perf_counter() - t0, fill_pool=cell.server not in servers.pool_written)
+        if srec.restarts == restarts:  # a reset that failed restarted the process: its pool is fresh again
+            servers.pool_written.add(cell.server)
     except KeyboardInterrupt:
         entry.status, entry.reason = "interrupted", "interrupted"
         raise
@@ -686,8 +696,9 @@ def _server_ready(backend: "Backend", srec: ServerEntry) -> None:
 
 
 def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry, log_path: Path,
-              level: Any = None, switch_s: float = 0.0) -> None:
-    """Warm up, empty the prefix cache (restart if a managed server cannot), replay, record the headline.
+              level: Any = None, switch_s: float = 0.0, fill_pool: bool = True) -> None:
+    """Warm up (``fill_pool``: the process's first cell writes its whole KV pool), empty the prefix cache
+    (restart if a managed server cannot), replay, record the headline.
     The console line ends with where the cell's time went (server switch, warm-up, reset, the replay's
     requests and its set-up and drain: compaction, summary, files)."""
     import shutil
@@ -702,7 +713,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     trace_dir = run.run_dir / run.manifest.traces[cell.workload]
     t0 = time.perf_counter()
     entry.warmup_requests = _warm_up(backend, model, srec.facts, spec.replay.warmup_requests,
-                                        cell.repeat)
+                                        cell.repeat, fill_pool=fill_pool)
     if spec.replay.warmup_pass:
         scratch = safe_child(run.run_dir, "cells", f".warmup-{cell.name}")
         shutil.rmtree(scratch, ignore_errors=True)

@@ -218,8 +218,9 @@ class ReplaySettings(ReplayOptions):
     """An experiment's ``replay:`` section: any :class:`ReplayOptions` field with the same default (one model,
     so library, CLI and experiments agree), minus those set per cell, plus the experiment's warm-up."""
 
-    warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell on top of those "
-                                                      "that write every KV block once; then the prefix cache is reset")
+    warmup_requests: int = Field(2, ge=0, description="unrelated requests sent before each cell, on a server "
+                                                      "process's first cell on top of those that write every KV "
+                                                      "block once; then the prefix cache is reset")
     warmup_pass: bool = Field(False, description="replay each cell's trace once, unrecorded, before measuring it: "
                                                  "CPU kernels specialise per shape, so a first pass is slower; "
                                                  "use it to compare repeats of one configuration")
