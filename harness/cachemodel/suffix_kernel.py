@@ -1,8 +1,8 @@
 """Compiled kernel of the suffix-decoding model (``speculative.simulate_suffix``): one request's decode steps in
 one call, over suffix trees that are windows of fixed token arrays (``speculative``'s docstring says why).
 
-Why compiled (numba, a dependency of vLLM's CPU wheel; ``@njit(cache=True)``, so a process compiles once per
-installation): ``benchmarks/speculate_speed.py`` showed that numpy cannot reach the goal.  The same algorithm
+Why compiled (numba, a dependency of vLLM's CPU wheel; ``@njit(cache=True)``: the first run after an
+installation or a change here compiles, ≈ 25 s of CPU, and later processes load the cached code): ``benchmarks/speculate_speed.py`` showed that numpy cannot reach the goal.  The same algorithm
 in numpy and Python spent ≈ 200 µs of interpreter time per decode step (514,658 steps on the 620 M-token agent
 preset: 190-214 s CPU, against 60 s for the whole command), because a step is a few dozen small operations (a
 chain of 2-4 nodes, one or two path walks of up to 24 tokens, a tally of a few continuations), each far
