@@ -34,25 +34,27 @@ Methods and the sources followed:
   ``min(max_spec_tokens, floor(m * max_spec_factor + max_spec_offset))`` tokens (the *adaptive draft
   length*); the best draft by score (sum of those probabilities; the first best, so the shortest match, on
   ties) wins, the per-request tree's on a tie with the global one.  Both trees are windows of fixed token
-  arrays (``_SuffixTree``): the request tree is its chain's stream up to the context, the global tree every
-  answer in arrival order (each after a -1 separator), from the oldest cached one up to the running answer so
-  far; a node's count is the number of occurrences of its string in the window, which is what Arctic's tree
-  over those sequences counts.  The arrays are known in full and the windows only move forward, so a node
-  keeps the end positions of *all* its occurrences (a window's count is a binary search), nodes are made on
-  demand (narrowed one token to the left for a longer match, to the right along a path; a node with many
-  occurrences splits into all its children with one sort) and kept, and a node asked twice for its most
-  frequent child keeps a *continuation timeline* (the leader after each continuation, in position order), so
-  the leader of any window ``[0, hi)`` is one binary search.  A few occurrences (at most ``_LIST_AT_MOST``)
-  are Python lists; their match lengths come from slice comparisons (C speed) in a binary search over the
-  length.  Match lengths with the same occurrences follow the same path, so each such group's path is walked
-  once and cut at each length; matches that cannot beat the best score so far (or, for the global tree, the
-  request tree's score, which wins ties) are not walked.  Why hand-written: ``benchmarks/speculate_speed.py``
-  showed the need.  Narrowing occurrence lists at every step (10^3-10^5 entries for common tokens and pairs
+  arrays: the request tree is its chain's stream up to the context, the global tree every answer in arrival
+  order (each after a -1 separator), from the oldest cached one up to the running answer so far; a node's
+  count is the number of occurrences of its string in the window, which is what Arctic's tree over those
+  sequences counts.  The arrays are known in full and the windows only move forward, so a node keeps the end
+  positions of *all* its occurrences (a window's count is a binary search), nodes are made on demand
+  (narrowed one token to the left for a longer match, to the right along a path; a node with many
+  occurrences groups them by the neighbouring token once) and kept, and a node whose window holds many
+  occurrences keeps a *continuation timeline* (the leader after each continuation, in position order), so
+  the leader of any window ``[0, hi)`` is one binary search.  A window of a few occurrences (at most
+  ``_LIST_AT_MOST``) is tallied directly, without nodes.  Match lengths with the same occurrences follow the
+  same path, so each such group's path is walked once and cut at each length; matches that cannot beat the
+  best score so far (or, for the global tree, the request tree's score, which wins ties) are not walked.
+  Why hand-written: narrowing occurrence lists at every step (10^3-10^5 entries for common tokens and pairs
   in the preset's 10^5-token prompts and its 3.8 M-token global tree) took 13 min (497 s CPU) for the
   620 M-prompt-token agent preset's 514,658 decode steps, against 60 s for the whole command; a depth-24
-  count table or suffix automaton updated per token costs ~24 Python dict updates per token over its 29 M
-  stream tokens.  The node tree's work per step is bounded by the depth and the few-occurrence lists, and
-  the common short strings' nodes are shared by every step of a chain (figures: benchmarks/README.md).
+  count table or suffix automaton updated per token costs ~24 dict updates per token over its 29 M stream
+  tokens.  The node tree's work per step is bounded by the depth and the few-occurrence windows, and the
+  common short strings' nodes are shared by every step of a chain.  Why compiled: the same tree in numpy
+  and Python cost ≈ 200 µs of interpreter time per step (190-214 s CPU on the preset), so each request's
+  steps run in one call of a numba kernel (``suffix_kernel``, whose docstring has the measurement and the
+  layout); figures in benchmarks/README.md.
   Children of equal count: Arctic's
   order is an unordered map's, unspecified; here the smallest token id.  Requests are taken one at a time in
   arrival order (the global tree holds every earlier answer complete; concurrent requests' partial answers
@@ -61,14 +63,13 @@ Methods and the sources followed:
 
 A draft-model proposer cannot be computed without running the draft model; it is measured live.
 
-Pure numpy and Python; knows no HTTP.  The step costs of a calibration turn the steps into a predicted TPOT
+numpy, plus the numba kernel of suffix decoding; knows no HTTP.  The step costs of a calibration turn the steps into a predicted TPOT
 (``predicted_tpot_s``): a step verifying ``1 + d`` tokens at context ``T`` costs what
 :class:`~kvscope.harness.cachemodel.calibration.StepCostModel` says for ``tokens = 1 + d``.
 """
 
 from __future__ import annotations
 
-import array
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -446,427 +447,24 @@ def simulate_oracle(trace: Trace, cfg: OracleConfig, max_model_len: int | None =
 
 # ------------------------------------------------------------------------------------------------ suffix
 
-#: a one-element float32 array: storing a Python float rounds it to float32, reading it back gives a Python float
-_F32 = array.array("f", [0.0])
-_F32_EXACT_INT = 1 << 24  # integers below this are exact in float32
-
-
-def _f32(x: float) -> float:
-    """``x`` rounded to float32, as a Python float.  Arctic computes in float32; one +, * or / of two float32
-    values done in double and rounded once is the float32 result (53 >= 2 * 24 + 2 bits), so the model keeps
-    float32 semantics without numpy scalars (several times slower per operation)."""
-    _F32[0] = x
-    return _F32[0]
-
-
-def _f32_ratio(count: int, size: int) -> float:
-    """``float32(count) / float32(size)`` in float32."""
-    if size < _F32_EXACT_INT:
-        _F32[0] = count / size
-    else:
-        _F32[0] = _f32(count) / _f32(size)
-    return _F32[0]
-
-
-#: a node's occurrences in a window up to this many are handled as a Python list of end positions; more, by
-#: the node's numpy arrays (binary searches, the continuation timeline).  Must be >= 1: one occurrence is
-#: always a list (its continuation is copied, scored as Arctic scores a single-occurrence path)
-_LIST_AT_MOST = 16
-#: nodes with more occurrences than this split into all their children at once (one sort) when one is asked for
+#: the compiled kernel's thresholds (``suffix_kernel.new_tree``; speed only, never the result): a window of at most
+#: this many occurrences is tallied directly, without tree nodes (>= 1: one occurrence always is, its
+#: continuation copied and scored as Arctic scores a single-occurrence path)
+_LIST_AT_MOST = 256
+#: a node with more occurrences than this groups them by the neighbouring token at once (one counting sort)
 _SPLIT_ABOVE = 1024
-#: a node's most frequent child is counted directly until it is asked this many times; then it keeps a timeline
-_TIMELINE_AT = 8
-
-
-class _Node:
-    """One string of a :class:`_SuffixTree`: the end positions of all its occurrences in the whole array
-    (ascending, so a window's are one slice), its children by one token to the left and to the right (made on
-    demand), and, made the first time a many-occurrence window asks, its *continuation timeline*: after each
-    occurrence (in position order) of a continuation ``string + token``, the most frequent token so far and its
-    count, so the most frequent continuation within any window ``[0, hi)`` is one binary search.  Children
-    are kept in ``lefts`` / ``rights`` (token -> node, None for no occurrence; key None: all children at once,
-    as sorted arrays, for a node with many occurrences)."""
-
-    __slots__ = ("ends", "events", "leader_counts", "leaders", "lefts", "length", "queries", "rights")
-
-    def __init__(self, ends: np.ndarray, length: int) -> None:
-        self.ends = ends
-        self.length = length
-        self.lefts: dict = {}
-        self.rights: dict = {}
-        self.queries = 0  # continuation queries counted directly so far (see _TIMELINE_AT)
-        self.events: np.ndarray | None = None
-        self.leaders: np.ndarray | None = None
-        self.leader_counts: np.ndarray | None = None
-
-
-def _split(ends: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``ends`` grouped by ``keys`` (a stable sort, so each group stays ascending): (distinct keys, group
-    starts with the end appended, the reordered ends)."""
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1]))) if sk.size else np.zeros(0, np.int64)
-    return sk[starts], np.append(starts, sk.size), ends[order]
-
-
-class _SuffixTree:
-    """Arctic's depth-limited suffix tree over a window ``[lo, hi)`` of one fixed token array (sequences
-    separated by -1): a chain's token stream for the request trees (window ``[0, T)``), and every request's
-    answer in arrival order for the global tree (window: the cached requests, up to the running answer so far).
-
-    A tree node's count is the number of occurrences of its string in the window.  The arrays are fixed
-    because the windows only move forward (a chain's stream is known in full; so is every answer), so a node
-    keeps the end positions of *all* its occurrences and a window's count is two binary searches, whatever the
-    window; the nodes are made on demand (from the token's positions, narrowed by one token to the left for a
-    longer match, to the right along a path) and kept, because the same short strings come back at every
-    step.  The per-step work is then bounded by the tree depth, not by the number of occurrences (10^3-10^5
-    for common tokens and pairs in the preset's 10^5-token prompts and 3.8 M-token global tree)."""
-
-    def __init__(self, arr: np.ndarray) -> None:
-        self.arr = np.ascontiguousarray(arr, dtype=np.int64)
-        self.size = int(self.arr.size)
-        self.tokens = memoryview(self.arr)  # indexing gives Python ints, faster than numpy scalars
-        shifted = self.arr + 1  # separators (-1) first
-        top = int(shifted.max()) if self.size else 0
-        # a stable sort of 16-bit keys is a radix sort (O(n)); wider vocabularies sort int64
-        keys = shifted.astype(np.uint16) if top < (1 << 16) else shifted
-        self._order = np.argsort(keys, kind="stable")
-        self._starts = np.concatenate(([0], np.cumsum(np.bincount(shifted, minlength=top + 1)))).tolist()
-        self._unigrams: dict[int, _Node | None] = {}
-
-    def unigram(self, token: int) -> _Node | None:
-        node = self._unigrams.get(token, False)
-        if node is False:
-            if 0 <= token < len(self._starts) - 2:
-                a, b = self._starts[token + 1], self._starts[token + 2]
-                node = _Node(self._order[a:b], 1) if b > a else None
-            else:
-                node = None
-            self._unigrams[token] = node
-        return node
-
-    def child(self, node: _Node, token: int, left: bool) -> _Node | None:
-        """The node of ``token + string`` (``left``) or ``string + token``; callers look in ``node.lefts`` /
-        ``node.rights`` first."""
-        kids = node.lefts if left else node.rights
-        split = kids.get(None)
-        if split is None and node.ends.size > _SPLIT_ABOVE:  # every child at once, one sort
-            ends = node.ends
-            if left:
-                at = ends - node.length
-                keys = np.where(at >= 0, self.arr[np.maximum(at, 0)], -1)
-            else:
-                at = ends + 1
-                keys = np.where(at < self.size, self.arr[np.minimum(at, self.size - 1)], -1)
-                ends = at
-            split = kids[None] = _split(ends, keys)
-        if split is not None:
-            vals, starts, grouped = split
-            i = int(vals.searchsorted(token))
-            child = (_Node(grouped[starts[i]:starts[i + 1]], node.length + 1)
-                     if i < vals.size and int(vals[i]) == token else None)
-        else:
-            ends = node.ends
-            if left:
-                at = ends - node.length
-                sel = ends[(at >= 0) & (self.arr[np.maximum(at, 0)] == token)]
-            else:
-                at = ends + 1
-                at = at[at < self.size]
-                sel = at[self.arr[at] == token]
-            child = _Node(sel, node.length + 1) if sel.size else None
-        kids[token] = child
-        return child
-
-    def leader(self, node: _Node, lo: int, i0: int, i1: int, hi: int) -> tuple[int, int]:
-        """(token, count) of the most frequent continuation (smallest token of equal counts) of the node's
-        occurrences ``ends[i0:i1]`` (those in ``[lo, hi)``); count 0 when none continues inside the window.
-        Counted directly the first time (and always in a window not starting at 0: the global tree after an
-        eviction), from the timeline after that."""
-        if lo or (node.events is None and node.queries < _TIMELINE_AT - 1):
-            node.queries += 1
-            nxt = node.ends[i0:i1] + 1
-            if nxt.size and int(nxt[-1]) >= hi:  # ascending: only the last ones can reach hi
-                nxt = nxt[nxt < hi]
-            tok = self.arr[nxt]
-            tok = tok[tok >= 0]
-            if tok.size == 0:
-                return -1, 0
-            vals, counts = np.unique(tok, return_counts=True)
-            j = int(np.argmax(counts))  # the first of equal counts: the smallest token
-            return int(vals[j]), int(counts[j])
-        if node.events is None:
-            self._timeline(node)
-        j = int(node.events.searchsorted(hi))  # type: ignore[union-attr]
-        if j == 0:
-            return -1, 0
-        return int(node.leaders[j - 1]), int(node.leader_counts[j - 1])  # type: ignore[index]
-
-    def _timeline(self, node: _Node) -> None:
-        """After each continuation occurrence (position order), the most frequent continuation token so far
-        (smallest of equal counts) and its count.  The maximum count rises by one at a time; a rise makes the
-        rising token the leader, and until the next rise a token reaching the same count takes over if
-        smaller: a running minimum within each stretch between rises."""
-        q = node.ends + 1
-        q = q[q < self.size]
-        tok = self.arr[q]
-        keep = tok >= 0
-        q, tok = q[keep], tok[keep]
-        k = int(q.size)
-        if k == 0:
-            node.events, node.leaders, node.leader_counts = q, tok, tok
-            return
-        order = np.argsort(tok, kind="stable")
-        st = tok[order]
-        first = np.concatenate(([True], st[1:] != st[:-1]))
-        group_start = np.maximum.accumulate(np.where(first, np.arange(k), 0))
-        count = np.empty(k, np.int64)
-        count[order] = np.arange(k) - group_start + 1  # the token's occurrences so far, itself included
-        best = np.maximum.accumulate(count)
-        rise = np.concatenate(([True], best[1:] > best[:-1]))
-        stretch = np.cumsum(rise)
-        width = int(tok.max()) + 2
-        # each stretch's values sit below every earlier stretch's, so the running minimum restarts at each rise
-        val = np.where(count == best, tok, width - 1) - stretch * width
-        node.events = q
-        node.leaders = np.minimum.accumulate(val) + stretch * width
-        node.leader_counts = best
-
-
-def _match_groups(tree: _SuffixTree, pattern: memoryview, lo: int, hi: int) -> list[list]:
-    """The occurrences in ``[lo, hi)`` of the pattern's suffix of each match length ``m = 1 .. len-1``, shortest
-    first, as ``[m_lo, m_hi, count, node, i0, i1, occ]``: consecutive lengths with the same occurrences share one
-    entry (a longer match's occurrences are a subset of a shorter one's, so equal counts mean equal sets); the
-    occurrences are ``node.ends[i0:i1]`` while many, else the list ``occ``.  ``pattern``: int64 tokens."""
-    size = len(pattern)
-    top = size - 1
-    groups: list[list] = []
-    if top < 1:
-        return groups
-    node = tree.unigram(pattern[-1])
-    m = 1
-    occ: list[int] | None = None
-    few = _LIST_AT_MOST
-    while node is not None:  # many occurrences: the nodes, one token further left each
-        ends = node.ends
-        i1 = int(ends.searchsorted(hi))
-        i0 = int(ends.searchsorted(lo)) if lo else 0
-        count = i1 - i0
-        if count <= few:
-            if count:
-                occ = ends[i0:i1].tolist()
-            break
-        if groups and groups[-1][2] == count:
-            groups[-1][1] = m
-        else:
-            groups.append([m, m, count, node, i0, i1, None])
-        if m == top:
-            return groups
-        m += 1
-        token = pattern[-m]
-        nxt = node.lefts.get(token, False)
-        node = tree.child(node, token, True) if nxt is False else nxt
-    if not occ:
-        return groups
-    # a few occurrences, each matching m tokens: the longest match (up to top) of each, by comparing slices
-    # (C speed) in a binary search over the length, after trying the whole length first
-    toks = tree.tokens
-    lengths = []
-    for e in occ:
-        if e >= top - 1 and toks[e - top + 1:e + 1] == pattern[1:]:
-            lengths.append(top)
-            continue
-        a, b = m, min(top - 1, e + 1)
-        while a < b:
-            mid = (a + b + 1) >> 1
-            if toks[e - mid + 1:e + 1] == pattern[size - mid:]:
-                a = mid
-            else:
-                b = mid - 1
-        lengths.append(a)
-    while occ and m <= top:
-        shortest = min(lengths)
-        if groups and groups[-1][2] == len(occ):
-            groups[-1][1] = shortest
-        else:
-            groups.append([m, shortest, len(occ), None, 0, 0, occ])
-        m = shortest + 1
-        occ = [e for e, n in zip(occ, lengths) if n >= m]
-        lengths = [n for n in lengths if n >= m]
-    return groups
-
-
-def _suffix_path(tree: _SuffixTree, node: _Node | None, i0: int, i1: int, occ: list[int] | None, room: int,
-                 lo: int, hi: int, min_prob: float) -> tuple[list[int], list[float], float | None]:
-    """Arctic's ``_speculate_path`` from the node whose occurrences in ``[lo, hi)`` are ``node.ends[i0:i1]``
-    (or the list ``occ``), for up to ``room`` tokens: the most frequent child while the path probability stays
-    ``>= min_token_prob`` (float32, as there; ``min_prob`` is it in float32).  Returns the tokens, the score
-    after each of the first ``len(scores) - 1`` of them (one child step each), and the probability of the
-    single-occurrence tail that follows (every tail token has it; None: no tail).  The path for a smaller room
-    is a prefix of this one (the room only stops the walk)."""
-    toks = tree.tokens
-    f32 = _F32
-    few = _LIST_AT_MOST
-    prob = 1.0
-    score = 0.0
-    path: list[int] = []
-    scores = [0.0]
-    while len(path) < room:
-        if occ is None and i1 - i0 <= few:
-            occ = node.ends[i0:i1].tolist()  # type: ignore[union-attr]
-        if occ is not None:
-            if len(occ) == 1:  # one occurrence: its continuation, probability unchanged, up to a separator
-                e = occ[0]
-                tail = tree.arr[e + 1:min(hi, e + 1 + room - len(path))].tolist()
-                if -1 in tail:
-                    tail = tail[:tail.index(-1)]
-                if prob >= min_prob:
-                    path.extend(tail)
-                    return path, scores, prob
-                break
-            size = len(occ)
-            tally: dict[int, int] = {}
-            for e in occ:
-                if e + 1 < hi:
-                    t = toks[e + 1]
-                    if t >= 0:
-                        tally[t] = tally.get(t, 0) + 1
-            if not tally:
-                break
-            if len(tally) == 1:
-                (val, count), = tally.items()
-            else:
-                count = max(tally.values())
-                val = min(t for t, c in tally.items() if c == count)  # the smallest token id of equal counts
-        else:
-            size = i1 - i0
-            val, count = tree.leader(node, lo, i0, i1, hi)  # type: ignore[arg-type]
-            if count == 0:
-                break
-        if count != size:  # a ratio of 1 leaves the probability as it is
-            f32[0] = count / size if size < _F32_EXACT_INT else _f32(count) / _f32(size)
-            f32[0] = prob * f32[0]
-            if f32[0] < min_prob:
-                break
-            prob = f32[0]
-        elif prob < min_prob:
-            break
-        path.append(val)
-        f32[0] = score + prob
-        score = f32[0]
-        scores.append(score)
-        if occ is not None:
-            occ = [e + 1 for e in occ if e + 1 < hi and toks[e + 1] == val]
-        else:
-            nxt = node.rights.get(val, False)  # type: ignore[union-attr]
-            node = tree.child(node, val, False) if nxt is False else nxt  # type: ignore[arg-type]
-            if lo:
-                ends = node.ends  # type: ignore[union-attr]
-                i0, i1 = int(ends.searchsorted(lo)), int(ends.searchsorted(hi))
-            else:  # the child's occurrences in [0, hi) are the continuations counted
-                i0, i1 = 0, count
-    return path, scores, None
-
-
-def _path_score(scores: list[float], tail_prob: float | None, n: int) -> float:
-    """Arctic's score of a path's first ``n`` tokens, float32 and in its order of additions."""
-    k = len(scores) - 1
-    if n <= k or tail_prob is None:
-        return scores[min(n, k)]
-    return _f32(scores[k] + _f32(tail_prob * (n - k)))
-
-
-_BOUNDS: dict[tuple[SuffixConfig, int], list[int]] = {}
-
-
-def _draft_bounds(cfg: SuffixConfig, max_spec: int) -> list[int]:
-    """``[m]``: the most tokens a draft from match length ``m`` may have (the adaptive draft length, and the
-    tree depth left below the match)."""
-    key = (cfg, max_spec)
-    if key not in _BOUNDS:
-        adaptive = [int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6)
-                    for m in range(cfg.max_tree_depth + 1)]
-        _BOUNDS[key] = [min(max_spec, a, cfg.max_tree_depth - m) for m, a in enumerate(adaptive)]
-    return _BOUNDS[key]
-
-
-def _suffix_draft(tree: _SuffixTree, pattern: memoryview, lo: int, hi: int, bounds: list[int], min_prob: float,
-                  floor: float = 0.0) -> tuple[list[int], float]:
-    """Arctic's ``SuffixTree::speculate`` (path mode) over the window ``[lo, hi)``: for each match length ``m``
-    (shortest first) the most-frequent-child path, the first best by score.  A draft from match ``m`` scores at
-    most its length, so the matches are tried longest first and a shorter one is skipped once it cannot reach
-    the best score (equal scores still go to the shorter match, as there); match lengths with the same
-    occurrences follow the same path, cut at their own length, so it is walked once.  ``floor``: a score the
-    draft must beat to matter (the other tree's, which wins ties; 0 for none, since an empty draft scores 0);
-    matches that cannot are not walked, and the result is ``([], floor)`` when none beats it."""
-    best: list[int] = []
-    best_score = floor
-    found = False
-    for m_lo, m_hi, count, node, i0, i1, occ in reversed(_match_groups(tree, pattern, lo, hi)):
-        if count == 1 and occ[0] == hi - 1:
-            continue  # only the pattern itself, at the very end: nothing follows it
-        path = None
-        for m in range(m_hi, m_lo - 1, -1):
-            bound = bounds[m]
-            if bound <= best_score if not found else bound < best_score:
-                continue
-            if path is None:
-                path, scores, tail_prob = _suffix_path(tree, node, i0, i1, occ, max(bounds[m_lo:m + 1]), lo, hi,
-                                                       min_prob)
-            n = min(bound, len(path))
-            score = _path_score(scores, tail_prob, n)
-            if score > best_score or (found and score == best_score):
-                best, best_score, found = path[:n], score, True
-    return best, best_score
-
-
-def _suffix_request(rid: int, session: str, plen: int, n_out: int, stream: np.ndarray, local: _SuffixTree,
-                    glob: _SuffixTree | None, g_lo: int, g_start: int, cfg: SuffixConfig,
-                    max_model_len: int | None) -> RequestSpeculation:
-    """One request's decode steps: the request's tree is its chain's stream up to the context, the global tree
-    the cached answers up to this answer so far (``[g_lo, g_start + p)`` of the answers' array)."""
-    out = stream[plen:plen + n_out].tolist()
-    depth = cfg.max_tree_depth
-    min_prob = _f32(cfg.min_token_prob)
-    drafted: list[int] = []
-    accepted: list[int] = []
-    contexts: list[int] = []
-    open_ended = False
-    p = 1
-    while p < n_out:
-        T = plen + p
-        d: list[int] = []
-        max_spec = cfg.num_speculative_tokens
-        if max_model_len is not None:
-            max_spec = min(max_spec, max_model_len - T - 1)
-        if max_model_len is None or T < max_model_len:
-            bounds = _draft_bounds(cfg, max_spec)
-            pattern = local.tokens[max(0, T - depth):T]
-            d, s_local = _suffix_draft(local, pattern, 0, T, bounds, min_prob)
-            if glob is not None:
-                # the request's own tree wins ties, so the global one only matters above its score
-                d_glob, s_glob = _suffix_draft(glob, pattern, g_lo, g_start + p, bounds, min_prob, floor=s_local)
-                if s_glob > s_local:
-                    d = d_glob
-        nd = len(d)
-        a = 0
-        known = n_out - p
-        if nd:
-            m = min(nd, known)
-            while a < m and d[a] == out[p + a]:
-                a += 1
-            if a == known and nd > known:
-                open_ended = True
-        drafted.append(nd)
-        accepted.append(a)
-        contexts.append(T)
-        p += a + 1
-    return RequestSpeculation(rid, session, plen, n_out, np.asarray(drafted, np.int32),
-                              np.asarray(accepted, np.int32), np.asarray(contexts, np.int64), open_ended)
+#: a window from 0 with more occurrences than this takes its most frequent child from the node's continuation
+#: timeline (one binary search) instead of a tally
+_TIMELINE_AT = 1024
 
 
 def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None = None,
                     progress: bool = False) -> SpeculationResult:
+    """Every request in arrival order, each request's steps in one call of the compiled kernel
+    (``suffix_kernel.suffix_request``) over its chain's tree and the global tree of every answer."""
+    from kvscope.harness.cachemodel import suffix_kernel as kernel
+
+    knobs = (_LIST_AT_MOST, _SPLIT_ABOVE, _TIMELINE_AT)
     chains = _chains(trace)
     where: dict[int, tuple[int, int, int]] = {}
     last_of_chain: dict[int, int] = {}
@@ -889,11 +487,15 @@ def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None =
         parts += [sep, streams[ci][plen:plen + n_out]]  # type: ignore[index]
         g_start[rid] = size + 1
         size += 1 + n_out
-    glob = _SuffixTree(np.concatenate(parts)) if in_global and parts else None
+    glob = kernel.new_tree(np.concatenate(parts), *knobs) if in_global and parts else None
     cached: deque[int] = deque()  # the cached answers' starts, oldest first (FIFO)
     evicted = False
-    trees: dict[int, _SuffixTree] = {}
+    trees: dict[int, tuple] = {}
     sessions = trace.requests["session_id"].tolist()
+    depth = cfg.max_tree_depth
+    adaptive = np.array([int(m * cfg.max_spec_factor + cfg.max_spec_offset + 1e-6) for m in range(depth + 1)],
+                        np.int64)
+    min_prob = np.float32(cfg.min_token_prob)  # Arctic compares in float32
     out: list[RequestSpeculation] = []
     for rid in _progress(order, progress, "suffix"):
         ci, plen, n_out = where[rid]
@@ -904,10 +506,12 @@ def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None =
                 evicted = True
         tree = trees.get(ci)
         if tree is None:
-            tree = trees[ci] = _SuffixTree(streams[ci])  # type: ignore[arg-type]
+            tree = trees[ci] = kernel.new_tree(streams[ci], *knobs)  # type: ignore[arg-type]
         g_lo = cached[0] if evicted else 0  # the window starts at the oldest cached answer
-        out.append(_suffix_request(rid, str(sessions[rid]), plen, n_out, streams[ci], tree,  # type: ignore[arg-type]
-                                   glob, g_lo, g_start[rid], cfg, max_model_len))
+        d, a, c, oe = kernel.suffix_request(tree, glob if glob is not None else tree, glob is not None, g_lo,
+                                            g_start[rid], plen, n_out, depth, cfg.num_speculative_tokens,
+                                            -1 if max_model_len is None else max_model_len, adaptive, min_prob)
+        out.append(RequestSpeculation(rid, str(sessions[rid]), plen, n_out, d, a, c, bool(oe)))
         if rid == last_of_chain[ci]:  # the chain's last request: its tree is not needed again
             del trees[ci]
             streams[ci] = None
