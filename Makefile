@@ -80,6 +80,8 @@ $(VLLM_STAMP): | $(PY)
 # The project itself with its extras: reinstalled when pyproject.toml (or KVSCOPE_EXTRAS) changes.
 $(KVSCOPE_STAMP): pyproject.toml $(VLLM_STAMP)
 	$(PIP) install -q -e '.[$(KVSCOPE_EXTRAS)]'
+	@echo "== compiling the suffix-decoding kernel (numba's cache; the first kvscope speculate then starts at once)"
+	$(PY) -m kvscope.harness.cachemodel.suffix_kernel
 	@touch $@
 
 model: install

@@ -548,3 +548,19 @@ def suffix_request(local, glob, has_glob, g_lo, g_start, plen, n_out, depth, num
         nsteps += 1
         p += a + 1
     return drafted[:nsteps].copy(), accepted[:nsteps].copy(), contexts[:nsteps].copy(), open_ended
+
+
+def warm() -> None:
+    """Compile every kernel into numba's on-disk cache (``make install`` calls it: ``python -m
+    kvscope.harness.cachemodel.suffix_kernel``), so the first ``kvscope speculate`` does not pay the ≈ 25 s of
+    CPU compilation. The argument types equal ``speculative.simulate_suffix``'s, so its calls load this code."""
+    stream = np.array([5, 6, 7, 5, 6, 7, 5, 6, 8, 5, 6, 7], np.int64)
+    tree = new_tree(stream, 1, 2, 2)
+    glob = new_tree(np.concatenate([np.full(1, -1, np.int64), stream[6:]]), 1, 2, 2)
+    depth = 4
+    adaptive = np.array([m + 1 for m in range(depth + 1)], np.int64)
+    suffix_request(tree, glob, True, 0, 1, 6, 6, depth, 3, -1, adaptive, np.float32(0.1))
+
+
+if __name__ == "__main__":
+    warm()
