@@ -7,6 +7,8 @@ caching (`ngram_server`), the 64-block server of the scheduler and simulator val
 and the integration experiment, whose servers require an API key so the authentication tests read the same run
 (`integration_experiment`). The three shared servers, and the one test_replay_integration kills
 (`server_to_kill`), are launched together at the first request for any of them (`SharedServers`).
+Under `make test` (two pytest-xdist workers) every test that uses these shared fixtures runs in one worker, in
+file order (`pytest_collection_modifyitems`), so each is still made once per session.
 docs/testing.md lists every server start of the suite and why.
 """
 
