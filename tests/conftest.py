@@ -7,6 +7,8 @@ caching (`ngram_server`), the 64-block server of the scheduler and simulator val
 and the integration experiment, whose servers require an API key so the authentication tests read the same run
 (`integration_experiment`). The three shared servers, and the one test_replay_integration kills
 (`server_to_kill`), are launched together at the first request for any of them (`SharedServers`).
+Under `make test` (two pytest-xdist workers) every test that uses these shared fixtures runs in one worker, in
+file order (`pytest_collection_modifyitems`), so each is still made once per session.
 docs/testing.md lists every server start of the suite and why.
 """
 
@@ -26,6 +28,44 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # The public traces live beside the repository (../shared/data); KVSCOPE_SHARED_DATA points elsewhere.
 SHARED_DATA = Path(os.environ.get("KVSCOPE_SHARED_DATA") or REPO / ".." / "shared" / "data").resolve()
+
+
+#: The fixtures of the session's shared vLLM work: every test that uses one runs in one pytest-xdist worker (group
+#: `vllm-shared`), so each shared server starts once and the integration experiment runs once.
+SHARED_VLLM_FIXTURES = frozenset({"shared_servers", "integration_experiment"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `pytest -n 2 --dist loadgroup --no-loadscope-reorder` (`make test`): the tests that use the shared
+    servers or the integration experiment form one group, run in order by one worker; every other test is
+    grouped by its module, so a module's fixtures are made once and its tests keep their order. The other
+    worker meanwhile runs the other modules, the ones that start vLLM servers of their own included
+    (docs/testing.md)."""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
+        return
+    groups = {item: "vllm-shared" if SHARED_VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+              else item.nodeid.split("::")[0] for item in items}
+    # The longest first (`--no-loadscope-reorder` keeps this order): the shared group, then the modules that
+    # start servers of their own, then the rest; within a group the order of the files is kept.
+    own_servers = {groups[item] for item in items if item.get_closest_marker("vllm")} - {"vllm-shared"}
+    items.sort(key=lambda item: 0 if groups[item] == "vllm-shared" else 1 if groups[item] in own_servers else 2)
+    for item in items:
+        _into_xdist_group(item, groups[item])
+
+
+def _into_xdist_group(item: pytest.Item, group: str) -> None:
+    """What `@pytest.mark.xdist_group(group)` does: xdist's loadgroup scheduler reads the group from the node id's
+    `@group` suffix. pytest-xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer reads (its
+    node id is `item._id`), so the mark alone groups nothing there; this writes it where the running pytest
+    keeps it."""
+    nodeid = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 def _vllm_importable() -> bool:

@@ -187,7 +187,7 @@ def test_a_failing_configuration_is_recorded_and_a_killed_server_is_restarted_fo
     spec.write_text(f"""\
 name: failing
 model: {{source: path, path: {tiny_model_dir}, served_model_name: tiny}}
-server_defaults: {{max_model_len: 1024, kv_cache_memory_bytes: 16M, startup_timeout_s: 120}}
+server_defaults: {{max_model_len: 1024, kv_cache_memory_bytes: 16M, startup_timeout_s: 300}}
 servers:
   broken: {{extra_args: [--no-such-vllm-flag]}}
   good: {{}}

@@ -691,7 +691,7 @@ def _noise_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> La
         raise  # unreachable: p.error exits
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tests.doubles.faultserver", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed, and written to --port-file)")
@@ -707,11 +707,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (faster) when it is installed")
     _add_noise_arguments(p)
+    return p
+
+
+def config_from_args(argv: list[str], exit_on_die: bool = False) -> tuple[FaultConfig, argparse.Namespace]:
+    """The server configuration the command line `argv` asks for (tests build in-process servers from the same
+    flags as the command line, e.g. the A/B calibration's noise flags)."""
+    p = _parser()
     args = p.parse_args(argv)
     cfg = FaultConfig(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, output_len=args.output_len,
                       model=args.model, vocab_size=args.vocab_size, block_size=args.block_size,
                       fault_rates=_pairs(args.fault_rates, str, float), schedule=_pairs(args.schedule, int, str),
-                      seed=args.seed, exit_on_die=True, noise=_noise_from_args(p, args))
+                      seed=args.seed, exit_on_die=exit_on_die, noise=_noise_from_args(p, args))
+    return cfg, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = config_from_args(sys.argv[1:] if argv is None else argv, exit_on_die=True)
     srv = FaultServer(cfg, args.host, args.port)
 
     async def run() -> None:
