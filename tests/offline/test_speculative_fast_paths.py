@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvscope.harness.cachemodel import speculative
 from kvscope.harness.cachemodel.speculative import NgramConfig, OracleConfig, SuffixConfig, simulate
 
-from tests.offline.test_speculative_model import _trace, reference_steps, suffix_reference_trace
+from tests.offline.test_speculative_model import (_trace, reference_steps, simulate_with_thresholds,
+                                                  suffix_reference_trace)
 
 _tokens = st.lists(st.integers(0, 3), min_size=1, max_size=16)  # a small alphabet: many repeats
 _sessions = st.lists(st.lists(st.tuples(_tokens, _tokens), min_size=1, max_size=3), min_size=1, max_size=3)
@@ -51,12 +51,7 @@ def test_suffix_kernel_equals_arctics_algorithm_with_every_threshold(sessions, k
     splits, tallies and continuation timelines: every combination gives Arctic's drafts."""
     cfg = SuffixConfig(num_speculative_tokens=k, max_tree_depth=depth, min_token_prob=min_prob,
                        max_cached_requests=cached)
-    saved = speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT
-    speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = few, split, timeline
-    try:
-        res = simulate(_trace(sessions), cfg)
-    finally:
-        speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = saved
+    res = simulate_with_thresholds(_trace(sessions), cfg, few, split, timeline)
     want = suffix_reference_trace(sessions, cfg)
     assert [(r.drafted.tolist(), r.accepted.tolist()) for r in res.requests] == want
 

@@ -278,6 +278,18 @@ def test_suffix_model_equals_arctics_algorithm_step_by_step(prompt, output, k, d
     assert got.accepted.tolist() == want_a
 
 
+def simulate_with_thresholds(trace, cfg: SuffixConfig, few: int, split: int, timeline: int):
+    """``simulate`` with the suffix kernel's speed thresholds forced (they never change a result)."""
+    from kvscope.harness.cachemodel import speculative
+
+    saved = speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT
+    speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = few, split, timeline
+    try:
+        return simulate(trace, cfg)
+    finally:
+        speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = saved
+
+
 def suffix_reference_trace(sessions: list[list[tuple[list[int], list[int]]]], cfg: SuffixConfig):
     """Every request of an append-only trace (built by `_trace`, in arrival order) as vLLM + Arctic run them
     one at a time: the request's own tree over prompt + answer so far, the global tree over the answers of
@@ -327,16 +339,9 @@ def test_suffix_trace_equals_arctics_algorithm_across_requests_and_sessions(sess
     more occurrences take the tree nodes (binary searches, continuation timelines) that the common tokens of a
     full-size trace take, ``split`` 0 makes every node split into all its children at once, and ``timeline`` 1
     makes every most-frequent-child query go through a continuation timeline."""
-    from kvscope.harness.cachemodel import speculative
-
     cfg = SuffixConfig(num_speculative_tokens=k, max_tree_depth=depth, min_token_prob=min_prob,
                        max_cached_requests=cached, max_spec_factor=factor)
-    saved = speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT
-    speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = few, split, timeline
-    try:
-        res = simulate(_trace(sessions), cfg)
-    finally:
-        speculative._LIST_AT_MOST, speculative._SPLIT_ABOVE, speculative._TIMELINE_AT = saved
+    res = simulate_with_thresholds(_trace(sessions), cfg, few, split, timeline)
     want = suffix_reference_trace(sessions, cfg)
     assert len(res.requests) == len(want)
     for got, (want_d, want_a) in zip(res.requests, want):
