@@ -241,13 +241,17 @@ def _leader(tree, node, lo, i0, i1, hi):
         if j == 0:
             return -1, 0
         return tree[7][node][j - 1], tree[8][node][j - 1]
-    arr = tree[0]
-    ends = tree[4][node]
-    scratch = tree[11]
+    return _tally_continuations(tree[0], tree[4][node][i0:i1], hi, tree[11])
+
+
+@njit(cache=True)
+def _tally_continuations(arr, ends, hi, scratch):
+    """(token, count) of the most frequent token after the occurrences ending at ``ends`` inside ``[.., hi)``
+    (smallest token of equal counts; -1, 0 when none continues), tallied in ``scratch`` and reset after."""
     best = 0
     lead = -1
-    for i in range(i0, i1):
-        q = ends[i] + 1
+    for e in ends:
+        q = e + 1
         if q < hi:
             t = arr[q]
             if t >= 0:
@@ -256,8 +260,8 @@ def _leader(tree, node, lo, i0, i1, hi):
                 if c > best or (c == best and t < lead):
                     best = c
                     lead = t
-    for i in range(i0, i1):
-        q = ends[i] + 1
+    for e in ends:
+        q = e + 1
         if q < hi and arr[q] >= 0:
             scratch[arr[q]] = 0
     return lead, best
@@ -379,22 +383,7 @@ def _suffix_path(tree, node, i0, i1, occ_in, len_in, n_in, room, lo, hi, min_pro
                     return npath, nsc, prob
                 break
             size = nocc
-            count = 0
-            val = -1
-            for i in range(nocc):
-                q = occ[i] + 1
-                if q < hi:
-                    t = arr[q]
-                    if t >= 0:
-                        c = scratch[t] + 1
-                        scratch[t] = c
-                        if c > count or (c == count and t < val):
-                            count = c
-                            val = t
-            for i in range(nocc):
-                q = occ[i] + 1
-                if q < hi and arr[q] >= 0:
-                    scratch[arr[q]] = 0
+            val, count = _tally_continuations(arr, occ[:nocc], hi, scratch)
             if count == 0:
                 break
         else:
