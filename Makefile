@@ -12,10 +12,12 @@ VLLM_CUDA_SPEC ?= vllm
 PY            := $(VENV)/bin/python
 PIP           := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS   ?=
-# PYTEST_WORKERS=2: two pytest-xdist workers, one running the tests of the shared vLLM servers and the integration
-# experiment in order, the other the rest (docs/testing.md; not yet the default: no whole run measured). 0: one process.
-PYTEST_WORKERS ?= 0
-XDIST_ARGS    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+# `make test` runs the suite as two pytest processes side by side (docs/testing.md): the real-vLLM tests (marker
+# `vllm`) in file order, each shared server started once, and beside them the tests without a real vLLM server,
+# which are single-threaded and fill the core a vLLM start or a closed-loop replay leaves idle. Their output is
+# kept in UNIT_LOG and printed when both are done. TEST_PARTS=serial runs the two one after the other.
+TEST_PARTS    ?= side-by-side
+UNIT_LOG      ?= $(VENV)/test-without-vllm.log
 # The project's extras `make install` puts in the venv: dev (tests, lint) and ray (`--executor ray`).
 KVSCOPE_EXTRAS ?= dev,ray
 
@@ -40,8 +42,24 @@ demo: install
 smoke: install
 	$(VENV)/bin/kvscope demo
 
+# The exit status is the first failing part's; exit 5 ("no tests collected") of one part is not a failure when the
+# other ran tests (e.g. PYTEST_ARGS names one file).
 test: install
-	$(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+	@set +e; \
+	if [ "$(TEST_PARTS)" = serial ]; then \
+	  echo "== the tests without a real vLLM server"; \
+	  $(PY) -m pytest -m "not vllm" $(PYTEST_ARGS); unit=$$?; \
+	else \
+	  echo "== the tests without a real vLLM server run beside the real-vLLM ones; their output follows at the end ($(UNIT_LOG))"; \
+	  $(PY) -m pytest -m "not vllm" -p no:cacheprovider $(PYTEST_ARGS) > "$(UNIT_LOG)" 2>&1 & pid=$$!; \
+	fi; \
+	echo "== the real-vLLM tests (marker vllm)"; \
+	$(PY) -m pytest -m vllm $(PYTEST_ARGS); vllm=$$?; \
+	if [ "$(TEST_PARTS)" != serial ]; then \
+	  wait $$pid; unit=$$?; echo "== the tests without a real vLLM server (exit $$unit)"; cat "$(UNIT_LOG)"; \
+	fi; \
+	if [ $$unit = 5 ] && [ $$vllm = 5 ]; then exit 5; fi; \
+	for rc in $$unit $$vllm; do if [ $$rc != 0 ] && [ $$rc != 5 ]; then exit $$rc; fi; done
 
 install: $(KVSCOPE_STAMP) chromium
 

@@ -2,13 +2,12 @@
 
 vLLM integration tests are marked `vllm`; they start real servers (≈35–40 s each on 2 cores), so servers are
 session-scoped and shared by every test that can use the same configuration: the default server
-(`vllm_server`, which also serves test_record_explain's recorded agent), the n-gram server without prefix
-caching (`ngram_server`), the 64-block server of the scheduler and simulator validations (`small_pool_server`),
-and the integration experiment, whose servers require an API key so the authentication tests read the same run
-(`integration_experiment`). The three shared servers, and the one test_replay_integration kills
-(`server_to_kill`), are launched together at the first request for any of them (`SharedServers`).
-Under `make test` (two pytest-xdist workers) every test that uses these shared fixtures runs in one worker, in
-file order (`pytest_collection_modifyitems`), so each is still made once per session.
+(`vllm_server`, which also serves test_record_explain's recorded agent and is SIGKILLed by the session's last
+test), the n-gram server without prefix caching (`ngram_server`), the 64-block server of the scheduler and
+simulator validations (`small_pool_server`), and the integration experiment, whose servers require an API key
+so the authentication tests read the same run (`integration_experiment`). The three shared servers are
+launched together at the first request for any of them (`SharedServers`).
+`make test` runs the tests without the `vllm` marker in a second pytest process beside these (docs/testing.md).
 docs/testing.md lists every server start of the suite and why.
 """
 
@@ -28,44 +27,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # The public traces live beside the repository (../shared/data); KVSCOPE_SHARED_DATA points elsewhere.
 SHARED_DATA = Path(os.environ.get("KVSCOPE_SHARED_DATA") or REPO / ".." / "shared" / "data").resolve()
-
-
-#: The fixtures of the session's shared vLLM work: every test that uses one runs in one pytest-xdist worker (group
-#: `vllm-shared`), so each shared server starts once and the integration experiment runs once.
-SHARED_VLLM_FIXTURES = frozenset({"shared_servers", "integration_experiment"})
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under `pytest -n 2 --dist loadgroup --no-loadscope-reorder` (`make test`): the tests that use the shared
-    servers or the integration experiment form one group, run in order by one worker; every other test is
-    grouped by its module, so a module's fixtures are made once and its tests keep their order. The other
-    worker meanwhile runs the other modules, the ones that start vLLM servers of their own included
-    (docs/testing.md)."""
-    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
-        return
-    groups = {item: "vllm-shared" if SHARED_VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-              else item.nodeid.split("::")[0] for item in items}
-    # The longest first (`--no-loadscope-reorder` keeps this order): the shared group, then the modules that
-    # start servers of their own, then the rest; within a group the order of the files is kept.
-    own_servers = {groups[item] for item in items if item.get_closest_marker("vllm")} - {"vllm-shared"}
-    items.sort(key=lambda item: 0 if groups[item] == "vllm-shared" else 1 if groups[item] in own_servers else 2)
-    for item in items:
-        _into_xdist_group(item, groups[item])
-
-
-def _into_xdist_group(item: pytest.Item, group: str) -> None:
-    """What `@pytest.mark.xdist_group(group)` does: xdist's loadgroup scheduler reads the group from the node id's
-    `@group` suffix. pytest-xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer reads (its
-    node id is `item._id`), so the mark alone groups nothing there; this writes it where the running pytest
-    keeps it."""
-    nodeid = f"{item.nodeid}@{group}"
-    if hasattr(item, "_id"):
-        from _pytest.nodeid import NodeId
-
-        item._id = NodeId.parse(nodeid)
-    else:
-        item._nodeid = nodeid
 
 
 def _vllm_importable() -> bool:
@@ -187,7 +148,6 @@ def shared_servers(request, require_vllm, tiny_model_dir, tools_template_file, t
         "vllm_server": {"extra_args": ["--chat-template", str(tools_template_file)]},
         "ngram_server": {"enable_prefix_caching": False, "speculative_config": NGRAM_SPECULATION},
         "small_pool_server": {"num_gpu_blocks_override": 64},
-        "server_to_kill": {},
     }, used)
     yield pool
     pool.stop_all()
@@ -207,13 +167,6 @@ def ngram_server(shared_servers):
     speculation and no-cache tests, test_replay_integration's no-cache replay, test_speculative_vllm).
     A test may stop it (test_stopping_the_manager_leaves_no_vllm_process); the next user gets a new one."""
     return shared_servers.get("ngram_server")
-
-
-@pytest.fixture()
-def server_to_kill(shared_servers):
-    """A server with start_server's defaults for a test that kills it (test_replay_integration's mid-run kill):
-    launched with the shared ones, so its start overlaps theirs; a later request would start a new one."""
-    return shared_servers.get("server_to_kill")
 
 
 @pytest.fixture(scope="session")

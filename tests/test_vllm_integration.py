@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -13,6 +16,9 @@ import psutil
 import pytest
 
 from kvscope.harness.serving.client import completion_payload, stream_completion
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.replay.runner import replay
+from kvscope.harness.results.records import read_records
 from kvscope.harness.common.errors import ServerError
 from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
 from kvscope.harness.serving.metrics import metrics_delta
@@ -160,3 +166,40 @@ def test_demo_prints_growing_cached_tokens_and_leaves_nothing_running(require_vl
     assert all(r["cached_tokens"] <= r["expected_cap"] for r in rows)
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if p.info["cmdline"] and str(tmp_path) in " ".join(p.info["cmdline"])]
+
+
+def test_killing_the_server_mid_run_stops_the_replay_and_keeps_finished_records(vllm_server, tiny_model_dir, tmp_path):
+    """Last of the session (file order): it SIGKILLs the shared `vllm_server`, whose other users all ran before
+    it (a later request for it would start it again), so the kill costs no server start of its own."""
+    from kvscope.workloads.generate import generate_from_file
+
+    server = vllm_server
+    trace = generate_from_file("agent-coding", tiny_model_dir, seed=1, scale=0.03, sessions=3,
+                               max_context=1900).write(tmp_path / "trace")
+    out_dir = tmp_path / "run"
+    killed_at: list[float] = []
+
+    def killer() -> None:
+        jl = out_dir / "requests.jsonl"
+        while not jl.exists() or jl.read_bytes().count(b"\n") < 5:
+            time.sleep(0.05)
+        killed_at.append(time.time())
+        os.killpg(server.process.pid, signal.SIGKILL)
+
+    threading.Thread(target=killer, daemon=True).start()
+    t0 = time.time()
+    try:
+        options = ReplayOptions(concurrency=1, time_scale=0.002, progress=False, scrape_interval_s=0.5,
+                            total_timeout_s=20, idle_timeout_s=10, first_token_timeout_s=10)
+        out = replay(trace, out_dir, options,
+                     endpoints=[server.endpoint])
+    finally:
+        server.stop()
+    assert out.aborted and "server stopped answering" in out.aborted
+    assert time.time() - killed_at[0] < 20 + 5  # within the request timeout
+    df = read_records(out_dir)  # requests.parquet exists and is readable
+    ok = df[df["error_class"].isna()]
+    assert len(ok) >= 5
+    assert (out_dir / "requests.parquet").exists()
+    assert json.loads((out_dir / "summary.json").read_text())["aborted"] == out.aborted
+    assert t0 < killed_at[0]
