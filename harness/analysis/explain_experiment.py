@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+from kvscope.harness.analysis.common import _pct
 from kvscope.harness.analysis.explain import (
     Explanation,
     ProviderAgreement,
@@ -59,10 +60,6 @@ class WorkloadExplanation:
     observed_from: str  # the cell whose run gave the cached tokens, or SIMULATED
     server: str | None  # that cell's server configuration
     num_gpu_blocks: int | None = None  # that cell's KV pool (the pool what-ifs' size), where the server said
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x * 100:.0f} %"
 
 
 def _column(frame: pd.DataFrame, name: str, default: object) -> pd.Series:
