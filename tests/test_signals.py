@@ -2,10 +2,15 @@
 
 Fast tests (no vLLM): the parent-death watchdog kills a process group when its owner is SIGKILLed and leaves
 it alone after a normal release; SIGTERM of a replay is handled like Ctrl-C (records flushed, exit 143).
-Real-server tests (marker vllm): SIGTERM and SIGKILL of `kvscope replay --server` and `kvscope experiment run`
-leave no vLLM process behind after 15 s, and `--resume` then finishes the experiment with every cell exactly
-once. Processes are found two ways: the tree recorded under kvscope before the kill, and any process whose
-command line names this test's own copy of the model (other developers may serve the same tiny model).
+Real-server test (marker vllm): SIGTERM and SIGKILL of `kvscope experiment run` leave no vLLM process behind
+after 15 s, and `--resume` then finishes the experiment with every cell exactly once. Processes are found two
+ways: the tree recorded under kvscope before the kill, and any process whose command line names this test's own
+copy of the model (other developers may serve the same tiny model).
+
+SIGTERM of `kvscope replay --server` is tests/test_auth.py's: the one replay that launches its own vLLM there
+is both the API-key check and the signal check, so the suite starts that server once instead of twice (each
+start costs 35-40 s of CI); it uses the helpers here (`kvscope_popen`, `process_tree`, `assert_all_gone`,
+`private_model_copy`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from tests.doubles.faultserver import FaultConfig, FaultServer
 GONE_WITHIN_S = 15.0
 
 
-def _kvscope_popen(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+def kvscope_popen(*args: str, cwd: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
+def wait_for(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -65,7 +70,16 @@ def _naming(fragment: str) -> list[psutil.Process]:
     return found
 
 
-def _assert_all_gone(tree: list[psutil.Process], fragment: str) -> None:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants now (empty once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def assert_all_gone(tree: list[psutil.Process], fragment: str) -> None:
     deadline = time.monotonic() + GONE_WITHIN_S
     while time.monotonic() < deadline and (_alive(tree) or _naming(fragment)):
         time.sleep(0.5)
@@ -96,8 +110,8 @@ def test_watchdog_kills_the_group_when_its_owner_is_sigkilled():
     assert group.is_running() and dog.is_running()
     owner.kill()
     owner.wait()
-    _wait_for(lambda: not _alive([group]), GONE_WITHIN_S, "the watched process group to be killed")
-    _wait_for(lambda: not _alive([dog]), 5, "the watchdog to exit")
+    wait_for(lambda: not _alive([group]), GONE_WITHIN_S, "the watched process group to be killed")
+    wait_for(lambda: not _alive([dog]), 5, "the watchdog to exit")
     other = psutil.Process(other_pid)
     assert _alive([other])  # only the watched group is killed
     other.kill()
@@ -135,10 +149,10 @@ def test_pdeathsig_only_from_the_main_thread():
 def test_sigterm_of_a_replay_flushes_records_and_says_interrupted(tmp_path, signum, code):
     trace = synthetic_trace(40, steps=20).write(tmp_path / "trace")
     with FaultServer(FaultConfig(ttft_s=0.02, itl_s=0.005)) as srv:
-        proc = _kvscope_popen("replay", str(trace), "--endpoint", srv.endpoint, "--out", str(tmp_path / "run"),
-                              "--concurrency", "2", "--time-scale", "0", "--no-progress", "--no-reset-prefix-cache")
+        proc = kvscope_popen("replay", str(trace), "--endpoint", srv.endpoint, "--out", str(tmp_path / "run"),
+                             "--concurrency", "2", "--time-scale", "0", "--no-progress", "--no-reset-prefix-cache")
         jsonl = tmp_path / "run" / "requests.jsonl"
-        _wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, 60, "the first records")
+        wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, 60, "the first records")
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err[-2000:]
@@ -150,49 +164,20 @@ def test_sigterm_of_a_replay_flushes_records_and_says_interrupted(tmp_path, sign
 # --------------------------------------------------------------------------------- real vLLM server
 
 
+def private_model_copy(model_dir: Path, where: Path) -> Path:
+    """A copy of the model under `where` whose path names no one else's: every process of a server launched
+    on it carries the path in its command line, so it identifies this test's servers among everyone's (other
+    developers may serve the same tiny model)."""
+    return Path(shutil.copytree(model_dir, where / f"model-{os.getpid()}-{time.monotonic_ns()}"))
+
+
 @pytest.fixture()
 def own_model(require_vllm, tiny_model_dir, tmp_path) -> Path:
-    """A private copy of the model, so its path identifies this test's servers among everyone's."""
-    return Path(shutil.copytree(tiny_model_dir, tmp_path / f"model-{os.getpid()}-{time.monotonic_ns()}"))
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
+    return private_model_copy(tiny_model_dir, tmp_path)
 
 
 def _vllm_started(fragment: str):
     return lambda: any("vllm" in " ".join(p.cmdline()) for p in _naming(fragment))
-
-
-@pytest.mark.vllm
-# SIGTERM only: SIGKILL of a process that owns a vLLM server is test_experiment_sigterm_then_sigkill_then_resume's
-# (the same VllmServer launch, parent-death signal and watchdog), and a second server start here cost 60 s of CI.
-@pytest.mark.parametrize("signum", [signal.SIGTERM])
-def test_signal_of_replay_with_server_leaves_no_vllm(own_model, tmp_path, signum):
-    from kvscope.workloads.generate import generate_from_file
-
-    trace = generate_from_file("agent-coding", own_model, seed=0, scale=0.02, sessions=6, max_context=1500)
-    trace.write(tmp_path / "trace")
-    cfg = tmp_path / "server.yaml"
-    cfg.write_text(f"model: {own_model}\nserved_model_name: tiny\nmax_model_len: 2048\n"
-                   "kv_cache_memory_bytes: 32M\nstartup_timeout_s: 240\n")
-    proc = _kvscope_popen("replay", str(tmp_path / "trace"), "--server", str(cfg), "--out", str(tmp_path / "run"),
-                          "--concurrency", "1", "--time-scale", "0", "--no-progress")
-    jsonl = tmp_path / "run" / "requests.jsonl"
-    _wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, 300, "the replay to record requests")
-    tree = _tree(proc.pid)
-    assert any("vllm" in " ".join(p.cmdline()) for p in tree if p.is_running())
-    proc.send_signal(signum)
-    proc.communicate(timeout=90)
-    assert proc.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
-    _assert_all_gone(tree, str(own_model))
-    if signum == signal.SIGTERM:
-        lines = jsonl.read_text().splitlines()
-        assert lines and all(json.loads(x)["request_id"] >= 0 for x in lines)
 
 
 EXPERIMENT = """\
@@ -223,25 +208,25 @@ def test_experiment_sigterm_then_sigkill_then_resume(own_model, tmp_path):
         return lambda: jl.exists() and jl.stat().st_size > 0
 
     args = ["experiment", "run", str(spec), "--out", str(tmp_path / "res"), "--run-id", "r1", "--no-report"]
-    proc = _kvscope_popen(*args)
-    _wait_for(cell_recording(cells[0]), 300, "cell 1 to record requests")
-    tree = _tree(proc.pid)
+    proc = kvscope_popen(*args)
+    wait_for(cell_recording(cells[0]), 300, "cell 1 to record requests")
+    tree = process_tree(proc.pid)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=90)
     assert proc.returncode == 143
-    _assert_all_gone(tree, str(own_model))
+    assert_all_gone(tree, str(own_model))
     state = json.loads(manifest.read_text())["cells"]
     assert state[cells[0]]["status"] == "interrupted"
 
-    proc = _kvscope_popen(*args, "--resume")
-    _wait_for(_vllm_started(str(own_model)), 120, "the resumed run to start vLLM")
-    _wait_for(lambda: _tree(proc.pid) and len(_tree(proc.pid)) > 2, 60, "vLLM's children")
-    tree = _tree(proc.pid)
+    proc = kvscope_popen(*args, "--resume")
+    wait_for(_vllm_started(str(own_model)), 120, "the resumed run to start vLLM")
+    wait_for(lambda: process_tree(proc.pid) and len(process_tree(proc.pid)) > 2, 60, "vLLM's children")
+    tree = process_tree(proc.pid)
     proc.kill()
     proc.wait()
-    _assert_all_gone(tree, str(own_model))
+    assert_all_gone(tree, str(own_model))
 
-    proc = _kvscope_popen(*args, "--resume")
+    proc = kvscope_popen(*args, "--resume")
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     final = json.loads(manifest.read_text())
