@@ -5,7 +5,8 @@ session-scoped and shared by every test that can use the same configuration: the
 (`vllm_server`, which also serves test_record_explain's recorded agent and is SIGKILLed by the session's last
 test), the n-gram server without prefix caching (`ngram_server`), the 64-block server of the scheduler and
 simulator validations (`small_pool_server`), and the integration experiment, whose servers require an API key
-so the authentication tests read the same run (`integration_experiment`). The three shared servers are
+so the authentication tests read the same run, and whose `apc` server is killed between two cells so the
+runner's restart of a dead server is checked on it too (`integration_experiment`). The three shared servers are
 launched together at the first request for any of them (`SharedServers`).
 `make test` runs the tests without the `vllm` marker in a second pytest process beside these (docs/testing.md).
 docs/testing.md lists every server start of the suite and why.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -192,26 +194,40 @@ workloads:
   agent-ts: {{spec: agent-coding-timestamped, scale: 0.02, sessions: 2, seed: 3, max_context: 1500}}
 loads: [{{concurrency: 1}}]
 repeats: 2
-replay: {{warmup_pass: true, time_scale: 0}}
+replay: {{time_scale: 0}}
 slo: {{ttft_ms: 500}}
 cost: {{pricing: [anthropic-sonnet-5m, openai-gpt-4.1], gpu_hourly_usd: 1.0}}
 """
 
 
+#: The integration experiment's cell after which its `apc` server is SIGKILLed, so the runner starts it again
+#: for apc's next cell: apc's last cell of repeat 0, so the restarted process serves apc__agent__c1__r1 and both
+#: repeats of apc__agent are a fresh process's first cell while neither of apc__agent-ts is (the pair that
+#: test_compare_same_configuration_twice_is_not_significant compares).
+INTEGRATION_KILLED_AFTER = "apc__agent-ts__c1__r0"
+
+
 @dataclass
 class IntegrationExperiment:
-    """The integration experiment's directory, its API key, and what each server answered without the key."""
+    """The integration experiment's directory, its API key, what each server answered without the key, and
+    the server process killed between cells."""
 
     dir: Path
     api_key: str
     #: server -> (status of /v1/models without the key, with it), probed after each cell
     refused: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: cell -> pid of the server process that ran it
+    server_pids: dict[str, int] = field(default_factory=dict)
+    #: the cells after which their server was SIGKILLed (the probe ran first)
+    killed: list[str] = field(default_factory=list)
 
 
 @pytest.fixture(scope="session")
 def integration_experiment(require_vllm, tiny_model_dir, tmp_path_factory):
     """2 server configurations (prefix caching on/off) x 2 workloads (append-only agent, timestamped agent) x
     1 load x 2 repeats on real vLLM, run once for the session (test_experiment_integration, test_auth).
+    After `INTEGRATION_KILLED_AFTER` the `apc` server's process group is SIGKILLed, so its next cell checks
+    that the runner starts a killed server again (test_experiment_integration); this costs one more start.
 
     Both servers require an API key, given the two ways a config can: `api_key_env` naming a variable of
     kvscope's environment (`apc`) and `VLLM_API_KEY` in the config's `env:` (`no-apc`); the third,
@@ -233,6 +249,11 @@ def integration_experiment(require_vllm, tiny_model_dir, tmp_path_factory):
         url = server.endpoint + "/v1/models"
         found.refused[cell.server] = (httpx.get(url, timeout=10).status_code,
                                       httpx.get(url, timeout=10, headers={"Authorization": f"Bearer {key}"}).status_code)
+        found.server_pids[cell.name] = server.process.pid
+        if cell.name == INTEGRATION_KILLED_AFTER:
+            found.killed.append(cell.name)
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=30)
 
     try:
         found.dir = run_experiment(spec, out=root / "results", run_id="r1", after_cell=probe)
