@@ -392,3 +392,55 @@ def test_control_plane_http_shares_one_verifying_tls_context():
     ctx = tls_context()
     assert tls_context() is ctx
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+# A stand-in for vLLM's interpreter: from vLLM's command line it keeps the port and the served name and serves the
+# loopback mock server there, so `kvscope replay --server` runs from launch to its last file without vLLM.
+MOCK_VLLM = """#!/bin/sh
+port=""; name="mock"
+while [ $# -gt 0 ]; do
+  case "$1" in --port) port=$2; shift ;; --served-model-name) name=$2; shift ;; esac
+  shift
+done
+PYTHONPATH={repo} exec {python} -m tests.doubles.faultserver --port "$port" --model "$name"
+"""
+
+
+def test_a_launched_replay_runs_to_the_end_and_writes_the_config_redacted(tiny_model_dir, tmp_path):
+    """test_auth's real-vLLM launch of `kvscope replay --server` is SIGTERMed mid-run, so the files a launched run
+    writes only at its end (manifest.json with the server's configuration, summary.json) are checked here, with
+    the mock server standing in for vLLM; the key given in `extra_args` is in none of them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    from kvscope.workloads.generate import generate_from_file
+
+    repo = Path(__file__).resolve().parents[1]
+    fake = tmp_path / "mock-vllm-python"
+    fake.write_text(MOCK_VLLM.format(repo=repo, python=sys.executable))
+    fake.chmod(0o755)
+    key = "sk-standin-0123456789"
+    trace = generate_from_file("agent-coding", tiny_model_dir, seed=3, scale=0.02, sessions=2,
+                               max_context=1500).write(tmp_path / "trace")
+    server_yaml = tmp_path / "server.yaml"
+    server_yaml.write_text(f"model: {tiny_model_dir}\nserved_model_name: tiny\npython: {fake}\n"
+                           f"startup_timeout_s: 60\nextra_args: ['--api-key={key}']\n")
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "replay", str(trace), "--server",
+                          str(server_yaml), "--out", str(run_dir), "--concurrency", "2", "--time-scale", "0",
+                          "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert key not in out.stdout + out.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["server_config"]["extra_args"] == ["--api-key=<redacted>"]
+    assert manifest["server_config"]["python"] == str(fake)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["requests"]["sent"] > 0 and summary["requests"]["ok"] == summary["requests"]["sent"]
+    assert summary["server_deltas"]["generation_tokens"] > 0  # /metrics was scraped before and after
+    assert (run_dir / "server.log").stat().st_size > 0
+    assert [p.name for p in sorted(run_dir.rglob("*")) if p.is_file() and key.encode() in p.read_bytes()] == []
+    assert not [p for p in psutil.process_iter(["cmdline"])  # the launched stand-in was stopped with the run
+                if p.info["cmdline"] and str(fake) in " ".join(p.info["cmdline"])]
