@@ -74,14 +74,15 @@ replay: {{warmup_pass: true, time_scale: 0}}
     for name, after in completions_after.items():
         entry = cells[name]
         assert entry.status == "ok", (name, entry.reason)
-        recorded = load_summary(run_dir / entry.dir).requests.sent
+        summary = load_summary(run_dir / entry.dir)
+        recorded = summary.requests.sent
         assert recorded == entry.headline.requests > 0
         # warm-up requests, then the trace twice: the unrecorded warm-up pass and the measured replay
         assert after - before == entry.warmup_requests + 2 * recorded, (name, after - before, recorded)
         before = after
         # an attached endpoint cannot empty its prefix cache: recorded on the cell and flagged in its summary
         assert (entry.prefix_cache_reset or "").startswith("not reset"), entry.prefix_cache_reset
-        assert "cache_not_reset" in load_summary(run_dir / entry.dir).data_quality.flags
+        assert "cache_not_reset" in summary.data_quality.flags
     assert manifest.servers["good"].restarts == 0
     assert not list((run_dir / "cells").glob(".warmup-*"))  # the warm-up pass leaves no directory behind
     assert "kvscope: warning: prefix cache not reset" in capsys.readouterr().err
