@@ -334,7 +334,7 @@ def test_cli_stop_with_a_stalled_stream(tmp_path, tiny_model_dir, template_file,
                 "model": "mock", "messages": [{"role": "user", "content": "first"}], "max_tokens": 4})
             errors: list = []
             t = _stalled_request(url, errors)
-            time.sleep(0.5)  # lets the stalled request reach the proxy; nothing below depends on how long
+            _wait_for(lambda: srv.stats.completions == 2)  # the stalled request is in flight in the proxy
             proc.send_signal(getattr(signal, signals[0]))
             assert f"waiting up to {drain} s for 1 exchange" in proc.stderr.readline()
             if len(signals) == 2:

@@ -85,8 +85,9 @@ def test_report_of_an_interrupted_run(tmp_path):
         while time.time() < deadline and (not log.exists() or log.stat().st_size == 0):
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
-    assert not (tmp_path / "run" / "summary.json").exists() or True  # interrupted: whatever was written stays
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]  # interrupted, not finished: no summary, the records kept
+    assert not (tmp_path / "run" / "summary.json").exists() and log.stat().st_size > 0
     r, failed = report_of(tmp_path / "run")
     assert failed == [], failed
 
