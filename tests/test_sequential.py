@@ -238,3 +238,16 @@ def test_the_runner_stops_once_the_verdicts_are_decided(tmp_path, tiny_model_dir
     assert len(load_results(run_dir).cells) == 2 * MAX  # skipped cells load (no directory), the run reads back
     assert ran == [] and {n: c.status for n, c in first.cells.items()} == statuses
     assert first.sequential == manifest.sequential
+    # The statistic the rule reads per repeat is the one summary.json states, for the metrics decided on here and
+    # for the default throughput metric, which this experiment does not decide on (see above) but others do.
+    from kvscope.harness.analysis.sequential import run_statistic
+    from kvscope.harness.results.loaders import load_summary
+
+    summaries = sorted(run_dir.rglob("summary.json"))
+    assert len(summaries) == 2 * entry.repeats_used
+    for path in summaries:
+        stated = json.loads(path.read_text())
+        model = load_summary(path)
+        assert run_statistic(model, "output_tokens_per_s") == stated["throughput"]["output_tokens_per_s"] > 0
+        assert run_statistic(model, "ttft_p50_s") == stated["latency"]["ttft_s"]["p50"] > 0
+        assert run_statistic(model, "e2e_p50_s") == stated["latency"]["e2e_s"]["p50"] > 0
