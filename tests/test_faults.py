@@ -48,7 +48,7 @@ MARK = {mode: 10 + i for i, mode in enumerate([*EXPECTED, "extra_tokens", "fewer
 
 def _opts(**kw) -> ReplayOptions:
     base = dict(concurrency=4, time_scale=0.0, progress=False, scrape_interval_s=0.2, on_error="continue",
-                first_token_timeout_s=1.0, idle_timeout_s=0.5, total_timeout_s=10.0, connect_timeout_s=2.0)
+                first_token_timeout_s=2.0, idle_timeout_s=1.0, total_timeout_s=10.0, connect_timeout_s=2.0)
     base.update(kw)
     return ReplayOptions(**base)
 
@@ -105,7 +105,7 @@ def test_every_fault_mode_is_recorded_with_its_class(tmp_path, client):
     assert s["length_mismatch"] == 2 * per_mode
     assert sum(s["errors_by_class"].values()) == n_failed
     assert out.summary["latency"]["ttft_s"]["count"] == s["ok"]
-    # timeouts bound the stalls: 2x stall_headers/before (1 s) + 2x stall_mid (0.5 s) over 4 workers
+    # timeouts bound the stalls: 2x stall_headers/before (2 s) + 2x stall_mid (1 s) over 4 workers
     assert elapsed < 60
 
 
