@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.harness.analysis.ab import (Run, RunNoise, _weighted_percentiles, compare, compare_runs,
+from kvscope.harness.analysis.ab import (Run, RunNoise, compare, compare_runs,
                                         estimate_run_noise, noise_groups)
+from kvscope.harness.results.percentiles import weighted_percentiles
 
 
 def _records(rng, sessions=8, steps=3, ttft_s=0.02, run_sigma=0.04, session_sigma=0.06, request_sigma=0.12,
@@ -165,23 +166,22 @@ def test_records_of_several_cells_are_several_runs():
 @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=30),
        st.lists(st.integers(0, 4), min_size=30, max_size=30), st.sampled_from([1, 25, 50, 90, 99, 100]))
 def test_weighted_percentile_equals_the_percentile_of_the_repeated_values(values, counts, q):
+    """Bit for bit: summary.json's figure (np.percentile, linear) is the A/B engine's at unit weights."""
     x = np.sort(np.asarray(values))
-    w = np.asarray(counts[: len(x)], float)
+    w = np.asarray(counts[: len(x)], int)
     if w.sum() == 0:
         w[0] = 1
-    got = _weighted_percentiles(x, np.column_stack([w, np.ones_like(w)]), [q])
-    assert got[0, 0] == np.percentile(np.repeat(x, w.astype(int)), q, method="inverted_cdf")
-    assert got[0, 1] == np.percentile(x, q, method="inverted_cdf")
+    got = weighted_percentiles(x, np.column_stack([w, np.ones_like(w), np.zeros_like(w)]), [q])
+    assert got[0, 0] == np.percentile(np.repeat(x, w), q)
+    assert got[0, 1] == np.percentile(x, q)
+    assert np.isnan(got[0, 2])  # a draw without any value has no percentile
 
 
 def _one_level_percentiles(x: np.ndarray, weights: np.ndarray, qs: list[float]) -> np.ndarray:
-    """The reference: a full cumulative sum per draw and the first position reaching q of the total."""
+    """The reference: numpy's percentile of the values repeated by each draw's weights."""
     out = np.empty((len(qs), weights.shape[1]))
     for d in range(weights.shape[1]):
-        cum = np.cumsum(weights[:, d])
-        for j, q in enumerate(qs):
-            target = np.ceil(q / 100 * cum[-1] - 1e-9 * max(cum[-1], 1.0))
-            out[j, d] = x[min(int(np.searchsorted(cum, target, side="left")), len(x) - 1)]
+        out[:, d] = np.percentile(np.repeat(x, weights[:, d]), qs)
     return out
 
 
@@ -194,7 +194,7 @@ def test_block_percentile_search_equals_one_cumulative_sum_per_draw(n, draws, me
     w = rng.poisson(mean_weight, (n, draws)).astype(np.int32)
     w[0, w.sum(axis=0) == 0] = 1
     qs = [0, 1, 50, 90, 99, 100]
-    assert np.array_equal(_weighted_percentiles(x, w, qs), _one_level_percentiles(x, w, qs))
+    assert np.array_equal(weighted_percentiles(x, w, qs), _one_level_percentiles(x, w, qs))
 
 
 # ---- the command line, on mock-server runs -------------------------------------------------------------------

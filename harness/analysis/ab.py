@@ -28,6 +28,12 @@ and throughput verdicts are *inconclusive* unless a relative run-to-run noise is
 with prefix caching off and one with it on is true by construction and marked `by_construction`.
 
 Throughput is a per-run quantity (each run's output tokens/s, from its summary); its draws resample runs only.
+
+Which statistics, their directions and margins are not listed here: each is a registered summary metric's
+(``results.summary.compared_statistics(Use.VERDICT)``), pooled as its kind says (a distribution's percentiles,
+a ratio of sums, the mean of per-run values); the prefill cost is this engine's own, priced by its arguments.
+A run's point estimate of a statistic is summary.json's figure: the same requests (successful, inside the
+window, retries included), the same percentile definition (:mod:`kvscope.harness.results.percentiles`).
 """
 
 from __future__ import annotations
@@ -36,21 +42,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from kvscope.harness.results.percentiles import weighted_percentiles
+from kvscope.harness.results.summary import OutputTokenThroughput, Statistic, Use, compared_statistics
 
-#: Percentiles compared per latency family (p99 of TPOT and e2e adds little but a multiple-comparison cost).
-QUANTILES = {"ttft": (50, 90, 99), "tpot": (50, 90), "e2e": (50, 90)}
-LATENCY_METRICS = tuple(QUANTILES)
-THROUGHPUT_METRIC = "output_tokens_per_s"
-HIT_RATE_METRIC = "hit_rate"
+#: The A/B engine's own statistic (mean prefill cost per request, priced by `compare`'s arguments): not a
+#: summary.json figure, so not a registered metric; lower is better, decided by prefix caching like the hit rate.
 COST_METRIC = "cost_prefill_units_per_request"
-HIGHER_IS_BETTER = {THROUGHPUT_METRIC, HIT_RATE_METRIC}
-#: Practical margin: differences inside it are not worth a verdict (relative to A; absolute for the hit rate).
+#: Practical margin: differences inside it are not worth a verdict (relative to A; a share's own absolute
+#: margin, ``absolute_margin`` of its metric, for the hit rate).
 MARGIN_RELATIVE = 0.05
-MARGIN_HIT_RATE = 0.005
 ALPHA = 0.05
 TABLE_COLUMNS = ["metric", "a", "b", "diff", "ci_low", "ci_high", "relative", "margin", "p_value", "p_adjusted",
                  "verdict", "runs_a", "runs_b", "paired"]
@@ -62,32 +66,40 @@ class Run:
 
     name: str
     records: pd.DataFrame
-    output_tokens_per_s: float | None = None  # from summary.json; None: computed from the records
+    output_tokens_per_s: float | None = None  # from summary.json; None: the summary's, else from the records
     prefix_caching: bool | None = None
     trace_sha256: str | None = None
+    summary: Any = None  # its validated summary.json, where per-run statistics are read (None: records only)
+
+
+def verdict_statistics() -> list[Statistic]:
+    """The statistics of the verdict table, in its order (the registry's, `Use.VERDICT`), the cost aside."""
+    return compared_statistics(Use.VERDICT)
 
 
 @dataclass
 class _Side:
-    """The records of one side as arrays: every request's (run, session) unit, and per-run throughput."""
+    """The records of one side as arrays: every request's (run, session) unit, the record columns the
+    statistics read, and the per-run statistics' values."""
 
     runs: int
     sessions_per_run: np.ndarray  # (R,)
     unit_offset: np.ndarray  # (R,) first unit index of each run
     unit_of_request: np.ndarray  # (n,)
     columns: dict[str, np.ndarray]
-    throughput: np.ndarray  # (R,) output tokens/s per run
+    per_run: dict[str, np.ndarray]  # statistic name -> (R,) value per run (NaN: not measured)
+    statistics: list[Statistic]
     prefix_caching: set = field(default_factory=set)
-    #: per latency family with 2+ values: its values sorted (NaN left out) and the unit of each, sorted once
-    sorted_latency: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: per distribution column with 2+ values: its values sorted (NaN left out) and the unit of each, sorted once
+    sorted_values: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for m in LATENCY_METRICS:
-            x = self.columns[f"{m}_s"]
+        for column in dict.fromkeys(s.metric.column for s in self.statistics if s.kind == "percentile"):
+            x = self.columns[column]
             keep = ~np.isnan(x)
             if keep.sum() >= 2:
                 order = np.argsort(x[keep], kind="stable")
-                self.sorted_latency[m] = (x[keep][order], self.unit_of_request[keep][order])
+                self.sorted_values[column] = (x[keep][order], self.unit_of_request[keep][order])
 
     @property
     def units(self) -> int:
@@ -96,9 +108,11 @@ class _Side:
 
 # ---- input ---------------------------------------------------------------------------------------------------
 def _ok_records(df: pd.DataFrame) -> pd.DataFrame:
+    """The requests a run's statistics are computed over, as summary.json's: successful, inside the window (a
+    retry that succeeded is a successful request)."""
     if not len(df):
         return df
-    ok = df[df["error_class"].isna() & (df["attempt"] == 0)] if "attempt" in df else df[df["error_class"].isna()]
+    ok = df[df["error_class"].isna()]
     if "in_window" in ok:
         ok = ok[ok["in_window"].astype(bool)]
     return ok
@@ -134,8 +148,20 @@ def traffic_is_identical(a_runs: Sequence[Run], b_runs: Sequence[Run]) -> bool:
     return bool(first) and all(_session_ids(r) == first for r in runs[1:])
 
 
-def _side(runs: Sequence[Run], paired_sessions: list[str] | None) -> _Side:
-    frames, sessions_per_run, offsets, tput, off = [], [], [], [], 0
+def _run_value(run: Run, stat: Statistic) -> float:
+    """A per-run statistic of one run: from its summary; output throughput also as given (`Run`) or, for records
+    without a summary, from the records."""
+    if stat.metric is OutputTokenThroughput and run.output_tokens_per_s is not None:
+        value: float | None = run.output_tokens_per_s
+    elif run.summary is not None:
+        value = stat.per_run(run.summary)
+    else:
+        value = records_throughput(run.records) if stat.metric is OutputTokenThroughput else None
+    return np.nan if value is None else float(value)
+
+
+def _side(runs: Sequence[Run], paired_sessions: list[str] | None, statistics: list[Statistic]) -> _Side:
+    frames, sessions_per_run, offsets, off = [], [], [], 0
     for run in runs:
         ok = _ok_records(run.records)
         if not len(ok):
@@ -148,14 +174,14 @@ def _side(runs: Sequence[Run], paired_sessions: list[str] | None) -> _Side:
         sessions_per_run.append(len(sessions))
         offsets.append(off)
         off += len(sessions)
-        t = run.output_tokens_per_s if run.output_tokens_per_s is not None else records_throughput(run.records)
-        tput.append(np.nan if t is None else float(t))
     allr = pd.concat(frames, ignore_index=True)
-    cols = {f"{m}_s": allr[f"{m}_s"].to_numpy(float) for m in LATENCY_METRICS}
-    cols["prompt_tokens"] = allr["prompt_tokens"].to_numpy(float)
-    cols["cached_tokens"] = allr["cached_tokens"].fillna(0).to_numpy(float)
+    names = {"prompt_tokens", "cached_tokens"}  # the prefill cost's
+    for stat in statistics:
+        names |= {stat.metric.column} if stat.kind == "percentile" else set(stat.metric.ratio_of or ())
+    cols = {c: allr[c].to_numpy(float) for c in sorted(names)}
+    per_run = {s.name: np.array([_run_value(r, s) for r in runs]) for s in statistics if s.kind == "per_run"}
     return _Side(len(runs), np.asarray(sessions_per_run), np.asarray(offsets), allr["_unit"].to_numpy(np.int64),
-                 cols, np.asarray(tput), {r.prefix_caching for r in runs})
+                 cols, per_run, statistics, {r.prefix_caching for r in runs})
 
 
 # ---- resampling ----------------------------------------------------------------------------------------------
@@ -198,47 +224,19 @@ def _unit_weights(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray) -> 
     return np.bincount(flat, minlength=k * side.units).reshape(k, side.units).astype(np.int32)
 
 
-#: Sorted values per block of the two-level percentile search: the draws' cumulative weights are summed per block
-#: of this many values, and only inside the block that holds a percentile cumulated value by value.
-PERCENTILE_BLOCK = 64
-
-
-def _weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: Sequence[float]) -> np.ndarray:
-    """Inverted-CDF percentiles (the smallest value whose weighted CDF reaches q) per draw: (len(qs), k).
-
-    ``weights`` is (n, k): the weight of each sorted value in each of k draws (value-major, so a block of values
-    is contiguous). Two levels instead of one cumulative sum over all n values per draw: weights are summed per
-    block of :data:`PERCENTILE_BLOCK` values (a vectorised reduction), the block holding each percentile is found
-    on the block sums, and the values are cumulated only inside that block. Same answer as a full cumulative
-    sum and a ``searchsorted`` (tests check it), a fraction of the work: numpy's cumulative sum is not vectorised.
-    Integer weights (resample counts) keep the sums exact."""
-    n, k = weights.shape
-    block = PERCENTILE_BLOCK
-    blocks = -(-n // block)
-    padded = np.zeros((blocks * block, k), dtype=weights.dtype)
-    padded[:n] = weights
-    cum_blocks = np.cumsum(padded.reshape(blocks, block, k).sum(axis=1, dtype=np.int64 if padded.dtype.kind in 'iu' else None), axis=0)  # (blocks, k)
-    total = cum_blocks[-1].astype(np.float64)
-    # the smallest position whose cumulative weight reaches q * total (ceil: weights are integers)
-    targets = np.ceil(np.asarray(qs, float)[:, None] / 100.0 * total[None, :] - 1e-9 * np.maximum(total, 1.0)[None, :])
-    in_block = np.minimum((cum_blocks[None, :, :] < targets[:, None, :]).sum(axis=1), blocks - 1)  # (Q, k)
-    draws = np.arange(k)
-    before = np.where(in_block > 0, cum_blocks[np.maximum(in_block - 1, 0), draws[None, :]], 0)
-    first = in_block * block  # (Q, k)
-    inside = padded[first[:, :, None] + np.arange(block)[None, None, :], draws[None, :, None]]  # (Q, k, block)
-    reached = before[:, :, None] + np.cumsum(inside, axis=2) < targets[:, :, None]
-    pos = first + reached.sum(axis=2)
-    return sorted_values[np.clip(pos, 0, n - 1)]
-
-
 # ---- statistics per draw -------------------------------------------------------------------------------------
-def _latency_draws(side: _Side, w_units: np.ndarray) -> dict[str, np.ndarray]:
+def _percentile_draws(side: _Side, w_units: np.ndarray) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     by_unit = np.ascontiguousarray(w_units.T)  # (units, k): one row gather per sorted value below
-    for m, (vals, units) in side.sorted_latency.items():
-        per_q = _weighted_percentiles(vals, by_unit[units], QUANTILES[m])
-        for j, q in enumerate(QUANTILES[m]):
-            out[f"{m}_p{q}_s"] = per_q[j]
+    by_column: dict[str, list[Statistic]] = {}
+    for stat in side.statistics:
+        if stat.kind == "percentile" and stat.metric.column in side.sorted_values:
+            by_column.setdefault(stat.metric.column, []).append(stat)  # type: ignore[arg-type]
+    for column, stats in by_column.items():
+        vals, units = side.sorted_values[column]
+        per_q = weighted_percentiles(vals, by_unit[units], [s.percentile for s in stats])  # type: ignore[misc]
+        for j, stat in enumerate(stats):
+            out[stat.name] = per_q[j]
     return out
 
 
@@ -246,14 +244,28 @@ def _unit_sums(side: _Side, values: np.ndarray) -> np.ndarray:
     return np.bincount(side.unit_of_request, weights=values, minlength=side.units)
 
 
-def _cache_draws(side: _Side, w_units: np.ndarray, cost_uncached: float, cost_cached: float) -> dict[str, np.ndarray]:
-    prompt, cached = side.columns["prompt_tokens"], side.columns["cached_tokens"]
-    p_u, c_u = _unit_sums(side, prompt), _unit_sums(side, cached)
-    cost_u = _unit_sums(side, (prompt - cached) * cost_uncached + cached * cost_cached)
-    n_u = _unit_sums(side, np.ones_like(prompt))
+def _ratio_and_cost_draws(side: _Side, w_units: np.ndarray, cost_uncached: float, cost_cached: float
+                          ) -> dict[str, np.ndarray]:
+    """Ratios of sums (over the records whose numerator is known, as summary.json's hit rate) and the mean
+    prefill cost per request (a request without cached tokens reported counts as uncached)."""
     w = w_units.astype(np.float64)  # once (matmul would convert the integer weights for every product)
+    out = {}
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {HIT_RATE_METRIC: (w @ c_u) / (w @ p_u), COST_METRIC: (w @ cost_u) / (w @ n_u)}
+        for stat in side.statistics:
+            if stat.kind == "ratio":
+                num, den = (side.columns[c] for c in stat.metric.ratio_of)  # type: ignore[union-attr]
+                known = ~np.isnan(num)
+                out[stat.name] = (w @ _unit_sums(side, np.where(known, num, 0.0))) / (
+                    w @ _unit_sums(side, np.where(known, den, 0.0)))
+        prompt, cached = side.columns["prompt_tokens"], np.nan_to_num(side.columns["cached_tokens"])
+        cost_u = _unit_sums(side, (prompt - cached) * cost_uncached + cached * cost_cached)
+        n_u = _unit_sums(side, np.ones_like(prompt))
+        out[COST_METRIC] = (w @ cost_u) / (w @ n_u)
+    return out
+
+
+def _per_run_draws(side: _Side, run_choice: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: values[run_choice].mean(axis=1) for name, values in side.per_run.items()}
 
 
 @dataclass(frozen=True)
@@ -285,11 +297,10 @@ def _draw_statistics(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray, 
     """One chunk of draws of every statistic; ``sigmas`` are the chunk's run-noise spreads per metric family
     (the same for both sides: one unknown noise), applied only to a side with a single run."""
     w = _unit_weights(side, run_choice, uniforms)
-    stats = {**_latency_draws(side, w), **_cache_draws(side, w, *costs)}
-    stats[THROUGHPUT_METRIC] = side.throughput[run_choice].mean(axis=1)
+    stats = {**_percentile_draws(side, w), **_ratio_and_cost_draws(side, w, *costs), **_per_run_draws(side, run_choice)}
     if side.runs == 1:  # no repeats on this side: add the run-to-run noise known from elsewhere, if any
         for name in stats:
-            sigma = sigmas.get(_family(name))
+            sigma = sigmas.get(_family(name))  # type: ignore[arg-type]
             if sigma is not None:
                 stats[name] = stats[name] * np.exp(rng.normal(0.0, 1.0, size=len(stats[name])) * sigma)
     return stats
@@ -297,17 +308,21 @@ def _draw_statistics(side: _Side, run_choice: np.ndarray, uniforms: np.ndarray, 
 
 def _point_estimates(side: _Side, costs: tuple[float, float]) -> dict[str, float]:
     ones = np.ones((1, side.units), dtype=np.int32)
-    stats = {**_latency_draws(side, ones), **_cache_draws(side, ones, *costs)}
+    stats = {**_percentile_draws(side, ones), **_ratio_and_cost_draws(side, ones, *costs)}
     out = {k: float(v[0]) for k, v in stats.items()}
-    out[THROUGHPUT_METRIC] = float(np.mean(side.throughput))
+    out.update({name: float(np.mean(values)) for name, values in side.per_run.items()})
     return out
 
 
-def _family(metric: str) -> str:
-    """ttft_p50_s -> ttft; output_tokens_per_s -> throughput; hit_rate / cost stay."""
-    if metric == THROUGHPUT_METRIC:
-        return "throughput"
-    return metric.split("_p")[0] if metric.endswith("_s") else metric
+def _statistic(name: str) -> Statistic | None:
+    return next((s for s in verdict_statistics() if s.name == name), None)
+
+
+def _family(metric: str) -> str | None:
+    """The run-noise family of a statistic (ttft_p50_s -> ttft, output_tokens_per_s -> throughput); None for
+    those without run-to-run noise (the hit rate, the cost)."""
+    stat = _statistic(metric)
+    return None if stat is None else stat.metric.noise_family
 
 
 # ---- verdicts ------------------------------------------------------------------------------------------------
@@ -326,14 +341,23 @@ def _bh(p: Sequence[float]) -> np.ndarray:
 
 
 def _margin(metric: str, a: float) -> float:
-    return MARGIN_HIT_RATE if metric == HIT_RATE_METRIC else MARGIN_RELATIVE * abs(a)
+    stat = _statistic(metric)
+    absolute = None if stat is None else stat.metric.absolute_margin
+    return MARGIN_RELATIVE * abs(a) if absolute is None else absolute
 
 
 def _by_construction(metric: str, a: _Side, b: _Side) -> bool:
-    """Hit rate (and prefill cost) when one side has prefix caching off and the other on."""
+    """A statistic prefix caching decides (the hit rate, the prefill cost) when one side has prefix caching off
+    and the other on."""
     on, off = frozenset({True}), frozenset({False})
-    return metric in (HIT_RATE_METRIC, COST_METRIC) and {frozenset(a.prefix_caching), frozenset(b.prefix_caching)} \
-        == {on, off}
+    stat = _statistic(metric)
+    decided = metric == COST_METRIC or (stat is not None and stat.metric.caching_decides)
+    return decided and {frozenset(a.prefix_caching), frozenset(b.prefix_caching)} == {on, off}
+
+
+def _higher_is_better(metric: str) -> bool:
+    stat = _statistic(metric)
+    return stat is not None and stat.metric.higher_is_better
 
 
 def _rows(a: _Side, b: _Side, boots: dict[str, list[np.ndarray]], points: tuple[dict, dict],
@@ -348,8 +372,8 @@ def _rows(a: _Side, b: _Side, boots: dict[str, list[np.ndarray]], points: tuple[
         margin = _margin(name, a_v)
         lo, hi = np.percentile(d, [100 * alpha / 2, 100 * (1 - alpha / 2)])
         p_out, p_in = _p_values(d, margin)
-        unmeasured = min(a.runs, b.runs) < 2 and _family(name) in {*LATENCY_METRICS, "throughput"} and not (
-            run_noise.get(_family(name)))
+        family = _family(name)
+        unmeasured = min(a.runs, b.runs) < 2 and family is not None and not run_noise.get(family)
         rows.append({"metric": name, "a": a_v, "b": b_v, "diff": b_v - a_v, "ci_low": float(lo), "ci_high": float(hi),
                      "relative": (b_v - a_v) / a_v if a_v else math.nan, "margin": margin, "_p_out": p_out,
                      "_p_in": p_in, "_fixed": "by_construction" if _by_construction(name, a, b)
@@ -372,7 +396,7 @@ def _word(row: pd.Series, p_in_adjusted: float, alpha: float) -> str:
         return row["_fixed"]
     if row["p_adjusted"] < alpha:
         b_larger = row["diff"] > 0
-        return "better" if b_larger == (row["metric"] in HIGHER_IS_BETTER) else "worse"
+        return "better" if b_larger == _higher_is_better(row["metric"]) else "worse"
     return "equivalent" if p_in_adjusted < alpha else "inconclusive"
 
 
@@ -389,7 +413,8 @@ def compare(a_runs: Sequence[Run], b_runs: Sequence[Run], resamples: int = 2000,
         raise ValueError("compare needs at least one run on each side")
     paired = traffic_is_identical(a_runs, b_runs)
     sessions = _session_ids(a_runs[0]) if paired else None
-    a, b = _side(a_runs, sessions), _side(b_runs, sessions)
+    statistics = verdict_statistics()
+    a, b = _side(a_runs, sessions, statistics), _side(b_runs, sessions, statistics)
     if not len(a.unit_of_request) or not len(b.unit_of_request):
         return pd.DataFrame(columns=TABLE_COLUMNS)
     rng = np.random.default_rng(seed)
@@ -404,8 +429,7 @@ def compare(a_runs: Sequence[Run], b_runs: Sequence[Run], resamples: int = 2000,
         sb = _draw_statistics(b, draws.run_choice_b, draws.uniforms_b, costs, sigmas, rng)
         for name in sa.keys() & sb.keys():
             boots.setdefault(name, []).append(sb[name] - sa[name])
-    order = [f"{m}_p{q}_s" for m in LATENCY_METRICS for q in QUANTILES[m]] + [THROUGHPUT_METRIC, HIT_RATE_METRIC,
-                                                                           COST_METRIC]
+    order = [s.name for s in statistics] + [COST_METRIC]
     boots = {k: boots[k] for k in order if k in boots}
     return _rows(a, b, boots, (_point_estimates(a, costs), _point_estimates(b, costs)), noise, paired, alpha)
 
@@ -435,9 +459,14 @@ def estimate_run_noise(runs: Sequence[Run]) -> dict[str, RunNoise]:
     throughput), pooled within groups of repeats of one cell (:func:`noise_groups`), with its degrees of
     freedom (runs minus groups); a family needs two runs in one group."""
     groups = [g for g in noise_groups(runs) if len(g) >= 2]
-    points = [[_point_estimates(_side([r], None), (1.0, 0.1)) for r in g] for g in groups]
+    statistics = verdict_statistics()
+    points = [[_point_estimates(_side([r], None, statistics), (1.0, 0.1)) for r in g] for g in groups]
     out = {}
-    for fam, metric in [*((m, f"{m}_p50_s") for m in LATENCY_METRICS), ("throughput", THROUGHPUT_METRIC)]:
+    families: dict[str, str] = {}  # family -> its first statistic (a distribution's lowest percentile)
+    for stat in statistics:
+        if stat.metric.noise_family is not None:
+            families.setdefault(stat.metric.noise_family, stat.name)
+    for fam, metric in families.items():
         squares, df = 0.0, 0
         for group in points:
             vals = np.array([p.get(metric, math.nan) for p in group], float)
@@ -479,8 +508,9 @@ def run_statistics(runs: Sequence[Run]) -> pd.DataFrame:
     """Each run's own value of every verdict metric (``run``, ``metric``, ``value``): the point estimate
     :func:`compare` would make from that run alone, so a flagged repeat is flagged on the number a verdict uses."""
     rows = []
+    statistics = verdict_statistics()
     for r in runs:
-        for metric, value in _point_estimates(_side([r], None), (1.0, 0.1)).items():
+        for metric, value in _point_estimates(_side([r], None, statistics), (1.0, 0.1)).items():
             rows.append({"run": r.name, "metric": metric, "value": value})
     return pd.DataFrame(rows, columns=["run", "metric", "value"])
 
@@ -536,7 +566,7 @@ def _runs_of(res, cells: list[str]) -> list[Run]:
         name = res.root.name if res.single_run else cell
         runs.append(Run(name, res.requests[res.requests["cell"] == cell] if len(res.requests) else res.requests,
                         summary.throughput.output_tokens_per_s if summary is not None else None,
-                        facts.prefix_caching if facts is not None else None, trace_sha256))
+                        facts.prefix_caching if facts is not None else None, trace_sha256, summary))
     return runs
 
 

@@ -31,6 +31,7 @@ from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predic
 from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.summary import compared_statistic
 
 __all__ = ["Claim", "capacity_claims", "contradictions", "eviction_by_cell", "eviction_claim",
            "speculative_claims", "speculative_recommendation", "tag"]
@@ -139,10 +140,10 @@ def _eviction_claim(res: ExperimentResults) -> Claim | None:
 
 
 # ---- speculative payoff --------------------------------------------------------------------------------------
-SPECULATIVE_VALUES = ("pays", "does_not_pay", "mixed", "inconclusive")
-_WORSE_WORDS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99",
-                "tpot_p50_s": "TPOT p50", "tpot_p90_s": "TPOT p90", "e2e_p50_s": "e2e p50", "e2e_p90_s": "e2e p90",
-                "output_tokens_per_s": "output throughput", "hit_rate": "hit rate"}
+def _metric_words(metric: str) -> str:
+    """A verdict metric as the claims say it: its registered display name (``TTFT p50``), else its name."""
+    stat = compared_statistic(metric)
+    return metric if stat is None else stat.display
 
 
 def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
@@ -213,7 +214,7 @@ def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base:
     TTFT p50, ITL p99 and goodput where they moved the wrong way beyond 5 %."""
     parts = []
     for metric, g in t[t["verdict"] == "worse"].groupby("metric", sort=False):
-        parts.append(f"{_WORSE_WORDS.get(str(metric), str(metric))} worse (decided) in {len(g)} comparison(s), "
+        parts.append(f"{_metric_words(str(metric))} worse (decided) in {len(g)} comparison(s), "
                      f"e.g. {_signed_pct(g['relative'].iloc[0])} on {g['workload'].iloc[0]} at {g['load'].iloc[0]}")
     pairs = _paired_cells(res, server, base)
     if len(pairs):

@@ -128,7 +128,7 @@ def _runs(res: ExperimentResults, server: str, workload: str, load: str) -> list
             sha = load_run_manifest(manifest).trace.sha256
         tps = row.get("output_tok_per_s")
         runs.append(Run(str(row["cell"]), rec, None if tps is None or pd.isna(tps) else float(tps),
-                        row.get("prefix_caching"), sha))
+                        row.get("prefix_caching"), sha, res.summaries.get(row["cell"])))
     return runs
 
 

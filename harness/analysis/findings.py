@@ -30,7 +30,7 @@ import kvscope.harness.analysis.pages.speculative  # noqa: F401 - registers the 
 import pandas as pd
 from kvscope.harness.analysis.common import RESAMPLES
 from kvscope.harness.analysis.explain_experiment import WorkloadExplanation
-from kvscope.harness.analysis.pages.ab_compare import PIVOT_METRICS
+from kvscope.harness.analysis.pages.ab_compare import pivot_metrics
 from kvscope.harness.analysis.registry import PAGE_FINDINGS, PageContext, caveats
 from kvscope.harness.results.findings_file import (
     FINDINGS_NAME,
@@ -75,7 +75,7 @@ def write_page_findings(res: ExperimentResults | None, notebook: str, figures_di
     if notebook == "ab_compare" and ab is not None and len(ab):
         ab.to_csv(Path(figures_dir) / "verdicts.csv", index=False)
         csv = f"figures/{notebook}/verdicts.csv"
-        t = ab[ab["metric"].isin(PIVOT_METRICS)]
+        t = ab[ab["metric"].isin(pivot_metrics())]
         verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
                                 verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
                                 data_quality=str(getattr(r, "data_quality", "") or "") or None)

@@ -45,21 +45,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
 from scipy.optimize import brentq
 
-from kvscope.harness.analysis.ab import (ALPHA, HIGHER_IS_BETTER, HIT_RATE_METRIC, MARGIN_HIT_RATE,
-                                         MARGIN_RELATIVE, THROUGHPUT_METRIC)
+from kvscope.harness.analysis.ab import ALPHA, MARGIN_RELATIVE
+from kvscope.harness.results.summary import Statistic, Use, compared_statistics
 
 Spending = Literal["pocock", "obrien-fleming"]
 SPENDING_FUNCTIONS: tuple[str, ...] = ("pocock", "obrien-fleming")
-#: Per-run statistics a stopping rule can decide on: summary.json's figures of one repeat.
-SEQUENTIAL_METRICS: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s",
-                                       "e2e_p90_s", THROUGHPUT_METRIC, HIT_RATE_METRIC)
 DECIDED = ("better", "worse", "equivalent")
+
+
+def sequential_metrics() -> tuple[str, ...]:
+    """Per-run statistics a stopping rule can decide on (summary.json's figures of one repeat): the registered
+    metrics' statistics marked `Use.SEQUENTIAL`."""
+    return tuple(s.name for s in compared_statistics(Use.SEQUENTIAL))
+
+
+def _statistic(metric: str) -> Statistic:
+    for stat in compared_statistics(Use.SEQUENTIAL):
+        if stat.name == metric:
+            return stat
+    raise ValueError(f"unknown sequential metric {metric!r}; known: {', '.join(sequential_metrics())}")
 
 
 def spent_alpha(t: float, alpha: float, spending: Spending) -> float:
@@ -201,15 +211,18 @@ class SequentialRule:
 
 
 def margin_of(metric: str) -> float:
-    """The practical margin on the scale the rule tests: log(1 + 5 %) for ratios, 0.5 pp for the hit rate."""
-    return MARGIN_HIT_RATE if metric == HIT_RATE_METRIC else math.log1p(MARGIN_RELATIVE)
+    """The practical margin on the scale the rule tests: log(1 + 5 %) for ratios, a share's own absolute margin
+    (its metric's ``absolute_margin``: 0.5 points for the hit rate) for differences."""
+    absolute = _statistic(metric).metric.absolute_margin
+    return math.log1p(MARGIN_RELATIVE) if absolute is None else absolute
 
 
 def paired_differences(metric: str, a: Sequence[float], b: Sequence[float]) -> np.ndarray:
-    """d_j = log(b_j / a_j) (the hit rate: b_j - a_j) for the repeat slots both sides finished."""
+    """d_j = log(b_j / a_j) (a share, such as the hit rate: b_j - a_j) for the repeat slots both sides
+    finished."""
     n = min(len(a), len(b))
     av, bv = np.asarray(a[:n], float), np.asarray(b[:n], float)
-    if metric == HIT_RATE_METRIC:
+    if _statistic(metric).metric.absolute_margin is not None:
         d = bv - av
     else:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -275,7 +288,7 @@ def look(metrics: Sequence[str], a_stats: Mapping[str, Sequence[float]],
     for (m, n, _, _, mean), pb, pi in zip(rows, beyond, inside):
         word = "inconclusive"
         if n >= rule.min_repeats and pb <= level:
-            word = "better" if (mean > 0) == (m in HIGHER_IS_BETTER) else "worse"
+            word = "better" if (mean > 0) == _statistic(m).metric.higher_is_better else "worse"
         elif n >= rule.min_repeats and pi <= level:
             word = "equivalent"
         decided[m] = Verdict(m, word, n, mean, float(pb), float(pi), level)
@@ -307,16 +320,7 @@ def run_sequence(metrics: Sequence[str], a_stats: Mapping[str, Sequence[float]],
     return SequentialOutcome(verdicts, last, False)
 
 
-def all_decided(verdicts: Iterable[Verdict]) -> bool:
-    return all(v.word in DECIDED for v in verdicts)
-
-
 def run_statistic(summary, metric: str) -> float | None:
-    """One repeat's statistic from its summary.json model (`summary_file_model()`), or None when not measured."""
-    if metric == THROUGHPUT_METRIC:
-        return summary.throughput.output_tokens_per_s
-    if metric == HIT_RATE_METRIC:
-        return summary.hit_rate.server_per_request
-    family, q = metric[: -len("_s")].rsplit("_p", 1)
-    dist = getattr(summary.latency, f"{family}_s", None)
-    return None if dist is None else getattr(dist, f"p{q}", None)
+    """One repeat's statistic from its summary.json model (`summary_file_model()`), or None when not measured:
+    the registered statistic's per-run value (the A/B engine's point estimate of that run, too)."""
+    return _statistic(metric).per_run(summary)

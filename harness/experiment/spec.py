@@ -290,16 +290,17 @@ class RepeatsSpec(BaseModel):
 
     @model_validator(mode="after")
     def _looks(self) -> "RepeatsSpec":
-        from kvscope.harness.analysis.sequential import MAX_LOOKS, SEQUENTIAL_METRICS
+        from kvscope.harness.analysis.sequential import MAX_LOOKS, sequential_metrics
 
         if self.stop_early:
             first = 2 if self.min is None else self.min
             if not 2 <= first <= self.max <= MAX_LOOKS:
                 raise ValueError(f"stop_early needs 2 <= min <= max <= {MAX_LOOKS}, got min {first}, max {self.max}")
-            unknown = [m for m in self.metrics if m not in SEQUENTIAL_METRICS]
+            known = sequential_metrics()
+            unknown = [m for m in self.metrics if m not in known]
             if unknown or not self.metrics:
                 raise ValueError(f"repeats.metrics: unknown {', '.join(unknown) or '(none given)'}; known: "
-                                 f"{', '.join(SEQUENTIAL_METRICS)}")
+                                 f"{', '.join(known)}")
         return self
 
     @property

@@ -13,6 +13,15 @@ the loader's cell rows take each metric's columns, and the report's ``cell_metri
 new metric is one class in one file. The entries that are computed together (the request counts, the three
 hit rates, goodput) stay one metric each, because their parts share one computation.
 
+A metric that runs are *compared* on declares its identity on the same class, as AIPerf's metric classes do:
+``header`` (display name), ``unit``, ``higher_is_better``, ``compared`` (which percentiles, or the scalar, and
+where each appears: :class:`Use`), the per-run statistic (``statistic``), and how the A/B engine pools it over
+the records of several runs (a distribution's ``column``, a ratio's ``ratio_of``, else the per-run value).
+:func:`compared_statistics` derives from the registry every list the analysis once kept by hand: the A/B
+verdict rows and their directions and margins (``analysis.ab``), the metrics early stopping may decide on and
+their per-run values (``analysis.sequential``, ``experiment.spec``), the A/B page's pivot, forest and spread
+metrics, and the claims' words. Percentiles everywhere are :mod:`.percentiles`' one definition.
+
 Why here, in the results layer: the loaders validate summary.json against the registry's schema, and the
 loaders may not import the replay (a layer above); the computation reads only request records, like
 ``goodput.py`` beside it.
@@ -20,13 +29,15 @@ loaders may not import the replay (a layer above); the computation reads only re
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 import pandas as pd
 from kvscope.harness.results.goodput import goodput
+from kvscope.harness.results.percentiles import percentiles
 from kvscope.workloads.versioned_file import VersionedFile
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
 from pydantic_core import PydanticUndefined
@@ -36,6 +47,7 @@ class _Block(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: The percentiles of every distribution in summary.json (:class:`Percentiles`' fields).
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -44,7 +56,7 @@ def _pcts(values: np.ndarray) -> dict[str, float | None]:
     if not len(values):
         return {"count": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}}
     out: dict[str, float | None] = {"count": int(len(values)), "mean": float(np.mean(values))}
-    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
+    for p, v in zip(PERCENTILES, percentiles(values, PERCENTILES)):
         out[f"p{p}"] = float(v)
     return out
 
@@ -151,6 +163,18 @@ ZERO_GAP_ITL_S = 1e-4
 """Inter-token gaps below 0.1 ms: chunks read from one socket buffer, not separate decode steps."""
 
 
+class Use(enum.Flag):
+    """Where a compared statistic appears (AIPerf's metric flags): one flag per reader, so a metric says in one
+    place every table and rule it takes part in."""
+
+    VERDICT = enum.auto()  # a row of the A/B verdict table (analysis.ab.compare)
+    SEQUENTIAL = enum.auto()  # early stopping may decide on it (repeats.metrics; analysis.sequential)
+    PIVOT = enum.auto()  # a column of the A/B page's verdict pivot and of findings.json's verdicts
+    FOREST = enum.auto()  # a row of the A/B page's forest plot
+    SPREAD = enum.auto()  # a panel of the A/B page's repeat-spread figure
+    HEADLINE = enum.auto()  # named in the A/B page's one-sentence finding per configuration pair
+
+
 class SummaryMetric:
     """One entry of summary.json.
 
@@ -158,17 +182,45 @@ class SummaryMetric:
     such as ``float | None``), which the summary schema uses. ``default``: the value a file written before the
     metric existed reads as (unset: the entry is required). ``compute(run)``: its value, as the output model or
     its JSON-able dict. ``cell_columns(value)``: the columns it adds to ``load_results(...).cells``, from the
-    validated value (none by default)."""
+    validated value (none by default).
+
+    A metric runs are compared on also says what it is (:func:`compared_statistics` reads this): ``compared``
+    maps each of its statistics (a percentile of a distribution, or None for the scalar) to its :class:`Use`;
+    ``name`` is the statistic's name (``{q}`` stands for the percentile: ``ttft_p{q}_s``); ``header`` and
+    ``unit`` are how it is shown; ``higher_is_better`` its direction; ``absolute_margin`` the practical margin
+    of a share compared by difference (None: compared by ratio, within 5 %); ``noise_family`` the run-to-run
+    noise it shares with its family (``ab.RunNoise``; None: it carries none, e.g. a hit rate the trace fixes);
+    ``caching_decides`` whether its difference between prefix caching off and on is true by construction;
+    ``order`` its place among compared metrics in tables. :meth:`statistic` is the per-run value from the
+    validated summary entry; the A/B engine pools a distribution over the records' ``column``, a ratio of
+    sums over the records' ``ratio_of`` columns, and anything else as the mean of the drawn runs' values."""
 
     tag: ClassVar[str]
     output: ClassVar[Any]
     default: ClassVar[Any] = PydanticUndefined
+    compared: ClassVar[Mapping[int | None, Use]] = {}
+    name: ClassVar[str] = ""
+    header: ClassVar[str] = ""
+    unit: ClassVar[str] = ""
+    higher_is_better: ClassVar[bool] = False
+    absolute_margin: ClassVar[float | None] = None
+    noise_family: ClassVar[str | None] = None
+    caching_decides: ClassVar[bool] = False
+    order: ClassVar[int] = 0
+    column: ClassVar[str | None] = None  # a distribution over this record column
+    ratio_of: ClassVar[tuple[str, str] | None] = None  # (numerator, denominator) record columns
 
     def compute(self, run: RunView) -> Any:
         raise NotImplementedError
 
     def cell_columns(self, value: Any) -> dict[str, Any]:
         return {}
+
+    def statistic(self, value: Any, percentile: int | None) -> float | None:
+        """The per-run statistic from this metric's validated summary entry: its percentile, or the scalar."""
+        if percentile is not None:
+            return None if value is None else getattr(value, f"p{percentile}")
+        return value
 
 
 _METRICS: dict[str, type[SummaryMetric]] = {}
@@ -182,6 +234,57 @@ def summary_metric(cls: type[SummaryMetric]) -> type[SummaryMetric]:
         raise ValueError(f"summary metric {cls.__name__} ({cls.tag!r}) declares no output type")
     _METRICS[cls.tag] = cls
     return cls
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One figure runs are compared on (a row of the A/B table, a metric of the stopping rule): one percentile
+    of a distribution metric, or a scalar metric; everything but its name comes from its metric class."""
+
+    name: str  # ttft_p50_s, output_tokens_per_s, hit_rate
+    metric: type[SummaryMetric]
+    percentile: int | None
+    uses: Use
+
+    @property
+    def display(self) -> str:
+        return self.metric.header if self.percentile is None else f"{self.metric.header} p{self.percentile}"
+
+    @property
+    def kind(self) -> Literal["percentile", "ratio", "per_run"]:
+        """How the A/B engine pools it over several runs' records."""
+        if self.percentile is not None:
+            return "percentile"
+        return "ratio" if self.metric.ratio_of is not None else "per_run"
+
+    def per_run(self, summary: Any) -> float | None:
+        """This statistic of one run, from its validated summary.json (``summary_file_model()``); None when the
+        run did not measure it."""
+        node = summary
+        for part in self.metric.tag.split("."):
+            node = getattr(node, part, None) if node is not None else None
+        value = self.metric().statistic(node, self.percentile)
+        return None if value is None else float(value)
+
+
+def compared_statistics(use: Use | None = None) -> list[Statistic]:
+    """Every statistic of the registered metrics (those with ``use``, when given), in table order: by the
+    metric's ``order``, then registration, then percentile. Derived on every call, so a metric registered
+    later (or in a test) is in every list at once."""
+    stats = []
+    ranked = sorted(enumerate(_METRICS.values()), key=lambda im: (im[1].order, im[0]))
+    for _, metric in ranked:
+        for q, uses in sorted(metric.compared.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            if q is not None and q not in PERCENTILES:
+                raise ValueError(f"{metric.__name__}: p{q} is not among summary.json's percentiles {PERCENTILES}")
+            if use is None or use in uses:
+                stats.append(Statistic(metric.name.format(q=q), metric, q, uses))
+    return stats
+
+
+def compared_statistic(name: str) -> Statistic | None:
+    """The registered statistic called ``name`` (None: no such statistic)."""
+    return next((s for s in compared_statistics() if s.name == name), None)
 
 
 # ---------------------------------------------------------------------------------------- request counts
@@ -254,6 +357,9 @@ class RequestThroughput(SummaryMetric):
 class OutputTokenThroughput(SummaryMetric):
     tag = "throughput.output_tokens_per_s"
     output = float | None
+    name, header, unit, higher_is_better = "output_tokens_per_s", "output throughput", "tokens/s", True
+    noise_family, order = "throughput", 40
+    compared = {None: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST | Use.SPREAD | Use.HEADLINE}
 
     def compute(self, run: RunView) -> float | None:
         return _ratio(float(run.ok["output_tokens"].sum()), run.duration_s)
@@ -289,10 +395,14 @@ class Percentiles(_Block):
 
 
 class _LatencyMetric(SummaryMetric):
-    """A latency distribution over successful requests: its percentiles, and four of them as cell columns
-    (``ttft_p50_s`` … ``ttft_mean_s`` for ``latency.ttft_s``)."""
+    """A latency distribution over successful requests (their ``column``, NaN left out): its percentiles, and
+    four of them as cell columns (``ttft_p50_s`` … ``ttft_mean_s`` for ``latency.ttft_s``)."""
 
     output = Percentiles
+    unit = "s"
+
+    def compute(self, run: RunView) -> dict[str, float | None]:
+        return _pcts(run.ok[self.column].to_numpy(float))
 
     def cell_columns(self, value: Percentiles) -> dict[str, Any]:
         name = self.tag.rsplit(".", 1)[-1][:-2]
@@ -301,23 +411,28 @@ class _LatencyMetric(SummaryMetric):
 
 @summary_metric
 class TimeToFirstToken(_LatencyMetric):
-    tag = "latency.ttft_s"
-
-    def compute(self, run: RunView) -> dict[str, float | None]:
-        return _pcts(run.ok["ttft_s"].to_numpy(float))
+    tag, column = "latency.ttft_s", "ttft_s"
+    name, header, noise_family, order = "ttft_p{q}_s", "TTFT", "ttft", 10
+    compared = {50: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST | Use.SPREAD | Use.HEADLINE,
+                90: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST,
+                99: Use.VERDICT}
 
 
 @summary_metric
 class TimePerOutputToken(_LatencyMetric):
-    tag = "latency.tpot_s"
-
-    def compute(self, run: RunView) -> dict[str, float | None]:
-        return _pcts(run.ok["tpot_s"].dropna().to_numpy(float))
+    tag, column = "latency.tpot_s", "tpot_s"
+    name, header, noise_family, order = "tpot_p{q}_s", "TPOT", "tpot", 20
+    compared = {50: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST | Use.SPREAD | Use.HEADLINE,
+                90: Use.VERDICT | Use.SEQUENTIAL}
 
 
 @summary_metric
 class InterTokenLatency(_LatencyMetric):
+    """Every gap between two streamed chunks (a list per request): not compared between runs, since the
+    A/B engine's unit is the request."""
+
     tag = "latency.itl_s"
+    header = "ITL"
 
     def compute(self, run: RunView) -> dict[str, float | None]:
         ok = run.ok
@@ -326,10 +441,10 @@ class InterTokenLatency(_LatencyMetric):
 
 @summary_metric
 class EndToEndLatency(_LatencyMetric):
-    tag = "latency.e2e_s"
-
-    def compute(self, run: RunView) -> dict[str, float | None]:
-        return _pcts(run.ok["e2e_s"].to_numpy(float))
+    tag, column = "latency.e2e_s", "e2e_s"
+    name, header, noise_family, order = "e2e_p{q}_s", "e2e", "e2e", 30
+    compared = {50: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST | Use.SPREAD,
+                90: Use.VERDICT | Use.SEQUENTIAL}
 
 
 # ----------------------------------------------------------------------------------------------- goodput
@@ -413,8 +528,14 @@ class HitRates(_Block):
 
 @summary_metric
 class HitRatesMetric(SummaryMetric):
+    """Compared as the server's token-weighted hit rate (``server_per_request``): cached over prompt tokens of
+    the requests whose cached tokens the server reported; a share, so compared by difference (0.5 points)."""
+
     tag = "hit_rate"
     output = HitRates
+    name, header, unit, higher_is_better, order = "hit_rate", "hit rate", "share", True, 50
+    absolute_margin, caching_decides, ratio_of = 0.005, True, ("cached_tokens", "prompt_tokens")
+    compared = {None: Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.HEADLINE}
 
     def compute(self, run: RunView) -> dict[str, Any]:
         return hit_rates(run.ok, run.deltas, run.prefix_caching, run.predictor_note, run.calibration)
@@ -426,6 +547,9 @@ class HitRatesMetric(SummaryMetric):
                 "requests_compared": value.requests_compared, "predictor": value.predictor,
                 "hit_predicted_sequential": value.sequential_predicted,
                 "requests_predicted_exactly_sequential": value.sequential_requests_predicted_exactly}
+
+    def statistic(self, value: HitRates | None, percentile: int | None) -> float | None:
+        return None if value is None else value.server_per_request
 
 
 # ------------------------------------------------------------------------------------ speculative decoding

@@ -22,13 +22,26 @@ from kvscope.harness.analysis.common import RESAMPLES, _derived, _ok_cells, _run
 from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-
-#: Metrics the pivoted verdict table shows (the full table goes to CSV).
-PIVOT_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s", "hit_rate")
+from kvscope.harness.results.summary import Use, compared_statistics
 
 
-#: Metrics the repeat-spread panel shows (every verdict metric is flagged, these are plotted).
-SPREAD_METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s")
+def _names(use: Use) -> tuple[str, ...]:
+    return tuple(s.name for s in compared_statistics(use))
+
+
+def pivot_metrics() -> tuple[str, ...]:
+    """Metrics the pivoted verdict table shows (the full table goes to CSV): those marked `Use.PIVOT`."""
+    return _names(Use.PIVOT)
+
+
+def spread_metrics() -> tuple[str, ...]:
+    """Metrics the repeat-spread panel shows (every verdict metric is flagged, these are plotted)."""
+    return _names(Use.SPREAD)
+
+
+def forest_metrics() -> tuple[str, ...]:
+    """Metrics of the forest plot."""
+    return _names(Use.FOREST)
 
 #: The verdict table's columns as the page shows them, to fit its width; `verdicts.csv` beside the figures keeps
 #: every column (the margin, raw p-value, runs per side and pairing as well).
@@ -117,17 +130,17 @@ def verdict_pivot(table: pd.DataFrame) -> pd.DataFrame:
     """Configuration pairs (at a workload and load) x metrics, each cell a verdict word."""
     if not len(table):
         return pd.DataFrame()
-    t = table[table["metric"].isin(PIVOT_METRICS)].assign(
+    pivot = pivot_metrics()
+    t = table[table["metric"].isin(pivot)].assign(
         pair=lambda d: d["A"] + " → " + d["B"] + " · " + d["workload"] + " · " + d["load"])
     if "data_quality" in t:  # a verdict resting on an outlier repeat shows it where it is read
         t = t.assign(verdict=t["verdict"].where(t["data_quality"].fillna("") == "", t["verdict"] + " ⚑"))
     return t.pivot_table(index="pair", columns="metric", values="verdict", aggfunc="first", sort=False) \
-        .reindex(columns=[m for m in PIVOT_METRICS if m in set(t["metric"])])
+        .reindex(columns=[m for m in pivot if m in set(t["metric"])])
 
 
-#: Metrics of the forest plot, and the widest relative change its axis shows (a larger one is drawn to the edge
-#: with its value written there, so one +600 % row does not squash every other row to a dot).
-FOREST_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "e2e_p50_s", "output_tokens_per_s")
+#: The widest relative change the forest plot's axis shows (a larger one is drawn to the edge with its value
+#: written there, so one +600 % row does not squash every other row to a dot).
 FOREST_MAX_PCT = 100.0
 
 
@@ -140,7 +153,7 @@ def forest_rows(table: pd.DataFrame, max_pct: float = FOREST_MAX_PCT) -> tuple[p
     bar then starts at the point."""
     if not len(table):
         return pd.DataFrame(), 10.0
-    v = table[table["metric"].isin(FOREST_METRICS) & (table["a"].abs() > 1e-3)].copy()
+    v = table[table["metric"].isin(forest_metrics()) & (table["a"].abs() > 1e-3)].copy()
     if not len(v):
         return v, 10.0
     v["label"] = v["A"] + " → " + v["B"] + " · " + v["workload"].astype(str) + " · " + v["load"].astype(str) \
@@ -161,10 +174,12 @@ def ab_findings(table: pd.DataFrame) -> list[Finding]:
     """Per configuration pair: how many workload x load comparisons each headline metric was better / worse in."""
     if not len(table):
         return []
+    # the run-level figure (output throughput) leads the sentence, then the table's order
+    headline = [s.name for s in sorted(compared_statistics(Use.HEADLINE), key=lambda s: s.kind != "per_run")]
     out = []
     for (a, b), g in table.groupby(["A", "B"], sort=False):
         parts = []
-        for metric in ("output_tokens_per_s", "ttft_p50_s", "tpot_p50_s", "hit_rate"):
+        for metric in headline:
             m = g[g["metric"] == metric]
             if not len(m):
                 continue
