@@ -267,10 +267,20 @@ class Statistic:
         return None if value is None else float(value)
 
 
+_STATISTICS: dict[tuple[tuple[type[SummaryMetric], ...], Use | None], list[Statistic]] = {}
+
+
 def compared_statistics(use: Use | None = None) -> list[Statistic]:
     """Every statistic of the registered metrics (those with ``use``, when given), in table order: by the
-    metric's ``order``, then registration, then percentile. Derived on every call, so a metric registered
-    later (or in a test) is in every list at once."""
+    metric's ``order``, then registration, then percentile. Derived from the registry as it is now (built once
+    per registry state), so a metric registered later (or in a test) is in every list at once."""
+    key = (tuple(_METRICS.values()), use)
+    if key not in _STATISTICS:
+        _STATISTICS[key] = _statistics(use)
+    return list(_STATISTICS[key])
+
+
+def _statistics(use: Use | None) -> list[Statistic]:
     stats = []
     ranked = sorted(enumerate(_METRICS.values()), key=lambda im: (im[1].order, im[0]))
     for _, metric in ranked:
