@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from kvscope.harness.analysis import claims as C
 from kvscope.harness.analysis import sequential as Q
 from kvscope.harness.analysis.ab import Run, compare, run_statistics
@@ -15,6 +14,7 @@ from kvscope.harness.analysis.pages import ab_compare
 from kvscope.harness.experiment.spec import RepeatsSpec
 from kvscope.harness.results import summary as S
 from kvscope.harness.results.summary import Use, compared_statistics
+
 from tests.test_claims import _results, _spec_cells, traces  # noqa: F401 (traces: the claims' fixture)
 
 ALL_USES = Use.VERDICT | Use.SEQUENTIAL | Use.PIVOT | Use.FOREST | Use.SPREAD | Use.HEADLINE
@@ -32,7 +32,7 @@ def _run_records(seed: int, n: int = 120, ttft_scale: float = 1.0) -> pd.DataFra
     return pd.DataFrame({
         "request_id": np.arange(n), "session_id": [f"s{k % 12}" for k in range(n)], "step": np.arange(n) // 12,
         "attempt": attempt, "in_window": rng.random(n) < 0.92, "error_class": err,
-        "http_status": np.where(err == None, 200, 503), "length_mismatch": False,  # noqa: E711
+        "http_status": np.where(err == None, 200, 503), "length_mismatch": False,
         "prompt_tokens": rng.integers(400, 900, n), "cached_tokens": cached, "predicted_cached_tokens": cached,
         "output_tokens": rng.integers(1, 60, n), "ttft_s": ttft,
         "tpot_s": np.where(rng.random(n) < 0.2, np.nan, rng.lognormal(-5, 0.3, n)),
@@ -80,7 +80,9 @@ def test_the_ab_engine_the_stopping_rule_and_summary_json_state_one_figure(seed)
 
 def test_derived_lists_are_the_ones_the_analysis_kept_by_hand():
     """The registry reproduces the lists each reader once spelled (order included: it is the table's)."""
-    names = lambda use: [s.name for s in compared_statistics(use)]  # noqa: E731
+    def names(use: Use) -> list[str]:
+        return [s.name for s in compared_statistics(use)]
+
     assert names(Use.VERDICT) == ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s",
                                   "e2e_p50_s", "e2e_p90_s", "output_tokens_per_s", "hit_rate"]
     assert Q.sequential_metrics() == ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s",

@@ -14,7 +14,7 @@ weights, computed without repeating them. ``tests/test_ab.py`` checks that equal
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
