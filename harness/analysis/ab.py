@@ -14,8 +14,8 @@ A draw is a weight per (run, session) unit, so the whole thing is matrix work: w
 one `bincount`; each latency column is sorted once per side; a weighted percentile
 (:func:`kvscope.harness.results.percentiles.weighted_percentiles`, summary.json's definition) sums the draws'
 weights per block of 64 sorted values and cumulates value by value only inside the block that holds it (numpy's
-cumulative sum is not vectorised: a full one per draw was most of the A/B page's time). Draws are processed in chunks sized
-to the number of records, so memory stays bounded at 100k records. The matrices are small, so a multi-threaded
+cumulative sum is not vectorised: a full one per draw was most of the A/B page's time). Draws are processed in
+chunks sized to the number of records, so memory stays bounded at 100k records. The matrices are small, so a multi-threaded
 BLAS only adds synchronisation (70x the CPU of one thread on a busy 2-core machine): the report runs its
 kernels with one BLAS thread (:mod:`kvscope.harness.report.render`).
 
