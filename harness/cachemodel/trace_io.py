@@ -165,11 +165,12 @@ def read_token_jsonl(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SI
     return LoadedTrace("jsonl", str(path), block_size, None, reqs)
 
 
-def read_kvscope_trace(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE) -> LoadedTrace:
-    """A kvscope trace dir, read with :class:`kvscope.workloads.trace.Trace`."""
+def read_kvscope_trace(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE, *, trace=None) -> LoadedTrace:
+    """A kvscope trace dir, read with :class:`kvscope.workloads.trace.Trace` (or the one already read: ``trace``,
+    so a caller hashing one trace at several block sizes reads it once)."""
     from kvscope.workloads.trace import Trace
 
-    trace = Trace.read(path)
+    trace = trace if trace is not None else Trace.read(path)
     hasher = IncrementalHasher(block_size)
     reqs: list[SimRequest] = []
     for r in trace.iter_requests():
