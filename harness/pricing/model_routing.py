@@ -1,0 +1,163 @@
+"""Cost of model-routing policies, and the evaluation entry points behind ``kvscope route``.
+
+The routing itself (policies, one prefix-cache pool per model, escalations) is
+:mod:`kvscope.harness.cachemodel.model_routing`; this module adds what it cannot know: each model's price sheet.
+It lives in the pricing layer because it needs both (the cache model sits below pricing).  Billing follows
+:func:`~.cost.run_cost`: a model's predicted hits are cache reads, the rest of the prompt is written
+(``cache_write_multiplier``, 1.0 for automatic-caching providers) — the serving cache standing in for the
+provider's — and a cascade's discarded small attempt is billed on the small model, prompt and answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from kvscope.harness.cachemodel.model_routing import (INPUT_KINDS, STICKINESS, ModelRoutingSpec, RoutedRequest,
+                                                      RoutingInputs, evaluate, load_spec, totals)
+from kvscope.harness.pricing.cost import Pricing, TokenSplit, summarize_splits
+
+#: Price sheets of models a spec leaves unpriced: the cheapest model a flash-class sheet, the others Sonnet-class.
+DEFAULT_SMALL_PRESET = "gemini-2.5-flash-implicit"
+DEFAULT_LARGE_PRESET = "anthropic-sonnet-5m"
+
+
+def model_prices(spec: ModelRoutingSpec) -> dict[str, tuple[str, Pricing]]:
+    """Model name → (preset name, prices); a preset name or a YAML path per model, else the defaults."""
+    from kvscope.harness.pricing.provider_cache import load_preset
+
+    out = {}
+    for i, m in enumerate(spec.models):
+        preset = m.pricing or (DEFAULT_SMALL_PRESET if i == 0 else DEFAULT_LARGE_PRESET)
+        out[m.name] = (preset, load_preset(preset).pricing)
+    return out
+
+
+def routed_cost(routed: Sequence[RoutedRequest], prices: dict[str, tuple[str, Pricing]]) -> dict:
+    """USD per model and in total, and per 1,000 sessions."""
+    splits: dict[str, list[TokenSplit]] = {m: [] for m in prices}
+    for r in routed:
+        splits[r.model].append(TokenSplit(0, r.prompt_tokens - r.cached_tokens, r.cached_tokens, r.output_tokens))
+        if r.small_attempt_model is not None:
+            splits[r.small_attempt_model].append(TokenSplit(0, r.wasted_prefill_tokens, r.small_attempt_cached_tokens,
+                                                            r.wasted_output_tokens))
+    per = {m: {"preset": prices[m][0], **summarize_splits(s, prices[m][1])} for m, s in splits.items()}
+    total = sum(d["total_usd"] for d in per.values())
+    wasted = sum(summarize_splits([TokenSplit(0, r.wasted_prefill_tokens, r.small_attempt_cached_tokens,
+                                              r.wasted_output_tokens)], prices[r.small_attempt_model][1])["total_usd"]
+                 for r in routed if r.small_attempt_model is not None)
+    sessions = len({r.session_id for r in routed}) or 1
+    return {"total_usd": total, "usd_per_1k_sessions": total * 1000 / sessions,
+            "wasted_attempts_usd": wasted, "per_model": per}
+
+
+@dataclass
+class PolicyEvaluation:
+    """One policy on one trace: per-request predictions, totals and cost."""
+
+    spec: ModelRoutingSpec
+    routed: list[RoutedRequest]
+    totals: dict
+    cost: dict
+
+    def summary(self) -> dict:
+        t = dict(self.totals)
+        for m, d in t["per_model"].items():
+            c = self.cost["per_model"][m]
+            d.update(preset=c["preset"], total_usd=c["total_usd"])
+        return {"policy": self.spec.policy.model_dump(), "stickiness": self.spec.stickiness, **t,
+                "total_usd": self.cost["total_usd"], "usd_per_1k_sessions": self.cost["usd_per_1k_sessions"],
+                "wasted_attempts_usd": self.cost["wasted_attempts_usd"]}
+
+
+def evaluate_policy(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None,
+                    prices: dict[str, tuple[str, Pricing]] | None = None) -> PolicyEvaluation:
+    routed = evaluate(spec, inputs, fast=fast)
+    prices = prices or model_prices(spec)
+    return PolicyEvaluation(spec, routed, totals(routed, spec.model_names), routed_cost(routed, prices))
+
+
+def stickiness_counterfactual(spec: ModelRoutingSpec, inputs: RoutingInputs, base: PolicyEvaluation,
+                              *, fast: bool | None = None) -> dict:
+    """The same policy with the other stickiness: what sticky routing would have saved (or cost)."""
+    other = "sticky-after-escalation" if spec.stickiness == "per-step" else "per-step"
+    alt = evaluate_policy(spec.model_copy(update={"stickiness": other}), inputs, fast=fast)
+    return {"stickiness": other,
+            "token_hit_ratio": alt.totals["token_hit_ratio"],
+            "escalation_rate": alt.totals["escalation_rate"],
+            "model_switch_tokens": alt.totals["model_switch_tokens"],
+            "usd_per_1k_sessions": alt.cost["usd_per_1k_sessions"],
+            "saves_usd_per_1k_sessions": base.cost["usd_per_1k_sessions"] - alt.cost["usd_per_1k_sessions"],
+            "saves_model_switch_tokens": base.totals["model_switch_tokens"] - alt.totals["model_switch_tokens"]}
+
+
+def rule_grid(models: Sequence[str], thresholds: Iterable[int],
+              input_kind_sets: Iterable[Sequence[str]] | None = None,
+              stickiness: Iterable[str] = STICKINESS) -> list[dict]:
+    """Rule variants: send to the last model when the step adds one of the input kinds and the prompt has at
+    least T tokens, else the first model; every (T, kinds, stickiness)."""
+    if input_kind_sets is None:
+        input_kind_sets = [c for n in range(1, len(INPUT_KINDS) + 1) for c in itertools.combinations(INPUT_KINDS, n)]
+    out = []
+    for t, kinds, st in itertools.product(list(thresholds), list(input_kind_sets), list(stickiness)):
+        out.append({"policy": {"kind": "rule", "rules": [{"model": models[-1], "input_kind": list(kinds),
+                                                          "min_prompt_tokens": int(t)}]},
+                    "stickiness": st})
+    return out
+
+
+def sweep(base: dict, variants: Sequence[dict], inputs: RoutingInputs,
+          progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Evaluate every variant (``base`` spec fields updated by each variant), sorted by $ per 1,000 sessions."""
+    rows = []
+    prices = None
+    for v in variants:
+        spec = load_spec({**base, **v}, "sweep variant")
+        prices = prices or model_prices(spec)
+        ev = evaluate_policy(spec, inputs, prices=prices)
+        t = ev.totals
+        last = spec.model_names[-1]
+        rows.append({"variant": describe(spec), "stickiness": spec.stickiness,
+                     "usd_per_1k_sessions": ev.cost["usd_per_1k_sessions"],
+                     "token_hit_ratio": t["token_hit_ratio"],
+                     "large_share": t["per_model"][last]["requests"] / t["requests"] if t["requests"] else 0.0,
+                     "escalation_rate": t["escalation_rate"], "model_switch_tokens": t["model_switch_tokens"],
+                     "spec": {**base, **v}})
+        if progress:
+            progress(1)
+    rows.sort(key=lambda r: (r["usd_per_1k_sessions"], r["variant"]))
+    return rows
+
+
+def describe(spec: ModelRoutingSpec) -> str:
+    """A short name for a policy (tables)."""
+    p = spec.policy
+    if p.kind == "rule":
+        parts = []
+        for r in p.rules:  # type: ignore[attr-defined]
+            cond = []
+            if r.input_kind:
+                cond.append("+".join(r.input_kind))
+            if r.min_prompt_tokens is not None:
+                cond.append(f">={r.min_prompt_tokens}")
+            if r.max_prompt_tokens is not None:
+                cond.append(f"<={r.max_prompt_tokens}")
+            if r.min_step is not None:
+                cond.append(f"step>={r.min_step}")
+            if r.max_step is not None:
+                cond.append(f"step<={r.max_step}")
+            if r.column:
+                cond.append(f"{r.column}={r.equals!r}")
+            parts.append(f"{' '.join(cond) or 'all'}→{r.model}")
+        return "rule " + "; ".join(parts)
+    if p.kind == "cascade":
+        checks = [f"label {p.label_column}" if p.label_column else "",  # type: ignore[attr-defined]
+                  f"out>{p.max_output_tokens}" if p.max_output_tokens else "",  # type: ignore[attr-defined]
+                  f"logprob<{p.min_mean_logprob}" if p.min_mean_logprob is not None else ""]  # type: ignore[attr-defined]
+        return "cascade " + ",".join(c for c in checks if c)
+    return p.kind
+
+
+__all__ = ["DEFAULT_SMALL_PRESET", "DEFAULT_LARGE_PRESET", "model_prices", "routed_cost", "PolicyEvaluation",
+           "evaluate_policy", "stickiness_counterfactual", "rule_grid", "sweep", "describe"]
