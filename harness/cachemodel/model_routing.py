@@ -31,17 +31,26 @@ Pieces, bottom up:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Sequence, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, ValidationError,
-                      create_model, model_validator)
-
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.simulator import Replica, SimConfig
 from kvscope.harness.common.errors import ConfigError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    SerializeAsAny,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 _BASE = ConfigDict(extra="forbid", frozen=True)
 STICKINESS = ("per-step", "sticky-after-escalation")
@@ -128,7 +137,8 @@ def _validate_policy(value: Any) -> ModelRoutingPolicy:
     if isinstance(value, ModelRoutingPolicy) and _REGISTRY.get(value.kind) is type(value):
         return value
     if _adapter is None:
-        _adapter = TypeAdapter(Annotated[Union[tuple(_REGISTRY.values())], Field(discriminator="kind")])  # type: ignore[valid-type]
+        members = tuple(_REGISTRY.values())
+        _adapter = TypeAdapter(Annotated[Union[members], Field(discriminator="kind")])  # type: ignore[valid-type]  # noqa: UP007
     return _adapter.validate_python(value)
 
 
@@ -165,7 +175,7 @@ class Rule(BaseModel):
     equals: Any = None
 
     @model_validator(mode="after")
-    def _column_pair(self) -> "Rule":
+    def _column_pair(self) -> Rule:
         if (self.column is None) != (self.equals is None):
             raise ValueError("column and equals go together")
         return self
@@ -221,7 +231,7 @@ class RulePolicy(ModelRoutingPolicy):
         return Route(self.default or models[0], "no rule matched")
 
 
-_FAILED = {False, 0, "fail", "failed", "false", "0", "no"}
+_FAILED = {False, "fail", "failed", "false", "0", "no"}
 
 
 @model_routing_policy("cascade")
@@ -244,7 +254,7 @@ class CascadePolicy(ModelRoutingPolicy):
     logprob_column: str = "mean_logprob"
 
     @model_validator(mode="after")
-    def _one_check(self) -> "CascadePolicy":
+    def _one_check(self) -> CascadePolicy:
         if self.label_column is None and self.max_output_tokens is None and self.min_mean_logprob is None:
             raise ValueError("a cascade needs a check: label_column, max_output_tokens or min_mean_logprob")
         return self
@@ -300,7 +310,7 @@ class ModelRoutingSpec(BaseModel):
     stickiness: Literal["per-step", "sticky-after-escalation"] = "per-step"
 
     @model_validator(mode="after")
-    def _names(self) -> "ModelRoutingSpec":
+    def _names(self) -> ModelRoutingSpec:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names repeat: {names}")
@@ -607,7 +617,7 @@ _TRACE_COLUMNS = ("request_id", "session_id", "step", "input_kind", "prompt_toke
 _NOT_SIGNALS = {"prompt_segment_ids", "messages"}
 
 
-def read_labels(path: str | Path, request_ids: Sequence[int]) -> "Any":
+def read_labels(path: str | Path, request_ids: Sequence[int]) -> Any:
     """A per-request signal table (CSV, JSON lines or Parquet) with a ``request_id`` column and one column per
     signal (a pass/fail label, ``mean_logprob`` from a recorded run, ...); its request ids must be exactly the
     trace's."""
@@ -632,7 +642,7 @@ def read_labels(path: str | Path, request_ids: Sequence[int]) -> "Any":
     if df["request_id"].duplicated().any():
         dup = int(df["request_id"][df["request_id"].duplicated()].iloc[0])
         raise ConfigError(f"{p}: request_id {dup} appears more than once")
-    have, want = set(df["request_id"].tolist()), set(int(i) for i in request_ids)
+    have, want = set(df["request_id"].tolist()), {int(i) for i in request_ids}
     if have - want:
         extra = sorted(have - want)
         raise ConfigError(f"{p}: {len(extra)} labelled request ids are not in the trace (first: {extra[0]}); "
@@ -680,7 +690,9 @@ def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: st
 
 
 def _isnan(v: Any) -> bool:
-    return isinstance(v, float) and v != v
+    import math
+
+    return isinstance(v, float) and math.isnan(v)
 
 
 def check_columns(spec: ModelRoutingSpec, inputs: RoutingInputs) -> None:
@@ -705,8 +717,30 @@ def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None
     return simulate_routes(attempts, inputs.facts, inputs.requests_by_block, spec)
 
 
-__all__ = ["STICKINESS", "INPUT_KINDS", "FAST_PATH_MAX_REQUESTS", "RequestFacts", "Route", "Attempt",
-           "ModelRoutingPolicy", "model_routing_policy", "policy_kinds", "Rule", "ModelSpec", "ModelRoutingSpec",
-           "load_spec", "route_requests", "RoutedRequest", "simulate_routes", "RoutingIndex", "predict_fast",
-           "model_switch_tokens", "totals", "RoutingInputs", "read_labels", "load_routing_inputs", "check_columns",
-           "evaluate"]
+__all__ = [
+    "FAST_PATH_MAX_REQUESTS",
+    "INPUT_KINDS",
+    "STICKINESS",
+    "Attempt",
+    "ModelRoutingPolicy",
+    "ModelRoutingSpec",
+    "ModelSpec",
+    "RequestFacts",
+    "Route",
+    "RoutedRequest",
+    "RoutingIndex",
+    "RoutingInputs",
+    "Rule",
+    "check_columns",
+    "evaluate",
+    "load_routing_inputs",
+    "load_spec",
+    "model_routing_policy",
+    "model_switch_tokens",
+    "policy_kinds",
+    "predict_fast",
+    "read_labels",
+    "route_requests",
+    "simulate_routes",
+    "totals",
+]

@@ -42,7 +42,7 @@ def _kinds(s: str) -> list[str]:
     return kinds
 
 
-def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p = add_parser(
         subparsers, "route", "model routing offline: which model serves each request, and what it costs the caches",
         "Route a trace's requests between a small and a large model (or the N models of --spec) with a policy — "
@@ -145,8 +145,13 @@ def _progress(enabled: bool, total: int, desc: str):
 def _cmd_route(a: argparse.Namespace) -> int:
     from kvscope.harness.cachemodel.model_routing import load_routing_inputs, load_spec
     from kvscope.harness.common.errors import ConfigError
-    from kvscope.harness.pricing.model_routing import (evaluate_policy, model_prices, rule_grid,
-                                                       stickiness_counterfactual, sweep)
+    from kvscope.harness.pricing.model_routing import (
+        evaluate_policy,
+        model_prices,
+        rule_grid,
+        stickiness_counterfactual,
+        sweep,
+    )
 
     show = not a.no_progress and sys.stderr.isatty()
     base = _spec_dict(a)
@@ -202,8 +207,8 @@ def _cmd_route(a: argparse.Namespace) -> int:
 
 
 def _print_summary(d: dict) -> None:
-    from kvscope.harness.pricing.model_routing import describe
     from kvscope.harness.cachemodel.model_routing import load_spec
+    from kvscope.harness.pricing.model_routing import describe
 
     spec = load_spec({"models": [{"name": m} for m in d["per_model"]], "policy": d["policy"]})
     print(f"policy {describe(spec)} [{d['stickiness']}] on {d['requests']} requests / {d['sessions']} sessions")

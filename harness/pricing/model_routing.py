@@ -11,11 +11,19 @@ provider's — and a cascade's discarded small attempt is billed on the small mo
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
-from kvscope.harness.cachemodel.model_routing import (INPUT_KINDS, STICKINESS, ModelRoutingSpec, RoutedRequest,
-                                                      RoutingInputs, evaluate, load_spec, totals)
+from kvscope.harness.cachemodel.model_routing import (
+    INPUT_KINDS,
+    STICKINESS,
+    ModelRoutingSpec,
+    RoutedRequest,
+    RoutingInputs,
+    evaluate,
+    load_spec,
+    totals,
+)
 from kvscope.harness.pricing.cost import Pricing, TokenSplit, summarize_splits
 
 #: Price sheets of models a spec leaves unpriced: the cheapest model a flash-class sheet, the others Sonnet-class.
@@ -159,5 +167,15 @@ def describe(spec: ModelRoutingSpec) -> str:
     return p.kind
 
 
-__all__ = ["DEFAULT_SMALL_PRESET", "DEFAULT_LARGE_PRESET", "model_prices", "routed_cost", "PolicyEvaluation",
-           "evaluate_policy", "stickiness_counterfactual", "rule_grid", "sweep", "describe"]
+__all__ = [
+    "DEFAULT_LARGE_PRESET",
+    "DEFAULT_SMALL_PRESET",
+    "PolicyEvaluation",
+    "describe",
+    "evaluate_policy",
+    "model_prices",
+    "routed_cost",
+    "rule_grid",
+    "stickiness_counterfactual",
+    "sweep",
+]
