@@ -420,8 +420,10 @@ def _attempt_request(req: SimRequest, served: bool) -> SimRequest:
 
 
 def simulate_routes(attempts: Sequence[Sequence[Attempt]], facts: Sequence[RequestFacts],
-                    requests_by_block: dict[int, list[SimRequest]], spec: ModelRoutingSpec) -> list[RoutedRequest]:
-    """Run every attempt through its model's exact simulator pool, in trace order (sequential mode)."""
+                    requests_by_block: dict[int, list[SimRequest]], spec: ModelRoutingSpec,
+                    progress: Callable[[int], None] | None = None) -> list[RoutedRequest]:
+    """Run every attempt through its model's exact simulator pool, in trace order (sequential mode);
+    ``progress(n)`` is told every 256 requests."""
     reps = {m.name: Replica(SimConfig(m.block_size, m.num_gpu_blocks)) for m in spec.models}
     bs = {m.name: m.block_size for m in spec.models}
     last_model: dict[Any, str] = {}
@@ -448,6 +450,10 @@ def simulate_routes(attempts: Sequence[Sequence[Attempt]], facts: Sequence[Reque
                 rr.wasted_output_tokens = int(n) if n is not None else r.output_tokens
         last_model[key] = atts[-1].model
         out.append(rr)
+        if progress and len(out) % 256 == 0:
+            progress(256)
+    if progress:
+        progress(len(out) % 256)
     return out
 
 
@@ -703,7 +709,8 @@ def check_columns(spec: ModelRoutingSpec, inputs: RoutingInputs) -> None:
                               f"have; columns: {', '.join(inputs.columns) or 'none'}")
 
 
-def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None) -> list[RoutedRequest]:
+def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None,
+             progress: Callable[[int], None] | None = None) -> list[RoutedRequest]:
     """Route and predict: the fast path where every pool is unbounded and the trace is small enough (``fast``
     None), else the exact simulator."""
     check_columns(spec, inputs)
@@ -712,9 +719,12 @@ def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None
         fast = (all(m.num_gpu_blocks is None for m in spec.models)
                 and len(inputs.facts) <= FAST_PATH_MAX_REQUESTS)
     if fast:
-        return predict_fast(attempts, inputs.facts, {m.block_size: inputs.index(m.block_size) for m in spec.models},
-                            spec)
-    return simulate_routes(attempts, inputs.facts, inputs.requests_by_block, spec)
+        out = predict_fast(attempts, inputs.facts, {m.block_size: inputs.index(m.block_size) for m in spec.models},
+                           spec)
+        if progress:
+            progress(len(out))
+        return out
+    return simulate_routes(attempts, inputs.facts, inputs.requests_by_block, spec, progress)
 
 
 __all__ = [

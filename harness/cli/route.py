@@ -190,8 +190,10 @@ def _cmd_route(a: argparse.Namespace) -> int:
                   f"{r['model_switch_tokens'] / 1e6:>11.2f}  {r['variant']} [{r['stickiness']}]")
         return 0
     fast = False if a.exact else None
-    ev = evaluate_policy(spec, inputs, fast=fast)
-    alt = stickiness_counterfactual(spec, inputs, ev, fast=fast)
+    with _progress(show, 2 * len(inputs.facts), "requests") as bar:
+        bar.unit = "request"
+        ev = evaluate_policy(spec, inputs, fast=fast, progress=bar.update)
+        alt = stickiness_counterfactual(spec, inputs, ev, fast=fast, progress=bar.update)
     out = {"trace": str(a.trace), **ev.summary(), "other_stickiness": alt, "read_s": t_load,
            "evaluate_s": time.perf_counter() - t0 - t_load}
     if a.per_request:
@@ -225,4 +227,4 @@ def _print_summary(d: dict) -> None:
     o = d["other_stickiness"]
     print(f"  with {o['stickiness']}: {o['usd_per_1k_sessions']:,.2f} $ per 1,000 sessions, hit ratio "
           f"{o['token_hit_ratio']:.4f}, escalations {o['escalation_rate']:.1%}, model_switch "
-          f"{o['model_switch_tokens']:,} tokens ({o['saves_model_switch_tokens']:+,} saved)")
+          f"{o['model_switch_tokens']:,} tokens ({-o['saves_model_switch_tokens']:+,})")

@@ -80,17 +80,18 @@ class PolicyEvaluation:
 
 
 def evaluate_policy(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None,
-                    prices: dict[str, tuple[str, Pricing]] | None = None) -> PolicyEvaluation:
-    routed = evaluate(spec, inputs, fast=fast)
+                    prices: dict[str, tuple[str, Pricing]] | None = None,
+                    progress: Callable[[int], None] | None = None) -> PolicyEvaluation:
+    routed = evaluate(spec, inputs, fast=fast, progress=progress)
     prices = prices or model_prices(spec)
     return PolicyEvaluation(spec, routed, totals(routed, spec.model_names), routed_cost(routed, prices))
 
 
 def stickiness_counterfactual(spec: ModelRoutingSpec, inputs: RoutingInputs, base: PolicyEvaluation,
-                              *, fast: bool | None = None) -> dict:
+                              *, fast: bool | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """The same policy with the other stickiness: what sticky routing would have saved (or cost)."""
     other = "sticky-after-escalation" if spec.stickiness == "per-step" else "per-step"
-    alt = evaluate_policy(spec.model_copy(update={"stickiness": other}), inputs, fast=fast)
+    alt = evaluate_policy(spec.model_copy(update={"stickiness": other}), inputs, fast=fast, progress=progress)
     return {"stickiness": other,
             "token_hit_ratio": alt.totals["token_hit_ratio"],
             "escalation_rate": alt.totals["escalation_rate"],
