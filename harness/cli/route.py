@@ -93,6 +93,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--thresholds", type=_ints, default=None, metavar="N,N,...",
                    help="--sweep: prompt-length thresholds (default: 0 and the trace's prompt-length deciles)")
     p.add_argument("--top", type=argtypes.positive_int, default=20, metavar="K", help="--sweep: rows to print")
+    p.add_argument("--pareto", action="store_true",
+                   help="--sweep: print only the outcomes that send more to the large model than every cheaper one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_route)
 
@@ -179,15 +181,19 @@ def _cmd_route(a: argparse.Namespace) -> int:
         t_eval = time.perf_counter() - t1
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"trace": str(a.trace), "variants": len(rows), "read_s": t_load, "evaluate_s": t_eval,
+                json.dump({"trace": str(a.trace), "variants": len(variants), "outcomes": len(rows), "read_s": t_load, "evaluate_s": t_eval,
                            "rows": rows}, f, indent=2, default=str)
-        print(f"{len(rows)} rule variants on {len(inputs.facts)} requests: read {t_load:.1f} s, "
-              f"evaluated in {t_eval:.1f} s; ranked by $ per 1,000 sessions (quality is not modelled: "
-              "large_share says how much goes to the large model)")
+        print(f"{len(variants)} rule variants ({len(rows)} distinct outcomes) on {len(inputs.facts)} requests: read "
+              f"{t_load:.1f} s, evaluated in {t_eval:.1f} s; ranked by $ per 1,000 sessions. Quality is not "
+              "modelled: 'large' is the share of requests on the large model, * marks outcomes that send more to "
+              "it than every cheaper one")
+        shown = [r for r in rows if r["pareto"]] if a.pareto else rows
         print(f"{'#':>3} {'$/1k sessions':>13} {'hit':>6} {'large':>6} {'switch Mtok':>11}  variant")
-        for i, r in enumerate(rows[:a.top], 1):
+        for i, r in enumerate(shown[:a.top], 1):
+            same = f" (+{r['equivalent']} equivalent)" if r["equivalent"] else ""
             print(f"{i:>3} {r['usd_per_1k_sessions']:>13,.2f} {r['token_hit_ratio']:>6.3f} {r['large_share']:>6.2f} "
-                  f"{r['model_switch_tokens'] / 1e6:>11.2f}  {r['variant']} [{r['stickiness']}]")
+                  f"{r['model_switch_tokens'] / 1e6:>11.2f} {'*' if r['pareto'] else ' '}{r['variant']} "
+                  f"[{r['stickiness']}]{same}")
         return 0
     fast = False if a.exact else None
     with _progress(show, 2 * len(inputs.facts), "requests") as bar:

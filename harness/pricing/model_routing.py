@@ -118,24 +118,40 @@ def rule_grid(models: Sequence[str], thresholds: Iterable[int],
 
 def sweep(base: dict, variants: Sequence[dict], inputs: RoutingInputs,
           progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Evaluate every variant (``base`` spec fields updated by each variant), sorted by $ per 1,000 sessions."""
-    rows = []
+    """Evaluate every variant (``base`` spec fields updated by each variant), sorted by $ per 1,000 sessions.
+
+    Variants that route every request the same way are one outcome: the first is kept and counts the others
+    (``equivalent``), so a grid's many ways of saying "never the large model" fill one row.  ``pareto`` marks
+    outcomes that send a larger share of requests to the large model than every cheaper outcome: with quality
+    left to the user, those are the candidates worth a live replay.
+    """
+    rows: list[dict] = []
+    seen: dict[tuple, dict] = {}
     prices = None
     for v in variants:
         spec = load_spec({**base, **v}, "sweep variant")
         prices = prices or model_prices(spec)
         ev = evaluate_policy(spec, inputs, prices=prices)
-        t = ev.totals
-        last = spec.model_names[-1]
-        rows.append({"variant": describe(spec), "stickiness": spec.stickiness,
-                     "usd_per_1k_sessions": ev.cost["usd_per_1k_sessions"],
-                     "token_hit_ratio": t["token_hit_ratio"],
-                     "large_share": t["per_model"][last]["requests"] / t["requests"] if t["requests"] else 0.0,
-                     "escalation_rate": t["escalation_rate"], "model_switch_tokens": t["model_switch_tokens"],
-                     "spec": {**base, **v}})
         if progress:
             progress(1)
-    rows.sort(key=lambda r: (r["usd_per_1k_sessions"], r["variant"]))
+        outcome = tuple((r.model, r.small_attempt_model) for r in ev.routed)
+        if outcome in seen:
+            seen[outcome]["equivalent"] += 1
+            continue
+        t = ev.totals
+        last = spec.model_names[-1]
+        seen[outcome] = row = {
+            "variant": describe(spec), "stickiness": spec.stickiness, "equivalent": 0,
+            "usd_per_1k_sessions": ev.cost["usd_per_1k_sessions"], "token_hit_ratio": t["token_hit_ratio"],
+            "large_share": t["per_model"][last]["requests"] / t["requests"] if t["requests"] else 0.0,
+            "escalation_rate": t["escalation_rate"], "model_switch_tokens": t["model_switch_tokens"],
+            "spec": {**base, **v}}
+        rows.append(row)
+    rows.sort(key=lambda r: (r["usd_per_1k_sessions"], -r["large_share"], r["variant"]))
+    best_share = -1.0
+    for r in rows:  # cheapest first: on the frontier if it sends more to the large model than every cheaper one
+        r["pareto"] = r["large_share"] > best_share
+        best_share = max(best_share, r["large_share"])
     return rows
 
 
