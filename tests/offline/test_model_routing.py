@@ -296,3 +296,24 @@ def test_cli_bad_input_is_one_line_exit_2(trace_dir, tmp_path, capsys, case):
     rc, _out, err = _run(argv, capsys)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_cost_bills_hits_as_reads_misses_as_writes_and_wasted_attempts_on_the_small_model(trace_dir):
+    from kvscope.harness.pricing.model_routing import evaluate_policy
+
+    inp = _inputs(trace_dir, 16)
+    spec = _spec({"kind": "cascade", "max_output_tokens": 12}, small={"pricing": "deepseek-v3.2"},
+                 large={"pricing": "seed-illustrative"})
+    ev = evaluate_policy(spec, inp, fast=False)
+    small = sum((r.prompt_tokens - r.cached_tokens) * 0.28 + r.cached_tokens * 0.028 + r.output_tokens * 0.42
+                for r in ev.routed if r.model == "small")
+    wasted = sum(r.wasted_prefill_tokens * 0.28 + r.small_attempt_cached_tokens * 0.028 + r.wasted_output_tokens * 0.42
+                 for r in ev.routed if r.escalated)
+    large = sum((r.prompt_tokens - r.cached_tokens) * 3.75 + r.cached_tokens * 0.3 + r.output_tokens * 15
+                for r in ev.routed if r.model == "large")
+    assert ev.cost["per_model"]["small"]["total_usd"] == pytest.approx((small + wasted) / 1e6)
+    assert ev.cost["per_model"]["large"]["total_usd"] == pytest.approx(large / 1e6)
+    assert ev.cost["wasted_attempts_usd"] == pytest.approx(wasted / 1e6)
+    assert wasted > 0 and large > 0
+    assert M.model_switch_tokens(ev.routed) == {str(r.request_id): r.model_switch_tokens for r in ev.routed
+                                                if r.model_switch_tokens}
