@@ -288,6 +288,29 @@ class CascadePolicy(ModelRoutingPolicy):
         return Route(small, "cascade: small answer passed")
 
 
+@model_routing_policy("recorded")
+class RecordedPolicy(ModelRoutingPolicy):
+    """Decisions made elsewhere, one per request: the serving model's name in ``model_column`` (a recorded
+    run's records, a router's log, a labels file) and, optionally, whether it was an escalation from the first
+    model (``escalated_column``, true / 1), so a recorded cascade is replayed attempt for attempt."""
+
+    model_column: str = "model"
+    escalated_column: str | None = None
+
+    def columns_needed(self) -> list[str]:
+        return [self.model_column] + ([self.escalated_column] if self.escalated_column else [])
+
+    def decide(self, req: RequestFacts, models: Sequence[str]) -> Route:
+        model = req.columns.get(self.model_column)
+        if model not in models:
+            raise ConfigError(f"request {req.request_id}: {self.model_column}={model!r} is not a model of the spec "
+                              f"({', '.join(models)})")
+        esc = req.columns.get(self.escalated_column) if self.escalated_column else None
+        if (esc.strip().lower() in ("true", "1", "yes") if isinstance(esc, str) else bool(esc)) and model != models[0]:
+            return Route(models[0], "recorded: small first", model, f"recorded escalation to {model}")
+        return Route(str(model), f"recorded: {model}")
+
+
 # ------------------------------------------------------------------------------------------------ spec
 
 class ModelSpec(BaseModel):
@@ -707,6 +730,11 @@ def check_columns(spec: ModelRoutingSpec, inputs: RoutingInputs) -> None:
         if c not in inputs.columns:
             raise ConfigError(f"policy {spec.policy.kind} reads column {c!r}, which neither the trace nor the labels "
                               f"have; columns: {', '.join(inputs.columns) or 'none'}")
+    if isinstance(spec.policy, RecordedPolicy):  # every recorded model must be one of the spec's, before any work
+        names = set(spec.model_names)
+        for f in inputs.facts:
+            if f.columns.get(spec.policy.model_column) not in names:
+                spec.policy.decide(f, spec.model_names)  # raises the one-line error naming the request
 
 
 def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None,

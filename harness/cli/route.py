@@ -20,6 +20,7 @@ examples:
       --stickiness sticky-after-escalation --json route.json
   kvscope route traces/agent --policy cascade --cascade-max-output-tokens 400 --small-model-blocks 20000
   kvscope route traces/agent --policy cascade --cascade-label passed --labels evals.csv
+  kvscope route traces/agent --policy recorded --labels decisions.csv   (columns request_id, model[, escalated])
   kvscope route traces/agent --sweep --thresholds 0,20000,50000,100000
   kvscope route traces/agent --spec routing.yaml     (models, policy, stickiness; flags override it)
 """
@@ -55,7 +56,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("trace", metavar="TRACE", help="a kvscope trace directory")
     p.add_argument("--spec", metavar="FILE", help="routing spec YAML/JSON: models, policy, stickiness")
-    p.add_argument("--policy", choices=("all-small", "all-large", "rule", "cascade"), default=None,
+    p.add_argument("--policy", choices=("all-small", "all-large", "rule", "cascade", "recorded"), default=None,
                    help="routing policy (default: the spec's, else all-small)")
     p.add_argument("--stickiness", choices=("per-step", "sticky-after-escalation"), default=None,
                    help="per-step: every step decided alone (default); sticky-after-escalation: a session "
@@ -80,6 +81,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cascade-min-logprob", type=float, default=None, metavar="X",
                    help="cascade: escalate when the column mean_logprob (from a recorded run, via --labels) "
                         "is below X (<= 0)")
+    p.add_argument("--recorded-model-column", default="model", metavar="COLUMN",
+                   help="recorded: the column naming each request's serving model (default model)")
+    p.add_argument("--recorded-escalated-column", default=None, metavar="COLUMN",
+                   help="recorded: a true/false column marking escalations from the first model")
     p.add_argument("--labels", metavar="FILE", default=None,
                    help="per-request signals: CSV / JSONL / Parquet with request_id and one column per signal")
     p.add_argument("--exact", action="store_true",
@@ -133,6 +138,9 @@ def _spec_dict(a: argparse.Namespace) -> dict:
         if a.cascade_min_logprob is not None:
             pol["min_mean_logprob"] = a.cascade_min_logprob
         base["policy"] = pol
+    elif kind == "recorded":
+        base["policy"] = {"kind": "recorded", "model_column": a.recorded_model_column,
+                          "escalated_column": a.recorded_escalated_column}
     elif kind is not None:
         base["policy"] = {"kind": kind}
     return base

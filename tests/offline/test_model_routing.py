@@ -317,3 +317,23 @@ def test_cost_bills_hits_as_reads_misses_as_writes_and_wasted_attempts_on_the_sm
     assert wasted > 0 and large > 0
     assert M.model_switch_tokens(ev.routed) == {str(r.request_id): r.model_switch_tokens for r in ev.routed
                                                 if r.model_switch_tokens}
+
+
+def test_recorded_decisions_replay_a_cascade_attempt_for_attempt(trace_dir, tmp_path, capsys):
+    inp0 = _inputs(trace_dir, 16)
+    cascade = _spec({"kind": "cascade", "max_output_tokens": 12})
+    expected = M.evaluate(cascade, inp0, fast=False)
+    rec = tmp_path / "decisions.jsonl"
+    rec.write_text("".join(json.dumps({"request_id": r.request_id, "model": r.model, "escalated": r.escalated}) + "\n"
+                           for r in expected))
+    inp = M.load_routing_inputs(trace_dir, [16], rec)
+    recorded = M.evaluate(_spec({"kind": "recorded", "escalated_column": "escalated"}), inp, fast=False)
+    assert [(r.model, r.escalated, r.cached_tokens, r.small_attempt_cached_tokens, r.model_switch_tokens)
+            for r in recorded] == [(r.model, r.escalated, r.cached_tokens, r.small_attempt_cached_tokens,
+                                    r.model_switch_tokens) for r in expected]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("request_id,model\n" + "".join(f"{r.request_id},{'medium' if r.request_id == 4 else 'small'}\n"
+                                                   for r in expected))
+    rc, _out, err = _run(["route", str(trace_dir), "--policy", "recorded", "--labels", str(bad), "--no-progress"],
+                         capsys)
+    assert rc == 2 and err.strip().count("\n") == 0 and "request 4: model='medium'" in err
