@@ -207,13 +207,14 @@ def _cmd_route(a: argparse.Namespace) -> int:
     with _progress(show, 2 * len(inputs.facts), "requests") as bar:
         bar.unit = "request"
         ev = evaluate_policy(spec, inputs, fast=fast, progress=bar.update)
-        alt = stickiness_counterfactual(spec, inputs, ev, fast=fast, progress=bar.update)
+        alt, alt_ev = stickiness_counterfactual(spec, inputs, ev, fast=fast, progress=bar.update)
     out = {"trace": str(a.trace), **ev.summary(), "other_stickiness": alt, "read_s": t_load,
            "evaluate_s": time.perf_counter() - t0 - t_load}
     if a.per_request:
         with open(a.per_request, "w") as f:
-            for r in ev.routed:
-                f.write(json.dumps(r.as_dict()) + "\n")
+            for r, o in zip(ev.routed, alt_ev.routed):  # + what the other stickiness would have done
+                f.write(json.dumps({**r.as_dict(), "other_stickiness_model": o.model,
+                                    "other_stickiness_cached_tokens": o.cached_tokens}) + "\n")
         out["per_request_file"] = a.per_request
     if a.json:
         with open(a.json, "w") as f:

@@ -88,8 +88,10 @@ def evaluate_policy(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool
 
 
 def stickiness_counterfactual(spec: ModelRoutingSpec, inputs: RoutingInputs, base: PolicyEvaluation,
-                              *, fast: bool | None = None, progress: Callable[[int], None] | None = None) -> dict:
-    """The same policy with the other stickiness: what sticky routing would have saved (or cost)."""
+                              *, fast: bool | None = None, progress: Callable[[int], None] | None = None
+                              ) -> tuple[dict, PolicyEvaluation]:
+    """The same policy with the other stickiness: what sticky routing would have saved (or cost); the totals
+    and the other evaluation itself (its per-request predictions, request for request)."""
     other = "sticky-after-escalation" if spec.stickiness == "per-step" else "per-step"
     alt = evaluate_policy(spec.model_copy(update={"stickiness": other}), inputs, fast=fast, progress=progress)
     return {"stickiness": other,
@@ -98,7 +100,7 @@ def stickiness_counterfactual(spec: ModelRoutingSpec, inputs: RoutingInputs, bas
             "model_switch_tokens": alt.totals["model_switch_tokens"],
             "usd_per_1k_sessions": alt.cost["usd_per_1k_sessions"],
             "saves_usd_per_1k_sessions": base.cost["usd_per_1k_sessions"] - alt.cost["usd_per_1k_sessions"],
-            "saves_model_switch_tokens": base.totals["model_switch_tokens"] - alt.totals["model_switch_tokens"]}
+            "saves_model_switch_tokens": base.totals["model_switch_tokens"] - alt.totals["model_switch_tokens"]}, alt
 
 
 def rule_grid(models: Sequence[str], thresholds: Iterable[int],

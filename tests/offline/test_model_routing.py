@@ -229,6 +229,10 @@ def test_cli_policy_writes_per_request_and_json(trace_dir, tmp_path, capsys):
     rows = [json.loads(line) for line in pr.read_text().splitlines()]
     d = json.loads(js.read_text())
     assert len(rows) == d["requests"] and sum(r["escalated"] for r in rows) == d["escalations"] > 0
+    sticky = M.evaluate(_spec({"kind": "cascade", "max_output_tokens": 12}, "sticky-after-escalation"),
+                        _inputs(trace_dir, 16), fast=False)
+    assert [(r["other_stickiness_model"], r["other_stickiness_cached_tokens"]) for r in rows] == [
+        (r.model, r.cached_tokens) for r in sticky]
     assert d["other_stickiness"]["stickiness"] == "sticky-after-escalation"
     assert d["per_model"]["large"]["preset"] == "anthropic-sonnet-5m"
     assert d["usd_per_1k_sessions"] == pytest.approx(d["total_usd"] * 1000 / d["sessions"])
@@ -337,3 +341,17 @@ def test_recorded_decisions_replay_a_cascade_attempt_for_attempt(trace_dir, tmp_
     rc, _out, err = _run(["route", str(trace_dir), "--policy", "recorded", "--labels", str(bad), "--no-progress"],
                          capsys)
     assert rc == 2 and err.strip().count("\n") == 0 and "request 4: model='medium'" in err
+
+
+def test_three_models_each_pool_sees_exactly_its_requests(trace_dir):
+    inp = _inputs(trace_dir, 16, 32, 64)
+    spec = M.load_spec({"models": [{"name": "s", "block_size": 16}, {"name": "m", "block_size": 32, "num_gpu_blocks": 12},
+                                   {"name": "l", "block_size": 64}],
+                        "policy": {"kind": "rule", "rules": [{"model": "m", "input_kind": ["user"]},
+                                                             {"model": "l", "input_kind": ["tool_output"]}]}})
+    routed = M.evaluate(spec, inp)
+    assert {r.model for r in routed} == {"s", "m", "l"}
+    for name, bs, blocks in (("s", 16, None), ("m", 32, 12), ("l", 64, None)):
+        ids = [i for i, r in enumerate(routed) if r.model == name]
+        assert [routed[i].cached_tokens for i in ids] == simulate(_sub(inp.requests_by_block[bs], ids),
+                                                                  SimConfig(bs, blocks)).cached_tokens
