@@ -743,9 +743,11 @@ def evaluate(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None
     None), else the exact simulator."""
     check_columns(spec, inputs)
     attempts = route_requests(inputs.facts, spec)
+    unbounded = all(m.num_gpu_blocks is None for m in spec.models)
     if fast is None:
-        fast = (all(m.num_gpu_blocks is None for m in spec.models)
-                and len(inputs.facts) <= FAST_PATH_MAX_REQUESTS)
+        fast = unbounded and len(inputs.facts) <= FAST_PATH_MAX_REQUESTS
+    elif fast and not unbounded:
+        raise ValueError("the pairwise-prefix fast path models unbounded pools only; a model has num_gpu_blocks")
     if fast:
         out = predict_fast(attempts, inputs.facts, {m.block_size: inputs.index(m.block_size) for m in spec.models},
                            spec)

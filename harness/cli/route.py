@@ -120,6 +120,11 @@ def _spec_dict(a: argparse.Namespace) -> dict:
     if a.stickiness:
         base["stickiness"] = a.stickiness
     kind = a.policy or (None if "policy" in base else "all-small")
+    for prefix, flags in (("rule", ("rule_input_kind", "rule_min_prompt_tokens", "rule_min_step")),
+                          ("cascade", ("cascade_max_output_tokens", "cascade_label", "cascade_min_logprob"))):
+        given = [f for f in flags if getattr(a, f) is not None]
+        if given and kind != prefix:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs --policy {prefix}")
     if kind == "rule":
         rule: dict = {"model": models[-1].get("name", "large")}
         if a.rule_input_kind:

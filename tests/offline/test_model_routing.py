@@ -78,6 +78,9 @@ def test_all_small_is_the_single_pool_simulator_exactly(trace_dir, blocks):
     assert [r.cached_tokens for r in M.evaluate(spec, inp, fast=False)] == expected
     if blocks is None:
         assert [r.cached_tokens for r in M.evaluate(spec, inp, fast=True)] == expected
+    else:
+        with pytest.raises(ValueError, match="unbounded pools only"):
+            M.evaluate(spec, inp, fast=True)
     assert all(r.model == "small" and r.model_switch_tokens == 0 for r in M.evaluate(spec, inp))
 
 
@@ -257,7 +260,7 @@ def _labels(trace_dir: Path, tmp_path: Path, ids: list[int]) -> Path:
 
 
 @pytest.mark.parametrize("case", ["unknown-model", "threshold", "labels-extra", "labels-missing", "preset",
-                                  "column", "not-a-trace", "bad-kind"])
+                                  "column", "not-a-trace", "bad-kind", "stray-flag"])
 def test_cli_bad_input_is_one_line_exit_2(trace_dir, tmp_path, capsys, case):
     n = len(_inputs(trace_dir).facts)
     argv = ["route", str(trace_dir), "--no-progress"]
@@ -288,6 +291,9 @@ def test_cli_bad_input_is_one_line_exit_2(trace_dir, tmp_path, capsys, case):
         f.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n")
         argv[1] = str(f)
         needle = "kvscope trace directory"
+    elif case == "stray-flag":
+        argv += ["--policy", "all-large", "--cascade-max-output-tokens", "10"]
+        needle = "--cascade-max-output-tokens needs --policy cascade"
     else:
         argv += ["--policy", "rule", "--rule-input-kind", "email"]
         needle = "allowed"
