@@ -77,13 +77,16 @@ def _auth_headers(api_key_env: str | None) -> dict[str, str]:
 
 def _cmd_record(args: argparse.Namespace) -> int:
     from kvscope.harness.common.errors import ConfigError
+    from kvscope.harness.common.runlock import lock_run_dir
     from kvscope.harness.record.build import finalize
     from kvscope.harness.record.proxy import split_url_credentials
 
     if args.finalize:
         upstream, url_auth = split_url_credentials(args.upstream) if args.upstream else (None, {})
-        out = finalize(args.finalize, upstream=upstream, tokenizer_dir=args.tokenizer,
-                       chat_template=args.chat_template, headers={**url_auth, **_auth_headers(args.api_key_env)})
+        with lock_run_dir(args.finalize, "kvscope record --finalize"):
+            out = finalize(args.finalize, upstream=upstream, tokenizer_dir=args.tokenizer,
+                           chat_template=args.chat_template, headers={**url_auth, **_auth_headers(args.api_key_env)},
+                           **_finalize_options(args))
         _print_trace(out)
         return 0
     if not args.upstream or not args.out:
@@ -93,6 +96,13 @@ def _cmd_record(args: argparse.Namespace) -> int:
     if args.drain_s < 0:
         raise ConfigError(f"--drain-s {args.drain_s}: expected seconds >= 0")
     host, port = _listen(args.listen)
+    with lock_run_dir(args.out, "kvscope record"):  # one proxy (and its finalize) per --out
+        return _record_and_finalize(args, host, port)
+
+
+def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
+    from kvscope.harness.record.build import finalize
+
     proxy, hard_stop = _run_proxy(args.upstream, args.out, host, port, _auth_headers(args.api_key_env),
                                   args.drain_s)
     from kvscope.harness.common.signals import handle_termination_like_sigint
@@ -110,7 +120,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         return 0
     try:
         out = finalize(args.out, upstream=proxy.upstream, tokenizer_dir=args.tokenizer,
-                       chat_template=args.chat_template, headers=proxy.auth_headers)
+                       chat_template=args.chat_template, headers=proxy.auth_headers, **_finalize_options(args))
     except KeyboardInterrupt:
         print(f"finalize interrupted; {hint}", file=sys.stderr)
         raise
@@ -119,6 +129,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
         raise
     _print_trace(out)
     return 0
+
+
+def _finalize_options(args: argparse.Namespace) -> dict:
+    return {}
 
 
 def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str, str], drain_s: float):
