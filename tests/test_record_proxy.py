@@ -500,3 +500,64 @@ def test_agent_frameworks_are_recorded_exactly(require_vllm, tiny_model_dir, tmp
         assert r["explained_share"] >= 0.95, r
     assert sum(r["tool_call_answers"] for r in results) >= len(results)  # the loops really called tools
     assert any(r["streamed"] for r in results) and any(r["streamed"] < r["exchanges_ok"] for r in results)
+
+
+# ------------------------------------------------------------------------------------------ full disk
+
+
+@pytest.fixture(params=["ulimit -f", "tmpfs"])
+def small_disk(request, tmp_path):
+    """(where to record, a preexec_fn, the words of the error): the file size limit (`ulimit -f 64`, EFBIG),
+    or, as root, a real 64 KB tmpfs (ENOSPC; the probe's setup)."""
+    import os
+    import resource
+
+    if request.param == "ulimit -f":
+        def small_files() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+        yield tmp_path / "rec", small_files, "file size limit reached writing"
+        return
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mnt / "rec", None, "disk full writing"
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
+    """Probe: on a 64 KB tmpfs the proxy kept answering 200 (29 of 60 exchanges unrecorded), printed one aiohttp
+    traceback per request and named "requests.jsonl". Also under the file size limit, which needs no root."""
+    from tests.doubles.faultserver import FaultConfig, FaultServer
+
+    out, preexec, words = small_disk
+    with FaultServer(FaultConfig()) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", "record", "--upstream",
+                                 srv.endpoint, "--listen", "127.0.0.1:0", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+        try:
+            url = proc.stdout.readline().split()[2]
+            statuses = []
+            for i in range(60):
+                r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": "mock", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i} " + "x" * 3000}]})
+                statuses.append(r.status_code)
+                if r.status_code == 503:
+                    assert "exchanges.jsonl" in r.json()["error"]["message"]
+            forwarded = srv.stats.completions
+        finally:
+            proc.send_signal(signal.SIGINT)
+            stdout, err = proc.communicate(timeout=120)
+    ok = statuses.count(200)
+    assert 0 < ok < 60 and statuses == [200] * ok + [503] * (60 - ok)  # 503 from the first failed write on
+    assert forwarded == ok  # nothing was forwarded once the proxy could not record
+    rows = read_exchanges_log(out)  # what was recorded stays readable: whole lines only
+    assert [r["request_id"] for r in rows] == list(range(ok - 1))  # the one exchange in the failed write is named
+    said = [line for line in err.splitlines() if "exchanges.jsonl" in line and "not recorded" in line]
+    assert said and f"exchange {ok - 1} was answered but is not recorded" in said[0], err
+    assert words in said[0] and "requests.jsonl" not in err
+    assert "Traceback" not in err and proc.returncode == 2, err

@@ -128,6 +128,9 @@ def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
         print(hint, file=sys.stderr)
         raise
     _print_trace(out)
+    if proxy.record_failure:  # said once already, when it happened; the exit status says it too
+        print(f"kvscope: error: the recording is incomplete: {proxy.record_failure}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -28,6 +28,10 @@ writes the exchange with ``status: "client_disconnected"`` — unless the client
 the upstream's end of stream, and such an exchange (and one cut by shutdown at that point) is complete. Every
 wait has a bound: reading a request body,
 connecting upstream, each upstream read.
+
+A log that cannot grow (a full disk, ``ulimit -f``) stops the recording loudly: one line on stderr naming the
+file and the error, then a 503 for every request, so an agent never runs on unrecorded; the whole lines already
+written stay readable (:class:`RecordWriter` cuts a torn write back).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,7 +50,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from kvscope.harness.common.secrets import CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields
-from kvscope.harness.results.records import RecordWriter
+from kvscope.harness.results.records import DiskFullError, RecordWriter
 from kvscope.harness.serving.sse import SseLineSplitter
 
 EXCHANGES_LOG = "exchanges.jsonl"
@@ -267,6 +272,9 @@ class RecordingProxy:
         self._stopping = False
         self.port: int | None = None
         self.interrupted = 0
+        #: why the log cannot grow (a full disk …), once a write failed: every request from then on is answered
+        #: 503 with it, so an agent never runs on through a proxy that records nothing
+        self.record_failure: str | None = None
         #: auth headers last seen, kept in memory only, for the /tokenize calls of the finalize step
         self.auth_headers: dict[str, str] = dict(self.upstream_headers)
 
@@ -331,7 +339,11 @@ class RecordingProxy:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        self.writer.close()
+        try:
+            self.writer.close()
+        except DiskFullError:
+            if self.record_failure is None:
+                raise  # said already, when it happened
 
     # ------------------------------------------------------------------ handlers
     def _forward_headers(self, request: web.Request) -> dict[str, str]:
@@ -347,6 +359,9 @@ class RecordingProxy:
         assert task is not None
         self._inflight[task] = None
         try:
+            if self.record_failure is not None:
+                return web.json_response({"error": {"message": f"kvscope record: {self.record_failure}",
+                                                    "type": "ServiceUnavailable"}}, status=503)
             return await self._proxy(request, task)
         finally:
             self._inflight.pop(task, None)
@@ -508,4 +523,17 @@ class RecordingProxy:
                "response": ex.capture.as_dict(),
                "error": ex.capture.error}
         self._next_id += 1
-        self.writer.write_line(orjson.dumps(rec) + b"\n")
+        try:
+            self.writer.write_line(orjson.dumps(rec) + b"\n")
+        except (DiskFullError, OSError) as exc:
+            self._cannot_record(rec["request_id"], exc)
+
+    def _cannot_record(self, request_id: int, exc: Exception) -> None:
+        """Say at once, in one line, that the log cannot grow; from now on every request gets a 503."""
+        if self.record_failure is not None:
+            return
+        reason = str(exc) if isinstance(exc, DiskFullError) else (
+            f"cannot write {self.writer.path}: {getattr(exc, 'strerror', None) or exc}")
+        self.record_failure = (f"{reason} (exchange {request_id} was answered but is not recorded); answering 503 "
+                               "to every new request")
+        print(f"kvscope record: {self.record_failure}; Ctrl-C stops the proxy", file=sys.stderr, flush=True)
