@@ -39,6 +39,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--drain-s", type=float, default=5.0, metavar="S",
                      help="at Ctrl-C/SIGTERM, how long exchanges in flight get to end before they are recorded as "
                           "interrupted (default 5; a second Ctrl-C stops at once)")
+    rec.add_argument("--max-exchange-mib", type=float, default=None, metavar="MIB",
+                     help="finalize refuses an exchange (one line of exchanges.jsonl) larger than this "
+                          "(default 16: tokenizing holds about 200 bytes per byte of prompt)")
+    rec.add_argument("--no-progress", action="store_true", help="no progress bars while finalizing (stderr)")
     rec.set_defaults(func=_cmd_record)
 
     ex = add_parser(sub, "explain", "attribute every prompt-cache miss of a trace or run to its cause",
@@ -135,7 +139,10 @@ def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
 
 
 def _finalize_options(args: argparse.Namespace) -> dict:
-    return {}
+    from kvscope.harness.record.build import MAX_EXCHANGE_MIB
+
+    cap = MAX_EXCHANGE_MIB if args.max_exchange_mib is None else args.max_exchange_mib
+    return {"max_exchange_mib": cap, "progress": not args.no_progress}
 
 
 def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str, str], drain_s: float):

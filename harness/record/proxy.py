@@ -42,6 +42,7 @@ import os
 import sys
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,99 @@ def repair_torn_log(path: Path) -> int:
         f.flush()
         os.fsync(f.fileno())
     return size - keep
+
+
+class ContentDecodeError(ValueError):
+    """A response body that its Content-Encoding does not decode (corrupt or cut short)."""
+
+
+def _brotli_module():
+    for name in ("brotli", "brotlicffi"):
+        try:
+            return __import__(name)
+        except ImportError:
+            continue
+    return None
+
+
+class _ZlibStep:
+    """gzip (every member of a multi-member stream) or deflate (zlib-wrapped, or raw as some servers send it)."""
+
+    def __init__(self, gzip: bool) -> None:
+        self.gzip = gzip
+        self.obj: Any = zlib.decompressobj(zlib.MAX_WBITS | 16) if gzip else None
+
+    def decompress(self, data: bytes) -> bytes:
+        if self.obj is None:  # deflate: zlib header (CM = 8) or raw deflate, decided by the first byte
+            if not data:
+                return b""
+            self.obj = zlib.decompressobj(zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+        out = [self.obj.decompress(data)]
+        while self.gzip and self.obj.eof and self.obj.unused_data:  # the next gzip member
+            rest = self.obj.unused_data
+            self.obj = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            out.append(self.obj.decompress(rest))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        if self.obj is None:
+            return b""
+        tail = self.obj.flush()
+        if not self.obj.eof:
+            raise ContentDecodeError(f"the {'gzip' if self.gzip else 'deflate'} stream ended before its end")
+        return tail
+
+
+class ContentDecoder:
+    """Undoes a response's ``Content-Encoding`` chunk by chunk, so the proxy parses (and re-frames) the text the
+    upstream meant. Why decode rather than pass the bytes through: the proxy drops the usage event it injected,
+    which it can only find in decoded text, and it must record what was said; the client gets identity bytes
+    (``Content-Encoding`` is not forwarded). gzip and deflate always, br where ``brotli`` is installed;
+    :data:`ACCEPT` offers the upstream exactly these. An encoding not in the list gets no decoder: that response
+    is forwarded as it came, header included, and recorded as a failure."""
+
+    ACCEPT = "gzip, deflate" + (", br" if _brotli_module() is not None else "")
+
+    def __init__(self, steps: list[Any]) -> None:
+        self._steps = steps  # in decoding order: the header lists encodings in the order they were applied
+
+    @classmethod
+    def for_header(cls, header: str | None) -> "ContentDecoder | None":
+        steps: list[Any] = []
+        for enc in reversed([e.strip().lower() for e in (header or "").split(",") if e.strip()]):
+            if enc == "identity":
+                continue
+            if enc in ("gzip", "x-gzip", "deflate"):
+                steps.append(_ZlibStep(gzip=enc != "deflate"))
+            elif enc == "br" and _brotli_module() is not None:
+                steps.append(_brotli_module().Decompressor())
+            else:
+                return None
+        return cls(steps)
+
+    @property
+    def identity(self) -> bool:
+        return not self._steps
+
+    def decode(self, data: bytes) -> bytes:
+        try:
+            for step in self._steps:
+                data = step.decompress(data) if hasattr(step, "decompress") else step.process(data)
+        except ContentDecodeError:
+            raise
+        except Exception as exc:  # zlib.error, brotli.error: the body is not what its header says
+            raise ContentDecodeError(f"cannot decode the response body ({exc})") from None
+        return data
+
+    def flush(self) -> bytes:
+        """The decoded tail; ContentDecodeError for a stream cut short."""
+        tail = b""
+        for step in self._steps:
+            if tail:
+                tail = step.decompress(tail) if hasattr(step, "decompress") else step.process(tail)
+            if isinstance(step, _ZlibStep):
+                tail += step.flush()
+        return tail
 
 
 @dataclass(slots=True)
@@ -352,6 +446,7 @@ class RecordingProxy:
             override = {k.lower() for k in self.upstream_headers}
             headers = {k: v for k, v in headers.items() if k.lower() not in override}
             headers.update(self.upstream_headers)
+        headers["Accept-Encoding"] = ContentDecoder.ACCEPT  # only what the proxy can decode (ContentDecoder)
         return headers
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -408,15 +503,27 @@ class RecordingProxy:
                                              allow_redirects=False) as up:
                 if ex is not None:
                     ex.status = up.status
-                resp = web.StreamResponse(status=up.status, headers={
-                    k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
+                out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+                decoder = ContentDecoder.for_header(up.headers.get("Content-Encoding"))
+                if decoder is None:  # an encoding the proxy cannot undo: pass it through, say it is not recorded
+                    out_headers["Content-Encoding"] = up.headers["Content-Encoding"]
+                    if ex is not None:
+                        ex.capture.error = (f"response Content-Encoding {up.headers['Content-Encoding']!r} cannot "
+                                            f"be decoded (decodable: {ContentDecoder.ACCEPT}); forwarded as it "
+                                            "came, not recorded")
+                resp = web.StreamResponse(status=up.status, headers=out_headers)
                 await resp.prepare(request)
-                if "text/event-stream" in up.headers.get("Content-Type", ""):
-                    await self._pump_sse(up, resp, ex)
+                if decoder is None:
+                    async for data in up.content.iter_any():
+                        await resp.write(data)
+                elif "text/event-stream" in up.headers.get("Content-Type", ""):
+                    await self._pump_sse(up, resp, ex, decoder)
                 else:
                     data = await up.read()
                     if ex is not None:
                         ex.first_byte = time.time()
+                    if not decoder.identity:
+                        data = decoder.decode(data) + decoder.flush()
                     await resp.write(data)
                     if ex is not None:
                         ex.delivered = time.time()
@@ -445,7 +552,7 @@ class RecordingProxy:
                     self.interrupted += 1
                 self._log(ex)
             raise
-        except (TimeoutError, ClientError, OSError) as exc:
+        except (TimeoutError, ClientError, OSError, ContentDecodeError) as exc:
             if ex is not None:
                 ex.capture.error = f"{exc.__class__.__name__}: {exc}"[:500]
                 self._log(ex)
@@ -463,10 +570,10 @@ class RecordingProxy:
         assert resp is not None
         return resp
 
-    async def _pump_sse(self, up, resp: web.StreamResponse, ex: _Exchange | None) -> None:
+    async def _pump_sse(self, up, resp: web.StreamResponse, ex: _Exchange | None, decoder: ContentDecoder) -> None:
         events = SseEvents()
         capture = ex.capture if ex is not None else None
-        async for data in up.content.iter_any():
+        async for data in self._decoded(up, decoder):
             if ex is not None and ex.first_byte is None:
                 ex.first_byte = time.time()
             if ex is None or not ex.injected:
@@ -496,6 +603,21 @@ class RecordingProxy:
         out = self._filter_events(events.close(), events.terminator or b"\n", capture, last=True)
         if out:
             await resp.write(out)
+
+    @staticmethod
+    async def _decoded(up, decoder: ContentDecoder):
+        """The upstream's body, decoded piece by piece (empty pieces of a compressed stream skipped)."""
+        async for data in up.content.iter_any():
+            if decoder.identity:
+                yield data
+                continue
+            data = decoder.decode(data)
+            if data:
+                yield data
+        if not decoder.identity:
+            tail = decoder.flush()
+            if tail:
+                yield tail
 
     @staticmethod
     def _filter_events(events: list[tuple[bytes, list[bytes]]], eol: bytes, capture: ResponseCapture | None,
