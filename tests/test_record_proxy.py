@@ -731,3 +731,41 @@ def test_finalize_streams_to_the_same_trace_as_the_build_in_memory(tmp_path, loc
         assert streamed.requests[col].tolist() == in_memory.requests[col].tolist(), col
     for i in range(6):
         assert streamed.prompt_token_ids(i).tolist() == in_memory.prompt_token_ids(i).tolist()
+
+
+def test_a_tokenizer_panic_is_one_line_not_a_traceback(tmp_path, tiny_model_dir, template_file, monkeypatch,
+                                                       capsys):
+    """Probe: under a 6 GB address-space limit, finalize died with a PanicException traceback from the
+    tokenizer's regex (pyo3's PanicException is a BaseException: no `except Exception` sees it)."""
+    from kvscope.harness.cli.main import main
+
+    class PanicException(BaseException):
+        pass
+
+    def panic(self, text, add_special_tokens=False):
+        raise PanicException("called `Result::unwrap()` on an `Err` value: RegexError(CompiledTooBig)")
+
+    monkeypatch.setattr(LocalTokenize, "__init__", _wrap_init_with(panic))
+    _write_log(tmp_path, [_exchange(0, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})])
+    rc = main(["record", "--finalize", str(tmp_path), "--tokenizer", str(tiny_model_dir), "--chat-template",
+               str(template_file), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "the tokenizer failed on a 0.0 MiB prompt" in err, err
+
+
+def _wrap_init_with(encode):
+    init = LocalTokenize.__init__
+
+    def patched(self, *a, **kw):
+        init(self, *a, **kw)
+
+        class Tok:
+            def __init__(self, real):
+                self.real = real
+
+            def encode(self, text, add_special_tokens=False):
+                return encode(self, text, add_special_tokens)
+
+        self.tok = Tok(self.tok)
+
+    return patched
