@@ -108,9 +108,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
-    from kvscope.harness.serving.endpoints import normalize_endpoint
-
     from kvscope.harness.common.runlock import lock_run_dir
+    from kvscope.harness.serving.endpoints import normalize_endpoint
 
     endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
     with lock_run_dir(args.out, "kvscope replay"):
