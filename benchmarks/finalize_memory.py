@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 import orjson
-
 from common import REPO
 
-WORDS = "the of and to in is that for it as with was on be by this are from at or an not have def return self".split()
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this",
+         "are", "from", "at", "or", "an", "not", "have", "def", "return", "self"]
 
 
 def _text(n_bytes: int, rng: random.Random) -> str:
@@ -71,8 +71,8 @@ def write_log(out: Path, small: int, large: int, large_bytes: int, seed: int = 0
 def finalize(record_dir: Path, model: Path) -> tuple[int, float, float, str]:
     """(exit status, peak RSS in MiB, wall seconds, last stderr line) of one finalize in a fresh process."""
     cli = [sys.executable, "-m", "kvscope.harness.cli.main", "record"]
-    quiet = ["--no-progress"] if "--no-progress" in subprocess.run([*cli, "--help"], capture_output=True, text=True,
-                                                                   cwd=REPO).stdout else []  # older kvscope
+    helped = subprocess.run([*cli, "--help"], capture_output=True, text=True, cwd=REPO, check=False).stdout
+    quiet = ["--no-progress"] if "--no-progress" in helped else []  # an older kvscope has no such flag
     t0 = time.perf_counter()
     proc = subprocess.Popen([*cli, "--finalize", str(record_dir), "--tokenizer", str(model), *quiet],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)

@@ -521,12 +521,12 @@ def small_disk(request, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
+                                           capture_output=True, check=False).returncode != 0:
         pytest.skip("mounting a tmpfs needs root")
     try:
         yield mnt / "rec", None, "disk full writing"
     finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+        subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
 
 
 def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
@@ -538,7 +538,8 @@ def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
     with FaultServer(FaultConfig()) as srv:
         proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", "record", "--upstream",
                                  srv.endpoint, "--listen", "127.0.0.1:0", "--out", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=preexec)  # noqa: PLW1509 -- setrlimit only, before exec
         try:
             url = proc.stdout.readline().split()[2]
             statuses = []
@@ -551,7 +552,7 @@ def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
             forwarded = srv.stats.completions
         finally:
             proc.send_signal(signal.SIGINT)
-            stdout, err = proc.communicate(timeout=120)
+            _, err = proc.communicate(timeout=120)
     ok = statuses.count(200)
     assert 0 < ok < 60 and statuses == [200] * ok + [503] * (60 - ok)  # 503 from the first failed write on
     assert forwarded == ok  # nothing was forwarded once the proxy could not record
@@ -716,9 +717,9 @@ def test_finalize_streams_to_the_same_trace_as_the_build_in_memory(tmp_path, loc
     glued = orjson.dumps(rows[2])[:30]  # a torn line an old proxy appended onto
     (tmp_path / "mem").mkdir()
     (tmp_path / "disk").mkdir()
+    _write_log(tmp_path / "disk", [], b"".join(
+        (glued if r == 4 else b"") + orjson.dumps(rows[r]) + b"\n" for r in order))
     with pytest.warns(UserWarning, match="torn record dropped"):
-        _write_log(tmp_path / "disk", [], b"".join(
-            (glued if r == 4 else b"") + orjson.dumps(rows[r]) + b"\n" for r in order))
         rc = main(["record", "--finalize", str(tmp_path / "disk"), "--tokenizer", str(tiny_model_dir),
                    "--chat-template", str(template_file)])
     assert rc == 0

@@ -83,8 +83,8 @@ def test_the_same_process_may_take_its_own_run_again(tmp_path):
     second = lock_run_dir(tmp_path, "kvscope experiment run")
     assert second.held and not first.held
     first.release()  # a no-op: the lock moved to `second`
-    holder = subprocess.run([sys.executable, "-c", "from kvscope.harness.common.runlock import lock_run_dir; "
-                             f"lock_run_dir({str(tmp_path)!r}, 'x')"], capture_output=True, text=True, timeout=60)
+    code = f"from kvscope.harness.common.runlock import lock_run_dir; lock_run_dir({str(tmp_path)!r}, 'x')"
+    holder = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert holder.returncode != 0 and "RunDirBusyError" in holder.stderr
     second.release()
 
@@ -148,7 +148,7 @@ def test_two_record_proxies_on_one_out_are_one_writer(tmp_path):
             assert first.stdout.readline().startswith("recording on")
             for extra in (["--upstream", srv.endpoint], ["--finalize", str(out)]):
                 argv = cmd[:3] + ["record", *extra] if extra[0] == "--finalize" else [*cmd, *extra]
-                second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                second = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
                 err = second.stderr.strip()
                 assert second.returncode == 2 and len(err.splitlines()) == 1, err
                 assert f"pid {first.pid}" in err and "kvscope record" in err and "Traceback" not in err

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 from kvscope.harness.common.errors import KvscopeError
 
@@ -67,7 +68,7 @@ class RunDirLock:
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
 
-    def __enter__(self) -> RunDirLock:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

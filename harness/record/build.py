@@ -323,10 +323,9 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
     Streamed: a first pass reads the log line by line, keeping only where each completed exchange is and when
     it arrived (refusing, before any tokenizing, an exchange over ``max_exchange_mib``); the build then reads
     them back one at a time in arrival order. Memory is the largest exchange's plus the trace being built."""
-    from tqdm import tqdm
-
     from kvscope.harness.record.proxy import RECORD_META
     from kvscope.harness.record.tokenize import LocalTokenize, UpstreamTokenize
+    from tqdm import tqdm
 
     record_dir = Path(record_dir)
     if not max_exchange_mib > 0:

@@ -178,7 +178,7 @@ class ContentDecoder:
         self._steps = steps  # in decoding order: the header lists encodings in the order they were applied
 
     @classmethod
-    def for_header(cls, header: str | None) -> "ContentDecoder | None":
+    def for_header(cls, header: str | None) -> ContentDecoder | None:
         steps: list[Any] = []
         for enc in reversed([e.strip().lower() for e in (header or "").split(",") if e.strip()]):
             if enc == "identity":
@@ -201,7 +201,7 @@ class ContentDecoder:
                 data = step.decompress(data) if hasattr(step, "decompress") else step.process(data)
         except ContentDecodeError:
             raise
-        except Exception as exc:  # zlib.error, brotli.error: the body is not what its header says
+        except Exception as exc:  # noqa: BLE001 -- zlib.error, brotli.error: the body is not what its header says
             raise ContentDecodeError(f"cannot decode the response body ({exc})") from None
         return data
 
