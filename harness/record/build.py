@@ -114,7 +114,7 @@ def _exchange_lines(path: Path, max_mib: float | None) -> Iterator[tuple[int, in
     at a time; a line over ``max_mib`` raises :class:`ExchangeTooLargeError` naming it, before it is read."""
     import re
 
-    max_bytes = None if max_mib is None else int(max_mib * 2**20)
+    max_bytes = None if max_mib is None or max_mib == float("inf") else int(max_mib * 2**20)  # inf: no cap
     with open(path, "rb") as f:
         number, offset = 0, 0
         while True:
