@@ -500,3 +500,273 @@ def test_agent_frameworks_are_recorded_exactly(require_vllm, tiny_model_dir, tmp
         assert r["explained_share"] >= 0.95, r
     assert sum(r["tool_call_answers"] for r in results) >= len(results)  # the loops really called tools
     assert any(r["streamed"] for r in results) and any(r["streamed"] < r["exchanges_ok"] for r in results)
+
+
+# ------------------------------------------------------------------------------------------ full disk
+
+
+@pytest.fixture(params=["ulimit -f", "tmpfs"])
+def small_disk(request, tmp_path):
+    """(where to record, a preexec_fn, the words of the error): the file size limit (`ulimit -f 64`, EFBIG),
+    or, as root, a real 64 KB tmpfs (ENOSPC; the probe's setup)."""
+    import os
+    import resource
+
+    if request.param == "ulimit -f":
+        def small_files() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+        yield tmp_path / "rec", small_files, "file size limit reached writing"
+        return
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                           capture_output=True, check=False).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mnt / "rec", None, "disk full writing"
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
+
+
+def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
+    """Probe: on a 64 KB tmpfs the proxy kept answering 200 (29 of 60 exchanges unrecorded), printed one aiohttp
+    traceback per request and named "requests.jsonl". Also under the file size limit, which needs no root."""
+    from tests.doubles.faultserver import FaultConfig, FaultServer
+
+    out, preexec, words = small_disk
+    with FaultServer(FaultConfig()) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "kvscope.harness.cli.main", "record", "--upstream",
+                                 srv.endpoint, "--listen", "127.0.0.1:0", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=preexec)  # noqa: PLW1509 -- setrlimit only, before exec
+        try:
+            url = proc.stdout.readline().split()[2]
+            statuses = []
+            for i in range(60):
+                r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": "mock", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i} " + "x" * 3000}]})
+                statuses.append(r.status_code)
+                if r.status_code == 503:
+                    assert "exchanges.jsonl" in r.json()["error"]["message"]
+            forwarded = srv.stats.completions
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+    ok = statuses.count(200)
+    assert 0 < ok < 60 and statuses == [200] * ok + [503] * (60 - ok)  # 503 from the first failed write on
+    assert forwarded == ok  # nothing was forwarded once the proxy could not record
+    rows = read_exchanges_log(out)  # what was recorded stays readable: whole lines only
+    assert [r["request_id"] for r in rows] == list(range(ok - 1))  # the one exchange in the failed write is named
+    said = [line for line in err.splitlines() if "exchanges.jsonl" in line and "not recorded" in line]
+    assert said and f"exchange {ok - 1} was answered but is not recorded" in said[0], err
+    assert words in said[0] and "requests.jsonl" not in err
+    assert "Traceback" not in err and proc.returncode == 2, err
+
+
+# ------------------------------------------------------------------------------------------ content encoding
+
+
+def _encoder(encoding: str):
+    import zlib
+
+    if encoding == "gzip":
+        return zlib.compressobj(wbits=31)
+    if encoding == "deflate":
+        return zlib.compressobj(wbits=15)
+    return zlib.compressobj(wbits=-15)  # raw deflate, as some servers send under "deflate"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
+def test_an_encoded_upstream_response_is_decoded_forwarded_and_recorded(tmp_path, encoding, stream):
+    """Probe: a gzip-encoded SSE stream was forwarded (without its Content-Encoding: unreadable to the client)
+    and recorded as an empty response with no error."""
+    import zlib
+
+    from aiohttp import web
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
+    header = "deflate" if encoding == "raw-deflate" else encoding
+
+    async def handler(request):
+        z = _encoder(encoding)
+        if not (await request.json()).get("stream"):
+            body = orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                                              "finish_reason": "stop"}], "usage": usage})
+            return web.Response(body=z.compress(body) + z.flush(), content_type="application/json",
+                                headers={"Content-Encoding": header})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": header})
+        await resp.prepare(request)
+        for ev in (_chunk("Hel"), _chunk("lo", finish="stop"), _chunk(usage=usage)):
+            await resp.write(z.compress(b"data: " + orjson.dumps(ev) + b"\n\n") + z.flush(zlib.Z_SYNC_FLUSH))
+        await resp.write(z.compress(b"data: [DONE]\n\n") + z.flush())
+        return resp
+
+    up = _Upstream(handler)
+    px = _Proxy(f"http://127.0.0.1:{up.port}", tmp_path)
+    try:
+        r = httpx.post(px.url + "/v1/chat/completions", timeout=30, json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    finally:
+        px.close()
+        up.close()
+    assert r.status_code == 200 and "content-encoding" not in r.headers  # the client gets what it can read
+    if stream:
+        assert r.text.endswith("data: [DONE]\n\n") and '"usage"' not in r.text  # the injected usage event dropped
+    else:
+        assert r.json()["choices"][0]["message"]["content"] == "Hello"
+    (row,) = read_exchanges_log(tmp_path)
+    assert row["response"]["text"] == "Hello" and row["response"]["usage"] == usage and row["error"] is None
+    assert up.seen_headers[0]["Accept-Encoding"].startswith("gzip, deflate")
+
+
+def test_an_encoding_the_proxy_cannot_decode_is_forwarded_as_is_and_recorded_as_a_failure(tmp_path):
+    from aiohttp import web
+
+    payload = b"\x28\xb5\x2f\xfd opaque"
+
+    async def handler(request):
+        return web.Response(body=payload, content_type="application/json", headers={"Content-Encoding": "zstd-x"})
+
+    up = _Upstream(handler)
+    px = _Proxy(f"http://127.0.0.1:{up.port}", tmp_path)
+    try:
+        r = httpx.post(px.url + "/v1/chat/completions", timeout=30, headers={"Accept-Encoding": "identity"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        px.close()
+        up.close()
+    assert r.status_code == 200 and r.headers["content-encoding"] == "zstd-x" and r.content == payload
+    (row,) = read_exchanges_log(tmp_path)
+    assert "Content-Encoding 'zstd-x' cannot be decoded" in row["error"]
+
+
+def test_a_corrupt_gzip_stream_is_recorded_as_an_error_and_breaks_the_clients_stream(tmp_path):
+    from aiohttp import web
+
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"})
+        await resp.prepare(request)
+        await resp.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03 this is not deflate data")
+        return resp
+
+    up = _Upstream(handler)
+    px = _Proxy(f"http://127.0.0.1:{up.port}", tmp_path)
+    try:
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(px.url + "/v1/chat/completions", timeout=30, json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    finally:
+        px.close()
+        up.close()
+    (row,) = read_exchanges_log(tmp_path)
+    assert "ContentDecodeError" in row["error"] and row["done_unix_s"] is None
+
+
+# ------------------------------------------------------------------------------------------ finalize, streamed
+
+
+def _write_log(path: Path, rows: list[dict], extra: bytes = b"") -> None:
+    (path / EXCHANGES_LOG).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows) + extra)
+
+
+def test_finalize_refuses_an_exchange_over_the_cap_in_one_line(tmp_path, tiny_model_dir, template_file, capsys):
+    """Probe: one 100 MB request took finalize past 17 GB (OOM-killed, nothing printed), and under a 6 GB limit
+    it died with the tokenizer's PanicException traceback. An exchange over the cap is refused before any
+    tokenizing, in one line naming it, the cap and the flag."""
+    from kvscope.harness.cli.main import main
+
+    rows = [_exchange(i, {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(2)]
+    rows.append(_exchange(2, {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}))
+    _write_log(tmp_path, rows)
+    rc = main(["record", "--finalize", str(tmp_path), "--tokenizer", str(tiny_model_dir), "--chat-template",
+               str(template_file), "--max-exchange-mib", "0.1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "line 3 (exchange 2) is 0.2 MiB, over the 0.1 MiB" in err and "--max-exchange-mib" in err
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_the_default_cap_refuses_any_line_over_it_even_one_not_tokenized(tmp_path, tiny_model_dir):
+    from kvscope.harness.record.build import MAX_EXCHANGE_MIB, ExchangeTooLargeError, finalize
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "y" * int(MAX_EXCHANGE_MIB * 2**20)}]}
+    _write_log(tmp_path, [_exchange(0, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+                          _exchange(1, body, status="interrupted", done=False)])
+    with pytest.raises(ExchangeTooLargeError, match=f"line 2 \\(exchange 1\\) is 16.0 MiB, over the "
+                                                    f"{MAX_EXCHANGE_MIB:g} MiB"):
+        finalize(tmp_path, tokenizer_dir=str(tiny_model_dir))
+
+
+def test_finalize_streams_to_the_same_trace_as_the_build_in_memory(tmp_path, local, tiny_model_dir, template_file,
+                                                                    capsys):
+    """The streamed finalize (an index, then one exchange at a time in arrival order) builds what the in-memory
+    build does, from a log out of arrival order with a glued line and an incomplete exchange; with a progress
+    bar on stderr."""
+    from kvscope.harness.cli.main import main
+
+    hist = [{"role": "system", "content": "You are an agent."}]
+    rows = []
+    for i in range(6):
+        hist = hist + [{"role": "user", "content": f"step {i}"}]
+        rows.append(_exchange(i, {"model": "m", "messages": hist, "tools": TOOLS}))
+        hist = hist + [{"role": "assistant", "content": f"did {i}"}]
+    rows.append(_exchange(6, {"model": "m", "messages": [{"role": "user", "content": "other"}]}, status=500))
+    order = [3, 0, 6, 5, 1, 4, 2]  # appended out of arrival order (exchanges end in any order)
+    glued = orjson.dumps(rows[2])[:30]  # a torn line an old proxy appended onto
+    (tmp_path / "mem").mkdir()
+    (tmp_path / "disk").mkdir()
+    _write_log(tmp_path / "disk", [], b"".join(
+        (glued if r == 4 else b"") + orjson.dumps(rows[r]) + b"\n" for r in order))
+    with pytest.warns(UserWarning, match="torn record dropped"):
+        rc = main(["record", "--finalize", str(tmp_path / "disk"), "--tokenizer", str(tiny_model_dir),
+                   "--chat-template", str(template_file)])
+    assert rc == 0
+    streamed = Trace.read(tmp_path / "disk")
+    assert "finalize: tokenize" in capsys.readouterr().err  # the progress bar
+    in_memory = Trace.read(build_trace(rows, RequestTokenizer(local), tmp_path / "mem"))
+    assert streamed.num_requests == in_memory.num_requests == 6
+    assert streamed.meta["record"]["incomplete_exchanges"] == 1
+    for col in ("session_id", "step", "parent_request_id", "arrival_s", "transition", "messages"):
+        assert streamed.requests[col].tolist() == in_memory.requests[col].tolist(), col
+    for i in range(6):
+        assert streamed.prompt_token_ids(i).tolist() == in_memory.prompt_token_ids(i).tolist()
+
+
+def test_a_tokenizer_panic_is_one_line_not_a_traceback(tmp_path, tiny_model_dir, template_file, monkeypatch,
+                                                       capsys):
+    """Probe: under a 6 GB address-space limit, finalize died with a PanicException traceback from the
+    tokenizer's regex (pyo3's PanicException is a BaseException: no `except Exception` sees it)."""
+    from kvscope.harness.cli.main import main
+
+    class PanicException(BaseException):
+        pass
+
+    def panic(self, text, add_special_tokens=False):
+        raise PanicException("called `Result::unwrap()` on an `Err` value: RegexError(CompiledTooBig)")
+
+    monkeypatch.setattr(LocalTokenize, "__init__", _wrap_init_with(panic))
+    _write_log(tmp_path, [_exchange(0, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})])
+    rc = main(["record", "--finalize", str(tmp_path), "--tokenizer", str(tiny_model_dir), "--chat-template",
+               str(template_file), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "the tokenizer failed on a 0.0 MiB prompt" in err, err
+
+
+def _wrap_init_with(encode):
+    init = LocalTokenize.__init__
+
+    def patched(self, *a, **kw):
+        init(self, *a, **kw)
+
+        class Tok:
+            def __init__(self, real):
+                self.real = real
+
+            def encode(self, text, add_special_tokens=False):
+                return encode(self, text, add_special_tokens)
+
+        self.tok = Tok(self.tok)
+
+    return patched

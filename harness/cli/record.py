@@ -39,6 +39,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--drain-s", type=float, default=5.0, metavar="S",
                      help="at Ctrl-C/SIGTERM, how long exchanges in flight get to end before they are recorded as "
                           "interrupted (default 5; a second Ctrl-C stops at once)")
+    rec.add_argument("--max-exchange-mib", type=float, default=None, metavar="MIB",
+                     help="finalize refuses an exchange (one line of exchanges.jsonl) larger than this "
+                          "(default 16: tokenizing holds about 200 bytes per byte of prompt)")
+    rec.add_argument("--no-progress", action="store_true", help="no progress bars while finalizing (stderr)")
     rec.set_defaults(func=_cmd_record)
 
     ex = add_parser(sub, "explain", "attribute every prompt-cache miss of a trace or run to its cause",
@@ -77,13 +81,16 @@ def _auth_headers(api_key_env: str | None) -> dict[str, str]:
 
 def _cmd_record(args: argparse.Namespace) -> int:
     from kvscope.harness.common.errors import ConfigError
+    from kvscope.harness.common.runlock import lock_run_dir
     from kvscope.harness.record.build import finalize
     from kvscope.harness.record.proxy import split_url_credentials
 
     if args.finalize:
         upstream, url_auth = split_url_credentials(args.upstream) if args.upstream else (None, {})
-        out = finalize(args.finalize, upstream=upstream, tokenizer_dir=args.tokenizer,
-                       chat_template=args.chat_template, headers={**url_auth, **_auth_headers(args.api_key_env)})
+        with lock_run_dir(args.finalize, "kvscope record --finalize"):
+            out = finalize(args.finalize, upstream=upstream, tokenizer_dir=args.tokenizer,
+                           chat_template=args.chat_template, headers={**url_auth, **_auth_headers(args.api_key_env)},
+                           **_finalize_options(args))
         _print_trace(out)
         return 0
     if not args.upstream or not args.out:
@@ -93,6 +100,13 @@ def _cmd_record(args: argparse.Namespace) -> int:
     if args.drain_s < 0:
         raise ConfigError(f"--drain-s {args.drain_s}: expected seconds >= 0")
     host, port = _listen(args.listen)
+    with lock_run_dir(args.out, "kvscope record"):  # one proxy (and its finalize) per --out
+        return _record_and_finalize(args, host, port)
+
+
+def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
+    from kvscope.harness.record.build import finalize
+
     proxy, hard_stop = _run_proxy(args.upstream, args.out, host, port, _auth_headers(args.api_key_env),
                                   args.drain_s)
     from kvscope.harness.common.signals import handle_termination_like_sigint
@@ -110,7 +124,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         return 0
     try:
         out = finalize(args.out, upstream=proxy.upstream, tokenizer_dir=args.tokenizer,
-                       chat_template=args.chat_template, headers=proxy.auth_headers)
+                       chat_template=args.chat_template, headers=proxy.auth_headers, **_finalize_options(args))
     except KeyboardInterrupt:
         print(f"finalize interrupted; {hint}", file=sys.stderr)
         raise
@@ -118,7 +132,17 @@ def _cmd_record(args: argparse.Namespace) -> int:
         print(hint, file=sys.stderr)
         raise
     _print_trace(out)
+    if proxy.record_failure:  # said once already, when it happened; the exit status says it too
+        print(f"kvscope: error: the recording is incomplete: {proxy.record_failure}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _finalize_options(args: argparse.Namespace) -> dict:
+    from kvscope.harness.record.build import MAX_EXCHANGE_MIB
+
+    cap = MAX_EXCHANGE_MIB if args.max_exchange_mib is None else args.max_exchange_mib
+    return {"max_exchange_mib": cap, "progress": not args.no_progress}
 
 
 def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str, str], drain_s: float):

@@ -108,10 +108,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
+    from kvscope.harness.common.runlock import lock_run_dir
     from kvscope.harness.serving.endpoints import normalize_endpoint
 
     endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
-    outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server)
+    with lock_run_dir(args.out, "kvscope replay"):
+        outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server)
     print(format_console_summary(outcome.summary))
     print(f"\nrun directory: {outcome.run_dir}")
     if outcome.aborted:

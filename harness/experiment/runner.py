@@ -40,6 +40,7 @@ import numpy as np
 
 from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.runlock import RunDirLock, lock_run_dir
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
 from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
@@ -247,6 +248,8 @@ class RunContext:
     #: Wall seconds per phase of this process's work (model, traces, servers, grid, sweep), printed at the
     #: end (`phase_report`): where a slow machine's hour goes. Not recorded: a resumed run times only its part.
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: the driver's hold on run_dir (None in a Ray worker, which writes under the driver's lock)
+    run_lock: RunDirLock | None = None
 
     def timed(self, phase: str, since: float) -> None:
         self.phases_s[phase] = self.phases_s.get(phase, 0.0) + time.perf_counter() - since
@@ -284,7 +287,7 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     if only_cells:
         _check_cells_exist(spec, only_cells)
     run_dir = _resolve_run_dir(spec, Path(out), run_id, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_lock = lock_run_dir(run_dir, "kvscope experiment run")  # one writer per run (common/runlock.py)
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
     t0 = time.perf_counter()
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
@@ -292,7 +295,7 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     manifest.model = ModelEntry(path=model_path, tokenizer=tokenizer_dir, card=card,
                                 weights_random=bool(card and card.get("weights") == "random"))
     manifest.kvscope_version = kvscope_version()
-    run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path)
+    run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path, run_lock=run_lock)
     run.phases_s["model"] = model_s
     cells = plan_cells(spec)
     if only_cells:
@@ -315,6 +318,8 @@ def finish_run(run: RunContext) -> None:
     run.manifest.completed_at = time.time()
     run.manifest.failed_cells = [n for n, c in run.manifest.cells.items() if c.status not in ("ok", "skipped")]
     run.save()
+    if run.run_lock is not None:
+        run.run_lock.release()
 
 
 def run_experiment(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,

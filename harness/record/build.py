@@ -17,13 +17,18 @@ of messages, a template error) is left out with a warning and counted in ``trace
 upstream errors, interrupted at shutdown, clients that left). Server facts (the block size hint) come through
 the serving :class:`~kvscope.harness.serving.backend.Backend` interface, transitions from the one rule of
 :mod:`kvscope.workloads.prefix`.
+
+Memory: :func:`finalize` streams the log (an index of where each completed exchange is, then one exchange at a
+time in arrival order), so it needs the largest exchange's memory plus the trace it builds, whatever the log's
+size; an exchange over :data:`MAX_EXCHANGE_MIB` (``--max-exchange-mib``) is refused in one line before any
+tokenizing, and progress bars show both passes.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,28 +91,86 @@ class SessionAssigner:
         return f"inferred-{self._n_inferred}", "inferred"
 
 
-def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
-    """Every exchange of the log. A torn final line is dropped with a warning; a line that is not a record
-    (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued to
-    its end when there is one, so no whole record already on disk is lost."""
-    path = Path(record_dir) / EXCHANGES_LOG
-    if not path.is_file():
-        raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
-    lines = path.read_bytes().split(b"\n")
-    rows: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
+#: Largest exchange (one line of ``exchanges.jsonl``) finalize accepts, in MiB (``--max-exchange-mib``). Why a
+#: cap: tokenizing holds about 200 bytes per byte of prompt text (the tokenizer's encoding keeps a string and
+#: offsets per token, the rendering and the prefix renderings their copies), so one 100 MB request took a
+#: finalize past 17 GB; 16 MiB is twice the text of a 2-million-token context, about 3 GB to tokenize.
+MAX_EXCHANGE_MIB = 16
+
+
+class ExchangeTooLargeError(KvscopeError):
+    """An exchange over the finalize cap (:data:`MAX_EXCHANGE_MIB`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LogLine:
+    number: int  # 1-based line number in the log
+    offset: int  # byte offset of the record (past a torn prefix glued to it)
+    length: int
+
+
+def _exchange_lines(path: Path, max_mib: float | None) -> Iterator[tuple[int, int, bytes, bool]]:
+    """(line number, byte offset, line without its newline, whether it had one) of the log, one line in memory
+    at a time; a line over ``max_mib`` raises :class:`ExchangeTooLargeError` naming it, before it is read."""
+    import re
+
+    max_bytes = None if max_mib is None or max_mib == float("inf") else int(max_mib * 2**20)  # inf: no cap
+    with open(path, "rb") as f:
+        number, offset = 0, 0
+        while True:
+            line = f.readline(max_bytes + 2) if max_bytes is not None else f.readline()
+            if not line:
+                return
+            number += 1
+            if max_bytes is not None and len(line.rstrip(b"\n")) > max_bytes:
+                size, piece = len(line), line
+                while not piece.endswith(b"\n"):  # measure the rest without holding it
+                    piece = f.read(1 << 20)
+                    cut = piece.find(b"\n")
+                    size += cut + 1 if cut >= 0 else len(piece)
+                    if not piece or cut >= 0:
+                        break
+                rid = re.match(rb'\{"request_id":(\d+)', line[:40])
+                raise ExchangeTooLargeError(
+                    f"{path}: line {number}{f' (exchange {int(rid.group(1))})' if rid else ''} is "
+                    f"{size / 2**20:.1f} MiB, over the {max_mib:g} MiB finalize takes per exchange "
+                    "(--max-exchange-mib): raise it where this machine has the memory (tokenizing holds about "
+                    "200 bytes per byte of prompt), or move that line out of the log")
+            whole = line.endswith(b"\n")
+            yield number, offset, line[:-1] if whole else line, whole
+            offset += len(line)
+
+
+def _log_records(path: Path, max_mib: float | None) -> Iterator[tuple[_LogLine, dict[str, Any]]]:
+    """Each record of the log with where it is. A torn final line is dropped with a warning; a line that is not a
+    record (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued
+    to its end when there is one, so no whole record already on disk is lost."""
+    for number, offset, line, whole in _exchange_lines(path, max_mib):
         if not line.strip():
             continue
-        row = _record(line)
+        row, start = _record(line), 0
         if row is None:
             start = line.rfind(b'{"request_id":')
             row = _record(line[start:]) if start > 0 else None
-            what = "incomplete final record dropped" if i == len(lines) - 1 else (
+            what = "incomplete final record dropped" if not whole else (
                 "torn record dropped, the record after it kept" if row is not None else "not a record, skipped")
-            warnings.warn(f"{path}: line {i + 1}: {what} ({len(line)} bytes)", UserWarning, stacklevel=2)
+            warnings.warn(f"{path}: line {number}: {what} ({len(line)} bytes)", UserWarning, stacklevel=3)
         if row is not None:
-            rows.append(row)
-    return rows
+            start = max(start, 0)
+            yield _LogLine(number, offset + start, len(line) - start), row
+
+
+def read_exchanges_log(record_dir: str | Path, max_exchange_mib: float | None = None) -> list[dict[str, Any]]:
+    """Every exchange of the log, in memory (tests, small logs); :func:`finalize` streams it instead. Torn and
+    glued lines as :func:`_log_records` says."""
+    return [row for _, row in _log_records(_log_path(record_dir), max_exchange_mib)]
+
+
+def _log_path(record_dir: str | Path) -> Path:
+    path = Path(record_dir) / EXCHANGES_LOG
+    if not path.is_file():
+        raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
+    return path
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
@@ -145,37 +208,67 @@ def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict
     return out
 
 
+def _completed(e: dict[str, Any]) -> bool:
+    return e.get("status") == 200 and not e.get("error") and bool(e.get("done_unix_s"))
+
+
 def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
                 meta: dict[str, Any] | None = None) -> Path:
-    """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``."""
+    """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``
+    from exchanges in memory (:func:`finalize` streams them from the log instead)."""
     exchanges = list(exchanges)
-    done = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
-                  key=lambda e: (e["received_unix_s"], e["request_id"]))
-    incomplete = len(exchanges) - len(done)
-    tokenized, skipped = [], []
-    for ex in done:  # tokenize first: an exchange that cannot be rendered is left out, not fatal
-        try:
-            tokenized.append((ex, tokenizer.tokenize(ex["api"], ex["request"])))
-        except (MessageShapeError, ValueError, TypeError) as exc:
-            skipped.append(f"exchange {ex.get('request_id')}: {exc}")
-    if skipped:
-        warnings.warn(f"{out_dir}: {len(skipped)} exchange(s) left out of the trace, their body cannot be "
-                      f"rendered (first: {skipped[0]})", UserWarning, stacklevel=2)
-    if not tokenized:
-        raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from ({len(exchanges)} recorded, "
-                           f"{incomplete} incomplete, {len(skipped)} not renderable)")
+    done = sorted((e for e in exchanges if _completed(e)), key=lambda e: (e["received_unix_s"], e["request_id"]))
+    return _build_trace(done, len(exchanges) - len(done), tokenizer, out_dir, meta)
+
+
+class _LogExchanges:
+    """The completed exchanges of a log in arrival order, each read from disk when the loop reaches it: the
+    build holds one exchange's body at a time, never the log."""
+
+    def __init__(self, path: Path, lines: list[_LogLine]) -> None:
+        self.path, self.lines = path, lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        with open(self.path, "rb") as f:
+            for line in self.lines:
+                f.seek(line.offset)
+                row = _record(f.read(line.length))
+                if row is None:  # the log changed under us (another writer): say so rather than build nonsense
+                    raise KvscopeError(f"{self.path}: line {line.number} changed while the trace was built")
+                yield row
+
+
+def _build_trace(done: Sequence[dict[str, Any]] | _LogExchanges, incomplete: int, tokenizer: RequestTokenizer,
+                 out_dir: str | Path, meta: dict[str, Any] | None, progress: bool = False) -> Path:
+    """One pass over the completed exchanges in arrival order: tokenize, assign the session, add the row. Only
+    the trace being built and each session's last prompt stay in memory between exchanges."""
+    from tqdm import tqdm
+
     builder = TraceBuilder()
     sessions = SessionAssigner()
-    t0 = tokenized[0][0]["received_unix_s"]
     extras: list[ExchangeRow] = []
-    prompts: list[np.ndarray] = []
+    last_prompt: dict[str, np.ndarray] = {}  # per session, the ids of its last request (for the transition)
+    skipped: list[str] = []
     mismatched = 0
-    for row_index, (ex, tok) in enumerate(tokenized):
+    t0: float | None = None
+    row_index = 0
+    for ex in tqdm(done, total=len(done), desc="finalize: tokenize", unit="exchange", disable=not progress,
+                   leave=False):
+        try:  # an exchange that cannot be rendered is left out, not fatal
+            tok = tokenizer.tokenize(ex["api"], ex["request"])
+        except (MessageShapeError, ValueError, TypeError) as exc:
+            skipped.append(f"exchange {ex.get('request_id')}: {exc}")
+            continue
+        if t0 is None:
+            t0 = ex["received_unix_s"]
         body, resp = ex["request"], ex.get("response") or {}
         sid, source = sessions.assign(ex)
         sess = sessions.sessions.get(sid)
         ids = np.asarray(tok.prompt_ids, dtype=np.int32)
-        prompts.append(ids)
+        del tok.prompt_ids[:]  # the Python ints (28 bytes each) are not needed once copied
         messages = body.get("messages") if ex["api"] == "chat" else None
         usage = _usage_fields(resp.get("usage"))
         if usage["provider_prompt_tokens"] is not None and usage["provider_prompt_tokens"] != len(ids):
@@ -190,21 +283,29 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
             "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
             "prompt_segment_ids": _prompt_segments(builder, ids, messages, tok.message_ends),
             "output_tokens": int(n_out), "max_tokens": int(max_tokens),
-            "transition": transition_from(prompts[sess.last_row] if sess else None, ids),
+            "transition": transition_from(last_prompt[sid] if sess else None, ids),
             "input_kind": ex["api"], "tenant": 0,
             "messages": json.dumps(messages) if messages is not None else None,
         })
+        last_prompt[sid] = ids
         keys = [_message_key(m) for m in (messages or [body.get("prompt")])]
         sessions.sessions[sid] = _Session(sid, keys, ex["done_unix_s"], (sess.steps if sess else 0) + 1, row_index,
                                           sess.start_s if sess else arrival)
-        first, done = ex.get("first_byte_unix_s"), ex["done_unix_s"]
+        first, done_s = ex.get("first_byte_unix_s"), ex["done_unix_s"]
         extras.append(ExchangeRow(
             request_id=row_index, tools_json=json.dumps(body["tools"]) if body.get("tools") is not None else None,
             params_json=json.dumps({k: v for k, v in body.items() if k not in _PARAM_SKIP}),
             response_json=json.dumps({k: resp.get(k) for k in ("text", "tool_calls", "finish_reason")}),
-            ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done - ex["received_unix_s"],
+            ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done_s - ex["received_unix_s"],
             session_source=source, **usage))
-    info = {"recorded_by": "kvscope record", "exchanges": len(tokenized), "text_mode": True,
+        row_index += 1
+    if skipped:
+        warnings.warn(f"{out_dir}: {len(skipped)} exchange(s) left out of the trace, their body cannot be "
+                      f"rendered (first: {skipped[0]})", UserWarning, stacklevel=3)
+    if not row_index:
+        raise KvscopeError(f"{out_dir}: no completed exchanges to build a trace from ({len(done) + incomplete} "
+                           f"recorded, {incomplete} incomplete, {len(skipped)} not renderable)")
+    info = {"recorded_by": "kvscope record", "exchanges": row_index, "text_mode": True,
             "incomplete_exchanges": incomplete, "skipped_exchanges": len(skipped),
             "prompt_tokens_mismatch_usage": mismatched, **(meta or {})}
     trace = builder.build({"source": "record", "record": info, "text": {"recorded": True}})
@@ -214,14 +315,34 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
 
 
 def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_dir: str | None = None,
-             chat_template: str | None = None, headers: dict[str, str] | None = None) -> Path:
+             chat_template: str | None = None, headers: dict[str, str] | None = None,
+             max_exchange_mib: float = MAX_EXCHANGE_MIB, progress: bool = False) -> Path:
     """Build the trace in ``record_dir`` from its exchange log; tokens from ``tokenizer_dir`` if given, else the
-    upstream's ``/tokenize`` (``upstream`` or the one in ``record.json``)."""
+    upstream's ``/tokenize`` (``upstream`` or the one in ``record.json``).
+
+    Streamed: a first pass reads the log line by line, keeping only where each completed exchange is and when
+    it arrived (refusing, before any tokenizing, an exchange over ``max_exchange_mib``); the build then reads
+    them back one at a time in arrival order. Memory is the largest exchange's plus the trace being built."""
     from kvscope.harness.record.proxy import RECORD_META
     from kvscope.harness.record.tokenize import LocalTokenize, UpstreamTokenize
+    from tqdm import tqdm
 
     record_dir = Path(record_dir)
-    exchanges = read_exchanges_log(record_dir)
+    if not max_exchange_mib > 0:
+        raise KvscopeError(f"--max-exchange-mib {max_exchange_mib}: expected a size in MiB > 0")
+    path = _log_path(record_dir)
+    found: list[tuple[float, int, _LogLine]] = []
+    recorded = 0
+    with tqdm(total=path.stat().st_size, desc="finalize: read log", unit="B", unit_scale=True,
+              disable=not progress, leave=False) as bar:
+        for loc, row in _log_records(path, max_exchange_mib):
+            recorded += 1
+            if _completed(row):
+                found.append((row["received_unix_s"], row["request_id"], loc))
+            bar.update(loc.offset + loc.length + 1 - bar.n)
+            del row
+    found.sort(key=lambda t: (t[0], t[1]))
+    done = _LogExchanges(path, [loc for _, _, loc in found])
     if tokenizer_dir:
         backend = LocalTokenize(tokenizer_dir, chat_template)
         source = f"tokenizer {Path(tokenizer_dir).name}"
@@ -232,7 +353,8 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
             raise KvscopeError(f"{record_dir}: no upstream to tokenize with; give --upstream URL or --tokenizer DIR")
         backend = UpstreamTokenize(upstream, headers)
         source = "upstream /tokenize"
-    out = build_trace(exchanges, RequestTokenizer(backend), record_dir, {"tokenized_by": source})
+    out = _build_trace(done, recorded - len(done), RequestTokenizer(backend), record_dir, {"tokenized_by": source},
+                       progress)
     block_size = _upstream_block_size(upstream, headers) if upstream else None
     if block_size:
         meta_path = out / "trace.json"

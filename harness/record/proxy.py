@@ -28,6 +28,10 @@ writes the exchange with ``status: "client_disconnected"`` — unless the client
 the upstream's end of stream, and such an exchange (and one cut by shutdown at that point) is complete. Every
 wait has a bound: reading a request body,
 connecting upstream, each upstream read.
+
+A log that cannot grow (a full disk, ``ulimit -f``) stops the recording loudly: one line on stderr naming the
+file and the error, then a 503 for every request, so an agent never runs on unrecorded; the whole lines already
+written stay readable (:class:`RecordWriter` cuts a torn write back).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import sys
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from kvscope.harness.common.secrets import CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields
-from kvscope.harness.results.records import RecordWriter
+from kvscope.harness.results.records import DiskFullError, RecordWriter
 from kvscope.harness.serving.sse import SseLineSplitter
 
 EXCHANGES_LOG = "exchanges.jsonl"
@@ -115,6 +121,99 @@ def repair_torn_log(path: Path) -> int:
         f.flush()
         os.fsync(f.fileno())
     return size - keep
+
+
+class ContentDecodeError(ValueError):
+    """A response body that its Content-Encoding does not decode (corrupt or cut short)."""
+
+
+def _brotli_module():
+    for name in ("brotli", "brotlicffi"):
+        try:
+            return __import__(name)
+        except ImportError:
+            continue
+    return None
+
+
+class _ZlibStep:
+    """gzip (every member of a multi-member stream) or deflate (zlib-wrapped, or raw as some servers send it)."""
+
+    def __init__(self, gzip: bool) -> None:
+        self.gzip = gzip
+        self.obj: Any = zlib.decompressobj(zlib.MAX_WBITS | 16) if gzip else None
+
+    def decompress(self, data: bytes) -> bytes:
+        if self.obj is None:  # deflate: zlib header (CM = 8) or raw deflate, decided by the first byte
+            if not data:
+                return b""
+            self.obj = zlib.decompressobj(zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+        out = [self.obj.decompress(data)]
+        while self.gzip and self.obj.eof and self.obj.unused_data:  # the next gzip member
+            rest = self.obj.unused_data
+            self.obj = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            out.append(self.obj.decompress(rest))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        if self.obj is None:
+            return b""
+        tail = self.obj.flush()
+        if not self.obj.eof:
+            raise ContentDecodeError(f"the {'gzip' if self.gzip else 'deflate'} stream ended before its end")
+        return tail
+
+
+class ContentDecoder:
+    """Undoes a response's ``Content-Encoding`` chunk by chunk, so the proxy parses (and re-frames) the text the
+    upstream meant. Why decode rather than pass the bytes through: the proxy drops the usage event it injected,
+    which it can only find in decoded text, and it must record what was said; the client gets identity bytes
+    (``Content-Encoding`` is not forwarded). gzip and deflate always, br where ``brotli`` is installed;
+    :data:`ACCEPT` offers the upstream exactly these. An encoding not in the list gets no decoder: that response
+    is forwarded as it came, header included, and recorded as a failure."""
+
+    ACCEPT = "gzip, deflate" + (", br" if _brotli_module() is not None else "")
+
+    def __init__(self, steps: list[Any]) -> None:
+        self._steps = steps  # in decoding order: the header lists encodings in the order they were applied
+
+    @classmethod
+    def for_header(cls, header: str | None) -> ContentDecoder | None:
+        steps: list[Any] = []
+        for enc in reversed([e.strip().lower() for e in (header or "").split(",") if e.strip()]):
+            if enc == "identity":
+                continue
+            if enc in ("gzip", "x-gzip", "deflate"):
+                steps.append(_ZlibStep(gzip=enc != "deflate"))
+            elif enc == "br" and _brotli_module() is not None:
+                steps.append(_brotli_module().Decompressor())
+            else:
+                return None
+        return cls(steps)
+
+    @property
+    def identity(self) -> bool:
+        return not self._steps
+
+    def decode(self, data: bytes) -> bytes:
+        try:
+            for step in self._steps:
+                data = step.decompress(data) if hasattr(step, "decompress") else step.process(data)
+        except ContentDecodeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- zlib.error, brotli.error: the body is not what its header says
+            raise ContentDecodeError(f"cannot decode the response body ({exc})") from None
+        return data
+
+    def flush(self) -> bytes:
+        """The decoded tail; ContentDecodeError for a stream cut short."""
+        tail = b""
+        for step in self._steps:
+            if tail:
+                tail = step.decompress(tail) if hasattr(step, "decompress") else step.process(tail)
+            if isinstance(step, _ZlibStep):
+                tail += step.flush()
+        return tail
 
 
 @dataclass(slots=True)
@@ -267,6 +366,9 @@ class RecordingProxy:
         self._stopping = False
         self.port: int | None = None
         self.interrupted = 0
+        #: why the log cannot grow (a full disk …), once a write failed: every request from then on is answered
+        #: 503 with it, so an agent never runs on through a proxy that records nothing
+        self.record_failure: str | None = None
         #: auth headers last seen, kept in memory only, for the /tokenize calls of the finalize step
         self.auth_headers: dict[str, str] = dict(self.upstream_headers)
 
@@ -331,7 +433,11 @@ class RecordingProxy:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        self.writer.close()
+        try:
+            self.writer.close()
+        except DiskFullError:
+            if self.record_failure is None:
+                raise  # said already, when it happened
 
     # ------------------------------------------------------------------ handlers
     def _forward_headers(self, request: web.Request) -> dict[str, str]:
@@ -340,6 +446,7 @@ class RecordingProxy:
             override = {k.lower() for k in self.upstream_headers}
             headers = {k: v for k, v in headers.items() if k.lower() not in override}
             headers.update(self.upstream_headers)
+        headers["Accept-Encoding"] = ContentDecoder.ACCEPT  # only what the proxy can decode (ContentDecoder)
         return headers
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -347,6 +454,9 @@ class RecordingProxy:
         assert task is not None
         self._inflight[task] = None
         try:
+            if self.record_failure is not None:
+                return web.json_response({"error": {"message": f"kvscope record: {self.record_failure}",
+                                                    "type": "ServiceUnavailable"}}, status=503)
             return await self._proxy(request, task)
         finally:
             self._inflight.pop(task, None)
@@ -393,15 +503,27 @@ class RecordingProxy:
                                              allow_redirects=False) as up:
                 if ex is not None:
                     ex.status = up.status
-                resp = web.StreamResponse(status=up.status, headers={
-                    k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
+                out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+                decoder = ContentDecoder.for_header(up.headers.get("Content-Encoding"))
+                if decoder is None:  # an encoding the proxy cannot undo: pass it through, say it is not recorded
+                    out_headers["Content-Encoding"] = up.headers["Content-Encoding"]
+                    if ex is not None:
+                        ex.capture.error = (f"response Content-Encoding {up.headers['Content-Encoding']!r} cannot "
+                                            f"be decoded (decodable: {ContentDecoder.ACCEPT}); forwarded as it "
+                                            "came, not recorded")
+                resp = web.StreamResponse(status=up.status, headers=out_headers)
                 await resp.prepare(request)
-                if "text/event-stream" in up.headers.get("Content-Type", ""):
-                    await self._pump_sse(up, resp, ex)
+                if decoder is None:
+                    async for data in up.content.iter_any():
+                        await resp.write(data)
+                elif "text/event-stream" in up.headers.get("Content-Type", ""):
+                    await self._pump_sse(up, resp, ex, decoder)
                 else:
                     data = await up.read()
                     if ex is not None:
                         ex.first_byte = time.time()
+                    if not decoder.identity:
+                        data = decoder.decode(data) + decoder.flush()
                     await resp.write(data)
                     if ex is not None:
                         ex.delivered = time.time()
@@ -430,7 +552,7 @@ class RecordingProxy:
                     self.interrupted += 1
                 self._log(ex)
             raise
-        except (TimeoutError, ClientError, OSError) as exc:
+        except (TimeoutError, ClientError, OSError, ContentDecodeError) as exc:
             if ex is not None:
                 ex.capture.error = f"{exc.__class__.__name__}: {exc}"[:500]
                 self._log(ex)
@@ -448,10 +570,10 @@ class RecordingProxy:
         assert resp is not None
         return resp
 
-    async def _pump_sse(self, up, resp: web.StreamResponse, ex: _Exchange | None) -> None:
+    async def _pump_sse(self, up, resp: web.StreamResponse, ex: _Exchange | None, decoder: ContentDecoder) -> None:
         events = SseEvents()
         capture = ex.capture if ex is not None else None
-        async for data in up.content.iter_any():
+        async for data in self._decoded(up, decoder):
             if ex is not None and ex.first_byte is None:
                 ex.first_byte = time.time()
             if ex is None or not ex.injected:
@@ -483,6 +605,21 @@ class RecordingProxy:
             await resp.write(out)
 
     @staticmethod
+    async def _decoded(up, decoder: ContentDecoder):
+        """The upstream's body, decoded piece by piece (empty pieces of a compressed stream skipped)."""
+        async for data in up.content.iter_any():
+            if decoder.identity:
+                yield data
+                continue
+            data = decoder.decode(data)
+            if data:
+                yield data
+        if not decoder.identity:
+            tail = decoder.flush()
+            if tail:
+                yield tail
+
+    @staticmethod
     def _filter_events(events: list[tuple[bytes, list[bytes]]], eol: bytes, capture: ResponseCapture | None,
                        last: bool = False) -> bytes:
         """Events to forward, re-framed with the upstream's own line end; the usage-only event the proxy
@@ -508,4 +645,17 @@ class RecordingProxy:
                "response": ex.capture.as_dict(),
                "error": ex.capture.error}
         self._next_id += 1
-        self.writer.write_line(orjson.dumps(rec) + b"\n")
+        try:
+            self.writer.write_line(orjson.dumps(rec) + b"\n")
+        except (DiskFullError, OSError) as exc:
+            self._cannot_record(rec["request_id"], exc)
+
+    def _cannot_record(self, request_id: int, exc: Exception) -> None:
+        """Say at once, in one line, that the log cannot grow; from now on every request gets a 503."""
+        if self.record_failure is not None:
+            return
+        reason = str(exc) if isinstance(exc, DiskFullError) else (
+            f"cannot write {self.writer.path}: {getattr(exc, 'strerror', None) or exc}")
+        self.record_failure = (f"{reason} (exchange {request_id} was answered but is not recorded); answering 503 "
+                               "to every new request")
+        print(f"kvscope record: {self.record_failure}; Ctrl-C stops the proxy", file=sys.stderr, flush=True)

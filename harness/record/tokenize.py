@@ -239,10 +239,22 @@ class LocalTokenize:
                                     documents=fields.get("documents"), bos_token=self.bos, eos_token=self.eos, add_generation_prompt=generation,
                                     **kwargs)
         special = bool(fields.get("add_special_tokens", False))
-        return list(self.tok.encode(text, add_special_tokens=special).ids)
+        return self._encode(text, special)
 
     def text(self, model: str | None, prompt: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tok.encode(prompt, add_special_tokens=add_special_tokens).ids)
+        return self._encode(prompt, add_special_tokens)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        """Token ids; the tokenizer's Rust panic (its regex out of memory on a huge prompt: a ``PanicException``,
+        which is not an ``Exception``) becomes one line naming the prompt's size."""
+        try:
+            return list(self.tok.encode(text, add_special_tokens=special).ids)
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise KvscopeError(f"the tokenizer failed on a {len(text) / 2**20:.1f} MiB prompt "
+                               f"({str(exc).splitlines()[0][:200] if str(exc) else 'panic'}); probably out of "
+                               "memory: free memory or lower --max-exchange-mib") from None
 
 
 class RequestTokenizer:

@@ -48,6 +48,10 @@ class DiskFullError(KvscopeError):
     """The disk filled up while records were written; the JSONL was cut back to its last whole line."""
 
 
+#: write errors after which a log cannot grow: disk full, quota, the file size limit (``ulimit -f``)
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One request as sent and as answered. Times are seconds from the run's start (monotonic clock)."""
@@ -148,13 +152,17 @@ class RecordWriter:
             while done < len(data):
                 done += os.write(self._fd, view[done:])
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in _FULL_ERRNOS:
                 raise
-            self._give_up_disk_full(data, done)
+            self._give_up_disk_full(data, done, exc.errno)
         self._size += len(data)
         self.lines_on_disk += data.count(b"\n")
 
-    def _give_up_disk_full(self, data: bytes, written: int) -> None:
+    def _full_error(self, errnum: int | None) -> DiskFullError:
+        what = "file size limit reached" if errnum == errno.EFBIG else "disk full"
+        return DiskFullError(f"{what} writing {self.path}: {self.lines_on_disk} records kept in {self.path.name}")
+
+    def _give_up_disk_full(self, data: bytes, written: int, errnum: int | None = None) -> None:
         """Cut a partly written batch back to its last whole line, so the JSONL stays readable, and raise."""
         whole = data.rfind(b"\n", 0, written) + 1
         self._size += whole
@@ -164,8 +172,7 @@ class RecordWriter:
         except OSError:
             pass
         self._pending.clear()
-        self._disk_full = DiskFullError(f"disk full writing {self.path}: {self.lines_on_disk} records kept in "
-                                        f"{JSONL_NAME}")
+        self._disk_full = self._full_error(errnum)
         raise self._disk_full from None
 
     def _flush_from_timer(self) -> None:
@@ -191,10 +198,9 @@ class RecordWriter:
                 self.flush()
                 os.fsync(self._fd)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in _FULL_ERRNOS:
                 raise
-            self._disk_full = DiskFullError(f"disk full writing {self.path}: {self.lines_on_disk} records kept in "
-                                            f"{JSONL_NAME}")
+            self._disk_full = self._full_error(exc.errno)
         finally:
             os.close(self._fd)
             self._fd = -1
