@@ -118,3 +118,25 @@ def test_the_explain_help_lists_every_cause(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["explain", "--help"])
     assert f"the cause ({', '.join(Cause)})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_attribution_names_its_causes_by_the_enum(tmp_path):
+    """A volatile segment changed in place (the trace's SegmentKind) is attributed to Cause.VOLATILE_FIELD, and the
+    JSON the CLI writes carries the enum's string."""
+    import json
+
+    from kvscope.harness.analysis.explain import explain_trace
+
+    rng = np.random.default_rng(0)
+    b = TraceBuilder()
+    system = b.add_segment(rng.integers(0, 4000, 64).astype(np.int32), SegmentKind.SYSTEM)
+    stamps = [b.add_segment(rng.integers(0, 4000, 16).astype(np.int32), SegmentKind.VOLATILE) for _ in range(2)]
+    task = b.add_segment(rng.integers(0, 4000, 64).astype(np.int32), SegmentKind.TASK)
+    first = b.add_request(session_id="s", step=0, parent_request_id=-1, arrival_s=0.0,
+                          prompt_segment_ids=[system, stamps[0], task], output_tokens=1, transition=Transition.FIRST)
+    b.add_request(session_id="s", step=1, parent_request_id=first, arrival_s=1.0,
+                  prompt_segment_ids=[system, stamps[1], task], output_tokens=1, transition=Transition.EDIT)
+    ex = explain_trace(b.build({"name": "stamped"}).write(tmp_path / "trace"), 16)
+    broken = [a for a in ex.requests if a.cause is not None]
+    assert [a.cause for a in broken] == [Cause.VOLATILE_FIELD] and isinstance(broken[0].cause, Cause)
+    assert json.loads(json.dumps(ex.to_json()))["causes"][0]["cause"] == "volatile_field"
