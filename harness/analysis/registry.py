@@ -30,7 +30,9 @@ T = TypeVar("T")
 
 def caveats(res: ExperimentResults, notebook: str | None = None) -> list[Finding]:
     """The conditions that limit what the numbers mean, each only where the data shows it; ``notebook``: only
-    that page's caveats are checked (some read costly intermediates, such as the eviction claim)."""
+    that page's caveats are checked (some read costly intermediates, such as the eviction claim). Every page
+    module is imported first, so the caveats they register are all there whoever asks."""
+    report_pages()
     out: list[Finding] = []
     for (page, fn) in _CAVEATS.values():
         if notebook is not None and page != notebook:
