@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from kvscope.harness.common.errors import ConfigError
-from kvscope.harness.report.render import ALL_NOTEBOOKS, notebook_has_error_cells
+from kvscope.harness.report.notebooks import page_names
+from kvscope.harness.report.render import notebook_has_error_cells
+
+ALL_NOTEBOOKS = page_names()
 from kvscope.harness.results.loaders import load_results
 from tests.test_report_browser import assert_report_renders, require_chromium
 

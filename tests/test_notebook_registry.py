@@ -10,7 +10,8 @@ import re
 import pytest
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, COMMON_PARAMETERS, NOTEBOOKS
+from kvscope.harness.analysis.registry import COMMON_PARAMETERS
+from kvscope.harness.report.notebooks import page_names, report_pages
 from kvscope.harness.report.render import _parameters, project_notebooks_dir
 
 NB_DIR = project_notebooks_dir()
@@ -25,11 +26,11 @@ def _source(cell: dict) -> str:
 
 
 def test_every_notebook_file_is_registered_once():
-    assert sorted(p.stem for p in NB_DIR.glob("*.ipynb")) == sorted(ALL_NOTEBOOKS)
-    assert len(set(ALL_NOTEBOOKS)) == len(ALL_NOTEBOOKS)
+    assert sorted(p.stem for p in NB_DIR.glob("*.ipynb")) == sorted(page_names())
+    assert len(set(page_names())) == len(page_names())
 
 
-@pytest.mark.parametrize("entry", NOTEBOOKS, ids=lambda nb: nb.name)
+@pytest.mark.parametrize("entry", report_pages(), ids=lambda nb: nb.name)
 def test_entry_matches_its_notebook(entry):
     cells = _cells(entry.name)
     first_md = next(_source(c) for c in cells if c["cell_type"] == "markdown")
@@ -60,3 +61,59 @@ def test_spec_parameters_and_extra_parameters():
         _parameters(spec, {"latency": {"slo_ttft": 1}})
     assert _parameters(None, {"my_own": {"x": 1}})["my_own"] == {"x": 1}  # a notebook from --notebooks-dir
     assert _parameters(None, {})["cost"] == {}  # a single replay run has no spec
+
+
+def test_pages_run_and_are_listed_in_their_declared_order():
+    assert page_names() == ["primer", "hit_rates", "concurrency", "latency", "cost", "speculative", "explain",
+                            "ab_compare"]
+
+
+THROWAWAY_PAGE = '''
+from kvscope.harness.analysis.registry import report_page
+from kvscope.harness.results.findings_file import Finding
+
+
+def _from_spec(spec):
+    return {"budget_usd": float(spec.cost.gpu_hourly_usd)}
+
+
+@report_page("throwaway", "Throwaway: a page declared in its module alone", order=1000, questions=("cost",),
+             figures=("nothing",), parameters=("budget_usd", "depth"), key_figures=("nothing",),
+             from_spec=_from_spec)
+def _throwaway_page(ctx):
+    return [Finding(question="cost", notebook="throwaway", sentence=f"depth {ctx.computed.get('depth')}")]
+'''
+
+
+def test_a_page_declared_in_one_module_is_found_by_the_report(tmp_path, monkeypatch):
+    """A new page is its notebook plus its page module: a module in the pages package that declares itself is
+    run, ordered and given its parameters by the report, and its findings are computed, with nothing else
+    listing it."""
+    import sys
+    from types import SimpleNamespace
+
+    import kvscope.harness.analysis.pages as pages_package
+    from kvscope.harness.analysis import findings as F
+    from kvscope.harness.analysis import registry
+    from kvscope.harness.report.notebooks import page_by_name
+    from kvscope.harness.results.schemas import ExperimentSpecCore
+
+    report_pages()  # the project's pages are registered before the registry is swapped for a copy
+    monkeypatch.setattr(registry, "PAGES", dict(registry.PAGES))
+    (tmp_path / "throwaway.py").write_text(THROWAWAY_PAGE)
+    monkeypatch.setattr(pages_package, "__path__", [*pages_package.__path__, str(tmp_path)])
+    try:
+        assert page_names()[-1] == "throwaway" and page_names()[:-1] == [
+            "primer", "hit_rates", "concurrency", "latency", "cost", "speculative", "explain", "ab_compare"]
+        assert page_by_name()["throwaway"].title == "Throwaway: a page declared in its module alone"
+        spec = ExperimentSpecCore.model_validate({"name": "x", "cost": {"gpu_hourly_usd": 2}})
+        assert _parameters(spec, {"throwaway": {"depth": 3}})["throwaway"] == {"budget_usd": 2.0, "depth": 3}
+        with pytest.raises(KvscopeError,
+                           match=r"notebook throwaway: unknown parameter\(s\) width; allowed: budget_usd"):
+            _parameters(spec, {"throwaway": {"width": 1}})
+        res = SimpleNamespace()  # the page reads nothing, and no caveat is registered on it
+        assert [f.sentence for f in F.page_findings(res, "throwaway", depth=3)] == ["depth 3"]
+    finally:
+        monkeypatch.undo()
+        sys.modules.pop("kvscope.harness.analysis.pages.throwaway", None)
+    assert "throwaway" not in page_names()  # the project's registry is as it was

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.workloads.importers.blocks import BlockRequest, block_transition, read_kvcache_tester, read_mooncake
+from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace_schema import SegmentKind
 
 QUANTILES = np.linspace(0, 1, 41)
 
@@ -46,12 +48,12 @@ def fit_kvcache_tester(reqs: list[BlockRequest]) -> dict:
     for sess in by_sess.values():
         for p, r in zip(sess, sess[1:]):
             n_later += 1
-            n_user += r.input_kind == "user"
-            (out_final if r.input_kind == "user" else out_tool).append(p.output_length)
-            if block_transition(p.block_ids, r.block_ids) == "append":
+            n_user += r.input_kind == SegmentKind.USER
+            (out_final if r.input_kind == SegmentKind.USER else out_tool).append(p.output_length)
+            if block_transition(p.block_ids, r.block_ids) == Transition.APPEND:
                 a = r.input_length - p.input_length - p.output_length
-                (user_app if r.input_kind == "user" else tool_app).append(a)
-            if r.input_kind == "user":
+                (user_app if r.input_kind == SegmentKind.USER else tool_app).append(a)
+            if r.input_kind == SegmentKind.USER:
                 think.append(r.think_time_s)
             else:
                 lat.append(r.tool_latency_s)

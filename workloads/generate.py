@@ -19,11 +19,12 @@ import numpy as np
 
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.workloads.policies import Item, VolatilePrefix
-from kvscope.workloads.prefix import classify_transition, common_prefix_len
+from kvscope.workloads.prefix import Transition, classify_transition, common_prefix_len
 from kvscope.workloads.spec import WorkloadSpec, spec_to_dict
 from kvscope.workloads.text import ROLE, TextMode
 from kvscope.workloads.tokens import TokenSource
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 @dataclass
@@ -64,14 +65,14 @@ class _Context:
     def _system_tokens(self, n: int, rng: np.random.Generator) -> np.ndarray:
         self.builder.check_fits(n)
         if self.text is None:
-            return self.source.draw("system", n, rng)
+            return self.source.draw(SegmentKind.SYSTEM, n, rng)
         cuts = sorted({c for c in self.text_cuts.values() if 0 < c} | {0})
         parts, pos = [], 0
         for c in cuts[1:]:
             if c - pos >= 2 and n - c >= 2:
-                parts.append(self.text.closed("system", c - pos, rng))
+                parts.append(self.text.closed(SegmentKind.SYSTEM, c - pos, rng))
                 pos = c
-        parts.append(self.text.closed("system", n - pos, rng))
+        parts.append(self.text.closed(SegmentKind.SYSTEM, n - pos, rng))
         return np.concatenate(parts)
 
     # ---------------------------------------------------------------- text mode rendering
@@ -81,7 +82,8 @@ class _Context:
         sid = self._template_segments.get(text)
         if sid is None:
             assert self.text is not None
-            sid = self._template_segments[text] = self.builder.add_segment(self.text.template_ids(text), "template")
+            sid = self._template_segments[text] = self.builder.add_segment(self.text.template_ids(text),
+                                                                           SegmentKind.TEMPLATE)
         return sid
 
     def segment_text(self, sid: int) -> str:
@@ -119,7 +121,7 @@ class _Context:
             rng = np.random.default_rng([self.seed, 2, t])
             p = self.spec.prefix
             n_sys = int(p.system_tokens.sample_int(rng, 1, self.scale, low=1)[0])
-            system = self.builder.add_segment(self._system_tokens(n_sys, rng), "system")
+            system = self.builder.add_segment(self._system_tokens(n_sys, rng), SegmentKind.SYSTEM)
             n_tools = int(p.tools_tokens.sample_int(rng, 1, self.scale, low=0)[0])
             tools = []
             if n_tools > 0:
@@ -130,7 +132,8 @@ class _Context:
                 if sizes[-1] < 1:  # rounding pushed the last one below 1: rebalance evenly
                     sizes = np.full(k, n_tools // k)
                     sizes[: n_tools % k] += 1
-                tools = [self.builder.add_segment(self.draw("tools", int(s), rng, closed=True), "tools")
+                tools = [self.builder.add_segment(self.draw(SegmentKind.TOOLS, int(s), rng, closed=True),
+                                                  SegmentKind.TOOLS)
                          for s in sizes]
             self.tenants[t] = _Tenant(system, tools)
         return self.tenants[t]
@@ -141,7 +144,8 @@ class _Context:
             doc = self.spec.prefix.documents
             assert doc is not None
             n = int(doc.tokens.sample_int(rng, 1, self.scale, low=1)[0])
-            self.documents[d] = self.builder.add_segment(self.draw("document", n, rng, closed=True), "document")
+            self.documents[d] = self.builder.add_segment(self.draw(SegmentKind.DOCUMENT, n, rng, closed=True),
+                                                         SegmentKind.DOCUMENT)
         return self.documents[d]
 
     def split_system(self, tenant: _Tenant, position: int) -> tuple[int | None, int | None]:
@@ -149,8 +153,8 @@ class _Context:
         if position not in tenant.split_cache:
             toks = self.builder.segment(tenant.system)
             p = min(self.text_cuts.get(position, position), len(toks))
-            head = self.builder.add_segment(toks[:p], "system") if p > 0 else None
-            tail = self.builder.add_segment(toks[p:], "system") if p < len(toks) else None
+            head = self.builder.add_segment(toks[:p], SegmentKind.SYSTEM) if p > 0 else None
+            tail = self.builder.add_segment(toks[p:], SegmentKind.SYSTEM) if p < len(toks) else None
             tenant.split_cache[position] = (head, tail)
         return tenant.split_cache[position]
 
@@ -215,7 +219,7 @@ class SessionState:
         else:
             toks = self.ctx.source.volatile(n, self.ctx.volatile_counter, self.rng)
         self.ctx.volatile_counter += 1
-        self.volatile = (self.ctx.builder.add_segment(toks, "volatile"), round(policy.position * self.scale))
+        self.volatile = (self.ctx.builder.add_segment(toks, SegmentKind.VOLATILE), round(policy.position * self.scale))
 
     # -------------------------------------------------------------- prompt
     def prefix_segments(self) -> list[int]:
@@ -289,7 +293,8 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
         reas = c.reasoning_tokens.sample_int(rng, n, out_scale, low=0)
         think = np.maximum(c.think_time_s.sample(rng, n), 0.0)
         for i in range(n):
-            steps.append({"input_kind": "user", "input_tokens": int(user[i]), "output_kind": "assistant",
+            steps.append({"input_kind": SegmentKind.USER, "input_tokens": int(user[i]),
+                          "output_kind": SegmentKind.ASSISTANT,
                           "output_tokens": int(out[i] + reas[i]), "reasoning": int(reas[i]),
                           "think": float(think[i]) if i else 0.0, "tool": 0.0})
         return steps
@@ -308,14 +313,14 @@ def _plan_session(spec: WorkloadSpec, rng: np.random.Generator, scale: float) ->
     for i in range(n):
         ends_turn = i == n - 1 or bool(is_user[i + 1])
         if i == 0:
-            inp = ("task", task, 0.0, 0.0)
+            inp = (SegmentKind.TASK, task, 0.0, 0.0)
         elif is_user[i]:
-            inp = ("user", int(user[i]), float(think[i]), 0.0)
+            inp = (SegmentKind.USER, int(user[i]), float(think[i]), 0.0)
         else:
-            inp = ("tool_output", int(tool_out[i]), 0.0, float(lat[i]))
+            inp = (SegmentKind.TOOL_OUTPUT, int(tool_out[i]), 0.0, float(lat[i]))
         o = int(final[i]) if ends_turn else int(call[i])
         steps.append({"input_kind": inp[0], "input_tokens": inp[1], "think": inp[2], "tool": inp[3],
-                      "output_kind": "assistant" if ends_turn else "tool_call",
+                      "output_kind": SegmentKind.ASSISTANT if ends_turn else SegmentKind.TOOL_CALL,
                       "output_tokens": o + int(reas[i]), "reasoning": int(reas[i])})
     return steps
 
@@ -404,7 +409,7 @@ def _generate_session(ctx: _Context, si: int, sid: str, limit: int | None) -> tu
         if limit is not None and n_prompt + p["output_tokens"] > limit:
             return rows, True
         out_seg = _draw_output(ctx, p, rng)
-        transition = "first" if step == 0 else classify_transition(
+        transition = Transition.FIRST if step == 0 else classify_transition(
             common_prefix_tokens(b, prev_segments, segs), prev_len, hint=hint)
         offset += p["think"] + p["tool"]
         rows.append({"session_id": sid, "step": step, "offset": offset, "think_time_s": p["think"],
@@ -431,7 +436,7 @@ def _advance_history(state: "SessionState", step: int, plan: list[dict], rows: l
     hint = None
     for policy in state.ctx.spec.sessions.policies:
         h = policy.apply(state, rng)
-        hint = h if h == "compaction" else hint
+        hint = h if h == Transition.COMPACTION else hint
     return hint
 
 
@@ -508,11 +513,11 @@ def synthetic_trace(n_sessions: int, steps: int = 1, prompt_tokens: int = 128, o
                 mark = last_tokens(s, k)
                 if mark is not None:
                     toks[-1] = mark
-            seg = b.add_segment(toks, "user")
+            seg = b.add_segment(toks, SegmentKind.USER)
             parent = b.add_request(session_id=f"s{s:06d}", step=k, parent_request_id=parent,
                                    arrival_s=start + k * think_time_s, session_start_s=start,
                                    think_time_s=think_time_s if k else 0.0, prompt_segment_ids=[seg],
                                    output_tokens=output_tokens, max_tokens=output_tokens,
-                                   transition="first" if k == 0 else "reset", tenant=0)
+                                   transition=Transition.FIRST if k == 0 else Transition.RESET, tenant=0)
     return b.build({"name": f"synthetic-{n_sessions}x{steps}", "seed": seed,
                     "tokenizer": {"path": None, "sha256": None, "vocab_size": vocab_size}, "spec": {"synthetic": True}})

@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, TypeVar, Un
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, create_model
 
+from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace_schema import SegmentKind
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvscope.workloads.generate import SessionState
 
@@ -51,7 +54,7 @@ class HistoryPolicy(BaseModel):
     model_config = _BASE
     kind: str
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         raise NotImplementedError
 
 
@@ -106,7 +109,7 @@ Policy = Annotated[SerializeAsAny[HistoryPolicy], PlainValidator(_validate_polic
 class AppendOnly(HistoryPolicy):
     """Keep everything: each prompt is the parent's prompt + the parent's output + the new input."""
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         return None
 
 
@@ -117,9 +120,9 @@ class VolatilePrefix(HistoryPolicy):
     tokens: int = Field(default=8, ge=1)
     position: int = Field(default=0, ge=0)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         state.new_volatile(self)
-        return "edit" if state.step > 0 else None
+        return Transition.EDIT if state.step > 0 else None
 
 
 @history_policy("edit_turn")
@@ -130,14 +133,14 @@ class EditTurn(HistoryPolicy):
     tokens: int = Field(default=16, ge=1)
     probability: float = Field(default=0.1, ge=0, le=1)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         if state.step == 0 or rng.random() >= self.probability or len(state.history) < self.depth:
             return None
         idx = len(state.history) - self.depth
         item = state.history[idx]
         k = min(max(1, round(self.tokens * state.scale)), item.n_tokens)
         state.history[idx] = state.rewrite(item, k, rng)
-        return "edit"
+        return Transition.EDIT
 
 
 @history_policy("truncate_tool_outputs")
@@ -147,16 +150,16 @@ class TruncateToolOutputs(HistoryPolicy):
     keep_last: int = Field(default=3, ge=0)
     max_tokens: int = Field(default=32, ge=0)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         limit = max(0, round(self.max_tokens * state.scale))
         changed = False
         for i, item in enumerate(state.history):
-            if item.kind != "tool_output" or item.step > state.step - self.keep_last - 1:
+            if item.kind != SegmentKind.TOOL_OUTPUT or item.step > state.step - self.keep_last - 1:
                 continue
             if item.n_tokens > limit and not item.meta.get("truncated"):
                 state.history[i] = state.truncate(item, limit)
                 changed = True
-        return "edit" if changed else None
+        return Transition.EDIT if changed else None
 
 
 @history_policy("sliding_window")
@@ -165,13 +168,13 @@ class SlidingWindow(HistoryPolicy):
     ``budget_tokens``. Every drop moves all later tokens, so reuse falls back to the static prefix."""
     budget_tokens: int = Field(ge=1)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         budget = max(1, round(self.budget_tokens * state.scale))
         dropped = False
         while len(state.history) > 1 and state.prompt_tokens() > budget:
             state.history.pop(0)
             dropped = True
-        return "reset" if dropped else None
+        return Transition.RESET if dropped else None
 
 
 @history_policy("compaction")
@@ -182,13 +185,13 @@ class Compaction(HistoryPolicy):
     summary_tokens: int = Field(default=2000, ge=1)
     keep_last: int = Field(default=1, ge=0)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         if state.prompt_tokens() <= max(1, round(self.threshold_tokens * state.scale)):
             return None
         keep = state.history[len(state.history) - self.keep_last:] if self.keep_last else []
-        summary = state.new_segment("summary", max(1, round(self.summary_tokens * state.scale)))
+        summary = state.new_segment(SegmentKind.SUMMARY, max(1, round(self.summary_tokens * state.scale)))
         state.history = [summary, *keep]
-        return "compaction"
+        return Transition.COMPACTION
 
 
 @history_policy("reorder_tools")
@@ -197,14 +200,14 @@ class ReorderTools(HistoryPolicy):
     tool list from an unordered set). The new order persists until the next shuffle."""
     probability: float = Field(default=0.1, ge=0, le=1)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         if state.step == 0 or len(state.tools) < 2 or rng.random() >= self.probability:
             return None
         order = list(state.tools)
         while order == state.tools:
             rng.shuffle(order)
         state.tools = order
-        return "edit"
+        return Transition.EDIT
 
 
 @history_policy("strip_reasoning")
@@ -214,7 +217,7 @@ class StripReasoning(HistoryPolicy):
     still a prefix); with keep_last >= 1 each older output is stripped later, which edits cached history."""
     keep_last: int = Field(default=0, ge=0)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         outputs = [i for i, it in enumerate(state.history) if it.reasoning_tokens > 0]
         for i in outputs[: max(0, len(outputs) - self.keep_last)]:
             state.history[i] = state.strip(state.history[i])
@@ -229,9 +232,9 @@ class DropHistory(HistoryPolicy):
     probability: float = Field(default=0.01, ge=0, le=1)
     fraction: float = Field(default=0.5, gt=0, le=1)
 
-    def apply(self, state: "SessionState", rng: np.random.Generator) -> str | None:
+    def apply(self, state: "SessionState", rng: np.random.Generator) -> Transition | None:
         if state.step == 0 or rng.random() >= self.probability or len(state.history) < 2:
             return None
         k = min(len(state.history) - 1, max(1, int(round(self.fraction * len(state.history)))))
         state.history = state.history[k:]
-        return "reset"
+        return Transition.RESET

@@ -16,7 +16,8 @@ the parent's end may change and still count as an append (``append_slack``).
 
 from __future__ import annotations
 
-from typing import Collection, Literal, Sequence
+from enum import StrEnum
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -25,8 +26,19 @@ import numpy as np
 #: statistics need it as much as the cache model does.
 DEFAULT_BLOCK_SIZE = 16
 
-Transition = Literal["first", "append", "edit", "reset", "compaction"]
-TRANSITIONS: tuple[str, ...] = ("append", "edit", "reset", "compaction")
+
+
+class Transition(StrEnum):
+    """How a request's prompt relates to its session parent's: the one vocabulary of the trace's ``transition``
+    column, which generators, importers and the recorder write and the trace reader, the statistics and the
+    cache-break attribution read. A ``StrEnum`` so a member *is* its on-disk string (Parquet cells, JSON keys
+    and comparisons with plain strings stay as they were)."""
+
+    FIRST = "first"  # the session's first request: no parent
+    APPEND = "append"  # the parent's prompt (and answer) unchanged, new content after it
+    EDIT = "edit"  # at least half of the parent's prompt kept, something in it changed
+    RESET = "reset"  # less than half kept
+    COMPACTION = "compaction"  # the history policy replaced the history by a summary
 
 
 def common_prefix_len(a: Sequence | np.ndarray, b: Sequence | np.ndarray) -> int:
@@ -72,20 +84,21 @@ def leading_run(keys: Sequence, present: Collection, *, chained: bool = False) -
         return len(flags)
 
 
-def classify_transition(common: int, parent_len: int, *, hint: str | None = None, append_slack: int = 0) -> str:
+def classify_transition(common: int, parent_len: int, *, hint: str | None = None, append_slack: int = 0
+                        ) -> Transition:
     """Transition of a prompt relative to its parent's: ``append`` when at most ``append_slack`` units of the
     parent's end are not shared (tokens: 0; block ids: 1, a re-rendered last block), ``edit`` when at least
     half of the parent is shared, else ``reset``; a ``compaction`` hint from the history policy wins."""
-    if hint == "compaction":
-        return "compaction"
+    if hint == Transition.COMPACTION:
+        return Transition.COMPACTION
     if parent_len - common <= append_slack:
-        return "append"
-    return "edit" if common * 2 >= parent_len else "reset"
+        return Transition.APPEND
+    return Transition.EDIT if common * 2 >= parent_len else Transition.RESET
 
 
 def transition_from(parent: Sequence | np.ndarray | None, child: Sequence | np.ndarray, *,
-                    hint: str | None = None, append_slack: int = 0) -> str:
+                    hint: str | None = None, append_slack: int = 0) -> Transition:
     """:func:`classify_transition` of ``child`` against ``parent`` (``first`` when there is none)."""
     if parent is None:
-        return "first"
+        return Transition.FIRST
     return classify_transition(common_prefix_len(parent, child), len(parent), hint=hint, append_slack=append_slack)

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from kvscope.workloads.errors import TraceFileError, iter_json_lines, parse_json, require_fields
+from kvscope.workloads.trace_schema import SegmentKind
 
 MOONCAKE_BLOCK_SIZE = 512
 KVCACHE_TESTER_BLOCK_SIZE = 64
@@ -145,7 +146,8 @@ def _add_session(conv: _Conversation, session: str, items: list, t0: float, stat
             output_length=int(r["out"]), block_ids=ids,
             block_size=conv.block_size, parent=prev, session_start_s=t0,
             think_time_s=0.0 if tool else think, tool_latency_s=think if tool else 0.0,
-            input_kind=("tool_output" if tool else "user") if step > 0 else "task", static_prefix_tokens=static,
+            input_kind=(SegmentKind.TOOL_OUTPUT if tool else SegmentKind.USER) if step > 0 else SegmentKind.TASK,
+            static_prefix_tokens=static,
             extra={"stop": r.get("stop"), "api_time": r.get("api_time"), "model": r.get("model"),
                    "type": r.get("type")}))
         prev = len(conv.out) - 1

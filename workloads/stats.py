@@ -22,7 +22,8 @@ import pandas as pd
 
 from kvscope.workloads.importers.blocks import BlockRequest, block_transition
 from kvscope.workloads.ideal import ideal_block_hit
-from kvscope.workloads.prefix import TRANSITIONS, leading_run
+from kvscope.workloads.prefix import Transition, leading_run
+from kvscope.workloads.trace_schema import SegmentKind
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
@@ -168,17 +169,17 @@ def summarize(frame: pd.DataFrame) -> dict:
     output = frame["output"].to_numpy()
     appended = np.full(len(frame), np.nan)
     appended[has_parent] = prompt[has_parent] - prompt[par] - output[par]
-    is_append = (frame["transition"] == "append").to_numpy()
+    is_append = (frame["transition"] == Transition.APPEND).to_numpy()
     kinds = frame["input_kind"].to_numpy()
     out["appended_tokens"] = {
         "all": _dist(appended[is_append & has_parent]),
-        "tool_output": _dist(appended[is_append & has_parent & (kinds == "tool_output")]),
-        "user": _dist(appended[is_append & has_parent & (kinds == "user")]),
+        SegmentKind.TOOL_OUTPUT.value: _dist(appended[is_append & has_parent & (kinds == SegmentKind.TOOL_OUTPUT)]),
+        SegmentKind.USER.value: _dist(appended[is_append & has_parent & (kinds == SegmentKind.USER)]),
     }
     later = frame[has_parent]
     counts = later["transition"].value_counts()
-    out["transitions"] = {t: float(counts.get(t, 0) / max(1, len(later)))
-                          for t in TRANSITIONS}
+    out["transitions"] = {t.value: float(counts.get(t, 0) / max(1, len(later)))
+                          for t in Transition if t is not Transition.FIRST}
     out["think_time_s"] = _dist(frame["think"][(frame["think"] > 0)])
     out["tool_latency_s"] = _dist(frame["tool"][(frame["tool"] > 0)])
     return out
@@ -219,7 +220,7 @@ def format_stats(s: dict) -> str:
     row("prompt tokens", s["prompt_tokens"])
     row("output tokens", s["output_tokens"])
     row("static prefix (sys+tools)", s["static_prefix_tokens"])
-    row("appended after tool call", s["appended_tokens"]["tool_output"])
+    row("appended after tool call", s["appended_tokens"][SegmentKind.TOOL_OUTPUT])
     row("appended user message", s["appended_tokens"]["user"])
     row("think time s", s["think_time_s"], "{:,.1f}")
     row("tool latency s", s["tool_latency_s"], "{:,.1f}")

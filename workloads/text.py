@@ -39,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from kvscope.workloads.tokens import FLAVOUR, corpus_text
+from kvscope.workloads.trace_schema import SegmentKind
 
 # Message role of each history item kind.
-ROLE = {"task": "user", "user": "user", "summary": "user", "assistant": "assistant", "tool_call": "assistant",
-        "tool_output": "tool", "reasoning": "assistant", "document": "user", "imported": "user"}
+ROLE = {SegmentKind.TASK: "user", SegmentKind.USER: "user", SegmentKind.SUMMARY: "user",
+        SegmentKind.ASSISTANT: "assistant", SegmentKind.TOOL_CALL: "assistant", SegmentKind.TOOL_OUTPUT: "tool",
+        SegmentKind.REASONING: "assistant", SegmentKind.DOCUMENT: "user", SegmentKind.IMPORTED: "user"}
 _MARK = "\ue000{}\ue001"
 
 
@@ -250,7 +252,7 @@ class TextMode:
         stripping them leaves stable content. Returns (ids, reasoning tokens actually used)."""
         if reasoning <= 0:
             return self.draw(kind, n, rng), 0
-        head = self.closed("reasoning", reasoning, rng)
+        head = self.closed(SegmentKind.REASONING, reasoning, rng)
         return np.concatenate([head, self.draw(kind, max(0, n - reasoning), rng)]).astype(np.int32), len(head)
 
     def clean_prefix(self, ids: np.ndarray, limit: int) -> int:
@@ -307,9 +309,11 @@ class TextMode:
 
     def self_check(self) -> None:
         rng = np.random.default_rng(0)
-        parts = [("system", [self.closed("system", 40, rng), self.closed("tools", 30, rng)]),
-                 ("user", [self.draw("task", 25, rng)]), ("assistant", [self.draw("tool_call", 1, rng)]),
-                 ("tool", [self.draw("tool_output", 30, rng)]), ("assistant", [self.draw("assistant", 0, rng)])]
+        parts = [("system", [self.closed(SegmentKind.SYSTEM, 40, rng), self.closed(SegmentKind.TOOLS, 30, rng)]),
+                 ("user", [self.draw(SegmentKind.TASK, 25, rng)]),
+                 ("assistant", [self.draw(SegmentKind.TOOL_CALL, 1, rng)]),
+                 ("tool", [self.draw(SegmentKind.TOOL_OUTPUT, 30, rng)]),
+                 ("assistant", [self.draw(SegmentKind.ASSISTANT, 0, rng)])]
         pieces = self.template.pieces([r for r, _ in parts])
         ids: list[np.ndarray] = []
         for (_, segs), t in zip(parts, pieces):

@@ -21,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.workloads.trace_schema import SegmentKind
+
 # Which corpus each segment kind is drawn from.
 FLAVOUR = {
-    "system": "prose", "task": "prose", "user": "prose", "summary": "prose", "reasoning": "prose",
-    "assistant": "prose", "document": "prose", "tools": "json", "tool_call": "json", "tool_output": "code",
-    "volatile": "prose", "imported": "prose",
+    SegmentKind.SYSTEM: "prose", SegmentKind.TASK: "prose", SegmentKind.USER: "prose", SegmentKind.SUMMARY: "prose",
+    SegmentKind.REASONING: "prose", SegmentKind.ASSISTANT: "prose", SegmentKind.DOCUMENT: "prose",
+    SegmentKind.TOOLS: "json", SegmentKind.TOOL_CALL: "json", SegmentKind.TOOL_OUTPUT: "code",
+    SegmentKind.VOLATILE: "prose", SegmentKind.IMPORTED: "prose",
 }
 
 _WORDS = (
@@ -191,7 +194,7 @@ class TokenSource:
         """A changing value (timestamp-like) of ``n`` tokens that spell ``counter`` in base ``len(plain_ids)``
         (least significant first): distinct for ``len(plain_ids) ** n`` requests, and its first token differs
         from the previous ``len(plain_ids) - 1`` values, so it never extends a shared prefix."""
-        self.draw("volatile", n, rng)  # keeps the session's random stream where it was before this change
+        self.draw(SegmentKind.VOLATILE, n, rng)  # keeps the session's random stream where it was before this change
         v = len(self.plain_ids)
         digits = np.empty(n, dtype=np.int64)
         c = int(counter)

@@ -19,16 +19,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.workloads.trace_schema import FORMAT, VERSION, read_trace_file, write_trace_file
+from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace_schema import FORMAT, VERSION, SegmentKind, read_trace_file, write_trace_file
 
 # The nullable observed_* columns (provider usage of imported transcripts) need no version bump: readers fill
 # absent optional columns with nulls.
 
 CREATED_BY = "kvscope workloads 0.1.0"
 
-SEGMENT_KINDS = ("system", "tools", "document", "task", "user", "assistant", "tool_call", "tool_output",
-                 "reasoning", "summary", "volatile", "template", "imported")
-TRANSITIONS = ("first", "append", "edit", "reset", "compaction")
+_SEGMENT_KINDS = frozenset(SegmentKind)
+_TRANSITIONS = frozenset(Transition)
 
 REQUEST_SCHEMA = pa.schema([
     ("request_id", pa.int64()),
@@ -279,6 +279,8 @@ class Trace:
         # pandas (a copy of all 42 M ids of 5,000 generated sessions, beside Arrow's)
         df = req.select([c for c in REQUEST_COLUMNS if c != "prompt_segment_ids"]).to_pandas()
         del req
+        _check_vocabulary(p / "segments.parquet", "kind", kinds, SegmentKind)
+        _check_vocabulary(p / "requests.parquet", "transition", df["transition"].to_numpy(object), Transition)
         df.insert(REQUEST_COLUMNS.index("prompt_segment_ids"), "prompt_segment_ids", _list_views(prompt_ids))
         del prompt_ids
         # Arrow's allocator keeps what the tables freed: hand it back (5,000 generated sessions: ~0.7 GB)
@@ -290,6 +292,22 @@ class Trace:
         return (np.array_equal(self.seg_offsets, other.seg_offsets) and np.array_equal(self.seg_tokens, other.seg_tokens)
                 and list(self.seg_kinds) == list(other.seg_kinds)
                 and self.requests_table().equals(other.requests_table()))
+
+
+def _check_vocabulary(path: Path, column: str, values: np.ndarray, vocabulary: type[SegmentKind] | type[Transition]
+                      ) -> None:
+    """A trace whose ``column`` holds a value outside its vocabulary is refused, naming the first such row: every
+    reader (statistics, attribution, the cache model's labels) assumes the enum's values. Nulls pass (columns
+    absent from older traces read as nulls)."""
+    from kvscope.workloads.errors import TraceFileError
+
+    known = frozenset(vocabulary)
+    unknown = [v for v in pd.unique(values) if not pd.isna(v) and v not in known]
+    if not unknown:
+        return
+    bad = unknown[0]
+    row = int(np.flatnonzero(values == bad)[0])
+    raise TraceFileError(f"{path}: row {row}: unknown {column} {bad!r}; known: {', '.join(vocabulary)}")
 
 
 def _segment_id_views(cells: Sequence[Any]) -> list[np.ndarray]:
@@ -373,9 +391,9 @@ class TraceBuilder:
             raise WorkloadError(f"workload too large: more than {self.max_tokens:,} tokens would be generated"
                                 + (f" ({self.budget_hint})" if self.budget_hint else ""))
 
-    def add_segment(self, tokens: np.ndarray, kind: str) -> int:
-        if kind not in SEGMENT_KINDS:
-            raise ValueError(f"unknown segment kind {kind!r}")
+    def add_segment(self, tokens: np.ndarray, kind: SegmentKind | str) -> int:
+        if kind not in _SEGMENT_KINDS:
+            raise ValueError(f"unknown segment kind {kind!r}; known: {', '.join(SegmentKind)}")
         self.check_fits(len(tokens))
         self.num_tokens += len(tokens)
         self._tokens.append(np.asarray(tokens, dtype=np.int32))
@@ -409,6 +427,9 @@ class TraceBuilder:
                     "tenant": 0, "messages": None, "input_kind": None, "static_prefix_tokens": -1,
                     "output_reasoning_tokens": 0, "session_start_s": 0.0, **dict.fromkeys(OBSERVED_COLUMNS)}
         rows = [{**defaults, **r} for r in self.rows]
+        bad = next((r["transition"] for r in rows if r.get("transition") not in _TRANSITIONS), None)
+        if bad is not None or any("transition" not in r for r in rows):
+            raise ValueError(f"unknown transition {bad!r}; known: {', '.join(Transition)}")
         order = sorted(range(n), key=lambda i: (rows[i]["arrival_s"], rows[i]["session_id"], rows[i]["step"]))
         new_id = np.empty(n, dtype=np.int64)
         new_id[order] = np.arange(n)

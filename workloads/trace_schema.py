@@ -8,6 +8,7 @@ The fields and their meaning are documented in docs/architecture.md (Trace direc
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -17,6 +18,27 @@ from kvscope.workloads.versioned_file import VersionedFile, read_versioned, vali
 
 FORMAT: Final = "kvscope-trace"
 VERSION: Final = 1
+
+
+class SegmentKind(StrEnum):
+    """What a segment of ``segments.parquet`` holds: the one vocabulary of its ``kind`` column, which the
+    generator, the history policies, the importers and the recorder write, the trace reader checks, and the
+    token drawer (its corpus), the text renderer (its message role), the statistics and the cache-break
+    attribution read. A ``StrEnum`` so a member *is* its on-disk string."""
+
+    SYSTEM = "system"
+    TOOLS = "tools"  # tool definitions
+    DOCUMENT = "document"
+    TASK = "task"  # the session's opening request
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL_CALL = "tool_call"
+    TOOL_OUTPUT = "tool_output"
+    REASONING = "reasoning"
+    SUMMARY = "summary"  # a compaction's summary of the history it replaced
+    VOLATILE = "volatile"  # a value that changes every request (a timestamp)
+    TEMPLATE = "template"  # chat-template text between messages (text mode, recorded traces)
+    IMPORTED = "imported"  # tokens of an imported trace without message structure
 
 
 class TokenizerInfo(BaseModel):

@@ -12,7 +12,7 @@ instead of it. A level whose mean sessions in flight fall short of its concurren
 workload's session count, could not keep that many going) is flagged: its latency is that of a lower load.
 
 The SLO is absolute (``250`` ms) or relative to the server's own unloaded latency (``3x_unloaded``:
-:class:`TtftSlo`). A fixed 250 ms says nothing on a machine where one session alone already takes 479 ms; a
+:class:`TtftSlo`). A fixed 250 ms says nothing on a machine where one session alone already takes longer; a
 multiple of the lowest level's TTFT p90 finds the knee on any machine. It is resolved here, from the points
 themselves (the lowest measured level is the unloaded figure: sweeps run their levels in ascending order), so
 the live sweep, the prediction beside it and the report read one absolute value, which each answer records.

@@ -49,15 +49,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.cachemodel.chain_index import ChainIndex, InfiniteCacheStream, chain_hashes
 from kvscope.harness.cachemodel.hashing import IncrementalHasher
 from kvscope.harness.cachemodel.simulator import (SimConfig, iter_requests_from_token_pairs,
                                                   requests_from_token_pairs, simulate)
-from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, common_prefix_len
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, Transition, common_prefix_len
+from kvscope.workloads.trace_schema import SegmentKind
 
-CAUSES = ("volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "history_truncated",
-          "compaction", "evicted", "prefix_changed")
-_IN_PLACE = {"volatile_field", "system_prompt_changed", "tools_changed", "message_edited", "prefix_changed"}
+
+#: Causes that change a span in place (the rest of the prompt was there before), against those that drop or
+#: replace history.
+_IN_PLACE = {Cause.VOLATILE_FIELD, Cause.SYSTEM_PROMPT_CHANGED, Cause.TOOLS_CHANGED, Cause.MESSAGE_EDITED,
+             Cause.PREFIX_CHANGED}
 VOLATILE_PATTERNS = {
     "timestamp": re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"),
     "time": re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b"),
@@ -65,9 +69,10 @@ VOLATILE_PATTERNS = {
     "unix_time": re.compile(r"\b1\d{9}(?:\d{3})?(?:\.\d+)?\b"),
     "hex_id": re.compile(r"\b[0-9a-f]{24,}\b"),
 }
-_SEGMENT_CAUSE = {"volatile": "volatile_field", "system": "system_prompt_changed", "tools": "tools_changed",
-                  "summary": "compaction"}
-_TRANSITION_CAUSE = {"compaction": "compaction", "edit": "message_edited", "reset": "history_truncated"}
+_SEGMENT_CAUSE = {SegmentKind.VOLATILE: Cause.VOLATILE_FIELD, SegmentKind.SYSTEM: Cause.SYSTEM_PROMPT_CHANGED,
+                  SegmentKind.TOOLS: Cause.TOOLS_CHANGED, SegmentKind.SUMMARY: Cause.COMPACTION}
+_TRANSITION_CAUSE = {Transition.COMPACTION: Cause.COMPACTION, Transition.EDIT: Cause.MESSAGE_EDITED,
+                     Transition.RESET: Cause.HISTORY_TRUNCATED}
 
 
 @dataclass(slots=True)
@@ -107,7 +112,7 @@ class Attribution:
     prompt_tokens: int
     cached_tokens: int
     recomputed_tokens: int
-    cause: str | None
+    cause: Cause | None
     where: str
     predecessor: int | None = None
     diverge_token: int | None = None
@@ -122,7 +127,7 @@ class Attribution:
 
 @dataclass(slots=True)
 class CauseTotal:
-    cause: str
+    cause: Cause
     recomputed_tokens: int
     share: float
     what_if_hit_rate: float  # an infinite cache (the observed evictions carried over)
@@ -156,7 +161,7 @@ class Explanation:
 
 @dataclass(slots=True)
 class _Break:
-    cause: str
+    cause: Cause
     where: str
     had: int
     patch: tuple[int, np.ndarray, np.ndarray] | None  # (start, old tokens, new tokens)
@@ -249,37 +254,37 @@ def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
     """Traces without message structure: the kind of the segment holding token k, else the transition."""
     i = next((j for j, (_, s, e) in enumerate(r.seg_spans) if s <= k < e), len(r.seg_spans) - 1)
     kind = r.seg_spans[i][0] if r.seg_spans else ""
-    cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or "prefix_changed"
+    cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or Cause.PREFIX_CHANGED
     patch = None
     had = k
     if r.seg_spans and i < len(p.seg_spans):
         (_, s, e), (_, ps, pe) = r.seg_spans[i], p.seg_spans[i]
         patch = (s, r.prompt[s:e].copy(), p.prompt[ps:pe].copy())
         if cause in _IN_PLACE:
-            if cause != "prefix_changed":  # a value changed in place: the rest of its segment was there before
+            if cause != Cause.PREFIX_CHANGED:  # a value changed in place: the rest of its segment was there before
                 had += max(0, min(e, s + pe - ps) - k)
             # later tokens count only where the predecessor had them too (an unrelated prompt shares none)
             had += _lcp(r.prompt[e:], p.had_tokens[pe:])
     return _Break(cause, f"segment {i} ({kind}) at token {k}", had, patch)
 
 
-def _structural(r: RequestView, p: RequestView, d: int, rk: list[str], pk: list[str]) -> str:
+def _structural(r: RequestView, p: RequestView, d: int, rk: list[str], pk: list[str]) -> Cause:
     old, new = _content_text(p.messages[d]), _content_text(r.messages[d])  # type: ignore[index]
     c = common_prefix_len(old, new)
     if volatile_at(old, new, c):
-        return "volatile_field"
+        return Cause.VOLATILE_FIELD
     role = (r.messages[d] or {}).get("role")  # type: ignore[index]
     if d == 0 and role in ("system", "developer"):
-        return "system_prompt_changed"
+        return Cause.SYSTEM_PROMPT_CHANGED
     if rk[d] in pk[d + 1:]:
-        return "history_truncated"  # messages between were dropped
+        return Cause.HISTORY_TRUNCATED  # messages between were dropped
     if role == (p.messages[d] or {}).get("role") and len(new) < 0.8 * len(old) and c >= len(new) - 64:  # type: ignore[index]
-        return "history_truncated"  # the message was cut short
+        return Cause.HISTORY_TRUNCATED  # the message was cut short
     if len(rk) >= len(pk) and rk[d + 1:len(pk)] == pk[d + 1:]:
-        return "message_edited"
+        return Cause.MESSAGE_EDITED
     if (len(r.prompt) < len(p.prompt) or len(rk) < len(pk)) and rk[d] not in pk:
-        return "compaction"
-    return "message_edited"
+        return Cause.COMPACTION
+    return Cause.MESSAGE_EDITED
 
 
 def _classify_messages(r: RequestView, p: RequestView, k: int) -> _Break | None:
@@ -291,22 +296,22 @@ def _classify_messages(r: RequestView, p: RequestView, k: int) -> _Break | None:
     if have_ends and p.ends and k >= p.ends[-1]:
         return None  # only the predecessor's generation prompt differs: an append
     if m < n and rk[m] == pk[m] and r.tools_key != p.tools_key or (d >= n and r.tools_key != p.tools_key):
-        cause, d = "tools_changed", min(m, n - 1) if n else 0
+        cause, d = Cause.TOOLS_CHANGED, min(m, n - 1) if n else 0
     elif d >= len(rk):
-        cause = "history_truncated"
+        cause = Cause.HISTORY_TRUNCATED
     elif d >= len(pk):
         return None
     else:
         cause = _structural(r, p, d, rk, pk)
     role = (r.messages[d] or {}).get("role", "?") if r.messages and d < len(r.messages) else "?"
-    where = (f"tools (the diverging span is message {d}) at token {k}" if cause == "tools_changed"
+    where = (f"tools (the diverging span is message {d}) at token {k}" if cause == Cause.TOOLS_CHANGED
              else f"message {d} ({role}) at token {k}")
     if not have_ends:
         return _Break(cause, where, min(len(p.prompt), len(r.prompt)) if cause in _IN_PLACE else k, None)
-    return _with_spans(r, p, k, d if cause != "tools_changed" else m, cause, where, rk, pk)
+    return _with_spans(r, p, k, d if cause != Cause.TOOLS_CHANGED else m, cause, where, rk, pk)
 
 
-def _with_spans(r: RequestView, p: RequestView, k: int, m: int, cause: str, where: str, rk: list[str],
+def _with_spans(r: RequestView, p: RequestView, k: int, m: int, cause: Cause, where: str, rk: list[str],
                 pk: list[str]) -> _Break:
     """Tokens the predecessor had and the what-if patch, from message spans."""
     assert r.ends is not None and p.ends is not None
@@ -494,8 +499,8 @@ class _PatchIndex:
     length.  Where every patch keeps its span's length (timestamps, ids, any same-length edit), a step reads
     and writes only the first ``reach`` tokens (the furthest span end), so the chain after a patch is a
     function of that patch and those tokens alone: it is memoised (bounded), and each request's chain joins
-    the one its predecessor already followed (5,000 generated sessions: the what-if pass took ~2.5 min of the
-    command's 650 s; without the memo a 300-session what-if spent most of its time stepping chains)."""
+    the one its predecessor already followed (without the memo a 300-session what-if spent most of its time
+    stepping chains; the what-if pass's share of a 5,000-session run: ``benchmarks/explain_scale.py``)."""
 
     def __init__(self, patches: Sequence[tuple[int, tuple[int, np.ndarray, np.ndarray]]],
                  memo_bytes: int = 64 << 20) -> None:
@@ -619,13 +624,13 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         if diverged and diverged >= evicted and brk is not None:
             cause, where = brk.cause, brk.where
         elif evicted:
-            cause, where = "evicted", f"cached {obs[v.request_id]} of {base[v.request_id]} predicted"
+            cause, where = Cause.EVICTED, f"cached {obs[v.request_id]} of {base[v.request_id]} predicted"
         if diverged and brk is not None:
             split[brk.cause] = split.get(brk.cause, 0) + diverged
             if brk.patch is not None:
                 patches.setdefault(brk.cause, _PatchList()).append((v.request_id, brk.patch))
         if evicted:
-            split["evicted"] = split.get("evicted", 0) + evicted
+            split[Cause.EVICTED] = split.get(Cause.EVICTED, 0) + evicted
         rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
         index.add(v.request_id, all_hashes, P // B, in_cache)
@@ -660,7 +665,7 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
     out = []
     for cause, n in sorted(split.items(), key=lambda kv: -kv[1]):
         pool_rate = None
-        if cause == "evicted":
+        if cause == Cause.EVICTED:
             rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, prompt_tokens)
         else:
             lengths: list[int] = []
@@ -780,9 +785,9 @@ def _message_ends(messages: list[dict] | None, spans: list[tuple[str, int, int]]
     a template segment before each message and one after the last."""
     if not messages:
         return None
-    if len(spans) == len(messages) + 1 and spans[-1][0] == "template" and not _generated_messages(messages):
+    if len(spans) == len(messages) + 1 and spans[-1][0] == SegmentKind.TEMPLATE and not _generated_messages(messages):
         return [e for _, _, e in spans[:-1]]
-    starts = [s for kind, s, _ in spans if kind == "template"]
+    starts = [s for kind, s, _ in spans if kind == SegmentKind.TEMPLATE]
     if len(starts) == len(messages) + 1:
         return starts[1:]
     return None

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.analysis.common import _pct
 from kvscope.harness.analysis.explain import (
     Explanation,
@@ -36,19 +37,19 @@ NOTEBOOK = "explain"
 SIMULATED = "simulation (infinite cache)"
 
 CAUSE_WORDS = {
-    "volatile_field": "a volatile field (date, time or id)",
-    "system_prompt_changed": "a changed system prompt",
-    "tools_changed": "changed or reordered tool definitions",
-    "message_edited": "an earlier message edited in place",
-    "history_truncated": "truncated history",
-    "compaction": "compaction (history replaced by a summary)",
-    "evicted": "eviction (the prefix was cached, then evicted)",
-    "prefix_changed": "a changed prefix",
+    Cause.VOLATILE_FIELD: "a volatile field (date, time or id)",
+    Cause.SYSTEM_PROMPT_CHANGED: "a changed system prompt",
+    Cause.TOOLS_CHANGED: "changed or reordered tool definitions",
+    Cause.MESSAGE_EDITED: "an earlier message edited in place",
+    Cause.HISTORY_TRUNCATED: "truncated history",
+    Cause.COMPACTION: "compaction (history replaced by a summary)",
+    Cause.EVICTED: "eviction (the prefix was cached, then evicted)",
+    Cause.PREFIX_CHANGED: "a changed prefix",
 }
 #: One colour per cause, the same on every figure of the page.
-CAUSE_COLOURS = {"volatile_field": "#d62728", "system_prompt_changed": "#9467bd", "tools_changed": "#8c564b",
-                 "message_edited": "#e377c2", "history_truncated": "#7f7f7f", "compaction": "#bcbd22",
-                 "evicted": "#17becf", "prefix_changed": "#ff7f0e"}
+CAUSE_COLOURS = {Cause.VOLATILE_FIELD: "#d62728", Cause.SYSTEM_PROMPT_CHANGED: "#9467bd",
+                 Cause.TOOLS_CHANGED: "#8c564b", Cause.MESSAGE_EDITED: "#e377c2", Cause.HISTORY_TRUNCATED: "#7f7f7f",
+                 Cause.COMPACTION: "#bcbd22", Cause.EVICTED: "#17becf", Cause.PREFIX_CHANGED: "#ff7f0e"}
 
 
 @dataclass
@@ -247,9 +248,9 @@ def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation]
     if not ex.causes or not ex.recomputed_tokens:
         return None
     top = ex.causes[0]
-    where = _typical_where(wx, top.cause) if top.cause != "evicted" else ""  # eviction's where is per request
+    where = _typical_where(wx, top.cause) if top.cause != Cause.EVICTED else ""  # eviction's where is per request
     words = CAUSE_WORDS.get(top.cause, top.cause.replace("_", " "))
-    if top.cause == "evicted":
+    if top.cause == Cause.EVICTED:
         cache = " with an infinite cache (no eviction)"
     else:
         cache = " with an infinite cache"
@@ -258,7 +259,7 @@ def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation]
                       "(in the run's order)")
     ref = reference_of(wx, explained or [])
     measured = ""
-    if ref is not None and top.cause != "evicted":
+    if ref is not None and top.cause != Cause.EVICTED:
         measured = (f"; {ref.workload}, the same sessions without it, measured {_pct(ref.explanation.hit_rate)}"
                     + (f" on {ref.server}" if ref.server else " (simulated)"))
     return (f"{wx.workload}: {words}{f', {where},' if where else ''} causes {_pct(top.share)} of the "

@@ -8,50 +8,39 @@ hold the evidence. Numbers come from the same tables the pages show and from the
 (`ab.compare`), never recomputed differently here. Caveats are findings too (`question="caveat"`), generated
 from the data, so a caveat that does not apply is not printed.
 
-The findings themselves live with their page (`kvscope.harness.analysis.pages.<notebook>`), registered with
-``@page_findings_of`` and ``@caveat`` (`kvscope.harness.analysis.registry`); this module imports every page and
-is the entry point: :func:`page_findings` and
-:func:`write_page_findings`, which a notebook calls to show its findings and write them to `findings.json`
-beside its figures; `index.html` reads those files (the report layer does not import this one).
+The findings themselves live with their page (`kvscope.harness.analysis.pages.<notebook>`), declared with
+``@report_page`` and ``@caveat`` (`kvscope.harness.analysis.registry`, which finds the pages); this module is the
+notebooks' entry point: :func:`page_findings` and :func:`write_page_findings`, which a notebook calls to show its
+findings and write them to `findings.json` beside its figures; `index.html` reads those files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-import kvscope.harness.analysis.pages.ab_compare  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.concurrency  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.cost  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.explain  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.hit_rates  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.latency  # noqa: F401 - registers the page's findings
-import kvscope.harness.analysis.pages.speculative  # noqa: F401 - registers the page's findings
-import pandas as pd
 from kvscope.harness.analysis.common import RESAMPLES
-from kvscope.harness.analysis.explain_experiment import WorkloadExplanation
-from kvscope.harness.analysis.pages.ab_compare import pivot_metrics
-from kvscope.harness.analysis.registry import PAGE_FINDINGS, PageContext, caveats
-from kvscope.harness.results.findings_file import (
-    FINDINGS_NAME,
-    Finding,
-    FindingsFile,
-    VerdictCell,
-    write_findings_file,
-)
+from kvscope.harness.analysis.registry import PageContext, caveats, report_pages
+from kvscope.harness.results.findings_file import FINDINGS_NAME, Finding, FindingsFile, write_findings_file
 from kvscope.harness.results.loaders import ExperimentResults
 
 
-def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMPLES,
-                  ab: pd.DataFrame | None = None, explained: list[WorkloadExplanation] | None = None
+def _page_findings(res: ExperimentResults, notebook: str, resamples: int, computed: dict[str, Any]
+                   ) -> tuple[list[Finding], PageContext]:
+    pages = {p.notebook: p for p in report_pages() if p.findings is not None}
+    page = pages.get(notebook)
+    if page is None or page.findings is None:
+        raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(pages)}")
+    ctx = PageContext(res, resamples, computed)
+    return page.findings(ctx) + caveats(res, notebook), ctx
+
+
+def page_findings(res: ExperimentResults, notebook: str, resamples: int = RESAMPLES, **computed: Any
                   ) -> list[Finding]:
-    """The findings one analysis page opens with (and its caveats). ``ab`` (the A/B table) and ``explained``
-    (the per-workload attributions) are what the page already computed, where it did."""
-    page = PAGE_FINDINGS.get(notebook)
-    if page is None:
-        raise ValueError(f"no findings for notebook {notebook!r}; known: {', '.join(PAGE_FINDINGS)}")
-    found = page.compute(PageContext(res, resamples, ab, explained))
-    return found + caveats(res, notebook)
+    """The findings one analysis page opens with (and its caveats). ``computed``: what the page already computed,
+    by name (the A/B page's ``ab=`` table, the explain page's ``explained=`` attributions), else computed here."""
+    return _page_findings(res, notebook, resamples, computed)[0]
 
 
 def findings_markdown(findings: Iterable[Finding]) -> str:
@@ -63,23 +52,13 @@ def findings_markdown(findings: Iterable[Finding]) -> str:
 
 
 def write_page_findings(res: ExperimentResults | None, notebook: str, figures_dir: Path,
-                        ab: pd.DataFrame | None = None, resamples: int = RESAMPLES,
-                        explained: list[WorkloadExplanation] | None = None) -> list[Finding]:
-    """Compute a page's findings, write `findings.json` beside its figures (for index.html) and return them.
-    The A/B page also writes the full verdict table as CSV and the pivot into the file."""
+                        resamples: int = RESAMPLES, **computed: Any) -> list[Finding]:
+    """Compute a page's findings, write `findings.json` beside its figures (for index.html) and return them,
+    with what the page adds to the file itself (its ``findings_extras``: the A/B page's verdicts)."""
     if res is None:
         return []
-    found = page_findings(res, notebook, resamples, ab, explained)
-    verdicts: list[VerdictCell] = []
-    csv = None
-    if notebook == "ab_compare" and ab is not None and len(ab):
-        ab.to_csv(Path(figures_dir) / "verdicts.csv", index=False)
-        csv = f"figures/{notebook}/verdicts.csv"
-        t = ab[ab["metric"].isin(pivot_metrics())]
-        verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
-                                verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
-                                data_quality=str(getattr(r, "data_quality", "") or "") or None)
-                    for r in t.itertuples()]
-    write_findings_file(Path(figures_dir) / FINDINGS_NAME,
-                        FindingsFile(notebook=notebook, findings=found, verdicts=verdicts, verdicts_csv=csv))
+    found, ctx = _page_findings(res, notebook, resamples, computed)
+    page = next(p for p in report_pages() if p.notebook == notebook)
+    extras = page.findings_extras(ctx, Path(figures_dir)) if page.findings_extras is not None else {}
+    write_findings_file(Path(figures_dir) / FINDINGS_NAME, FindingsFile(notebook=notebook, findings=found, **extras))
     return found

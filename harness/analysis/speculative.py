@@ -35,6 +35,8 @@ from kvscope.harness.cachemodel.speculative import (
 )
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.results.speculation_file import MethodPrediction, SpeculationFile
+from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace_schema import SegmentKind
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
@@ -140,11 +142,11 @@ def _run_as_trace(run_dir: Path) -> Trace:
             sub = {trace.output_segment_id(int(q)): generated[int(q)] for q in [row["parent_request_id"]]
                    if int(q) >= 0 and int(q) in generated}
         prompt = trace.prompt_token_ids(rid, sub)
-        pid = b.shared_segment(prompt, "imported")
-        oid = b.add_segment(out, "assistant")
+        pid = b.shared_segment(prompt, SegmentKind.IMPORTED)
+        oid = b.add_segment(out, SegmentKind.ASSISTANT)
         b.add_request(session_id=str(row["session_id"]), step=int(row["step"]), parent_request_id=-1,
                       arrival_s=float(rid), session_start_s=0.0, prompt_segment_ids=[pid], output_segment_id=oid,
-                      output_tokens=int(out.size), transition=str(row["transition"]))
+                      output_tokens=int(out.size), transition=Transition(row["transition"]))
     if not b.rows:
         raise KvscopeError(f"{run_dir}: no successful request with generated token ids")
     return b.build({"name": f"run {run_dir.name}"})

@@ -35,9 +35,10 @@ DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
 PACED_COST_SCALE = 0.5
 #: Runs of a level's ensemble (seeds 0..N-1, so a prediction is reproducible) ...
 ENSEMBLE_RUNS = 16
-#: ... at most this many prompt tokens simulated a level, summed over the runs: a run of the full-size
-#: 100-session agent preset (621 M prompt tokens) takes 4-6 s on one core, so that trace gets one run and a
-#: level stays within seconds; a 422-request validation trace (0.4 M) gets all 16.
+#: ... at most this many prompt tokens simulated a level, summed over the runs: a simulation's cost grows with
+#: the prompt tokens it walks, so the full-size 100-session agent preset (621 M prompt tokens) gets one run
+#: and a level stays within seconds, while a 422-request validation trace (0.4 M) gets all 16 (timings:
+#: benchmarks/README.md, "Figures the design notes cite").
 ENSEMBLE_TOKEN_BUDGET = 600_000_000
 #: A level whose noise-free run preempted nothing and never held more than this share of the pool is one run.
 ENSEMBLE_KV_THRESHOLD = 0.9

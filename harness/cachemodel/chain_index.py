@@ -2,9 +2,9 @@
 
 Why not a Python ``set``/``dict``: a trace whose every request breaks the cache early (a timestamp in the
 system prompt) has as many distinct block chains as blocks; 5,000 generated sessions hold ~50 M of them, and
-a Python int in a dict costs ~100 bytes (8.1 GB peak for ``explain``, issue 27; with this index the whole
-command peaks at 1.5 GB and takes ~4 min, ``benchmarks/explain_scale.py``).  Here the keys are the same
-64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) in sorted ``uint64`` numpy arrays, with an ``int32``
+a Python int in a dict costs ~100 bytes, against 8 or 12 bytes a chain here (the peak memory and time of
+``explain`` on that trace, before and after: ``benchmarks/explain_scale.py``, benchmarks/README.md).  Here
+the keys are the same 64-bit ``xxh3_64`` chained hashes (:mod:`.hashing`) in sorted ``uint64`` numpy arrays, with an ``int32``
 value (a request id) beside them where one is kept: 8 or 12 bytes a chain.  New chains go to a small Python
 dict, merged into a middle sorted array every ``pending_limit`` insertions, and that one into the main array
 when it reaches an eighth of it; merges are in place (the arrays grow, the old entries move from the back),

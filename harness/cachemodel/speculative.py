@@ -47,12 +47,13 @@ Methods and the sources followed:
   same path, so each such group's path is walked once and cut at each length; matches that cannot beat the
   best score so far (or, for the global tree, the request tree's score, which wins ties) are not walked.
   Why hand-written: narrowing occurrence lists at every step (10^3-10^5 entries for common tokens and pairs
-  in the preset's 10^5-token prompts and its 3.8 M-token global tree) took 13 min (497 s CPU) for the
-  620 M-prompt-token agent preset's 514,658 decode steps, against 60 s for the whole command; a depth-24
+  in the preset's 10^5-token prompts and its 3.8 M-token global tree) costs work per step that grows with
+  the prompt, over the 620 M-prompt-token agent preset's 514,658 decode steps (timings in
+  benchmarks/README.md); a depth-24
   count table or suffix automaton updated per token costs ~24 dict updates per token over its 29 M stream
   tokens.  The node tree's work per step is bounded by the depth and the few-occurrence windows, and the
   common short strings' nodes are shared by every step of a chain.  Why compiled: the same tree in numpy
-  and Python cost ≈ 200 µs of interpreter time per step (190-214 s CPU on the preset), so each request's
+  and Python spends its time in the interpreter, a few dozen small operations per step, so each request's
   steps run in one call of a numba kernel (``suffix_kernel``, whose docstring has the measurement and the
   layout); figures in benchmarks/README.md.
   Children of equal count: Arctic's
@@ -77,6 +78,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace_schema import SegmentKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvscope.harness.cachemodel.calibration import StepCostModel
@@ -548,13 +551,13 @@ def simulate_request(prompt: Sequence[int] | np.ndarray, output: Sequence[int] |
     from kvscope.workloads.trace import TraceBuilder
 
     b = TraceBuilder()
-    pid = b.add_segment(np.asarray(prompt, np.int32), "imported")
-    oid = b.add_segment(np.asarray(output, np.int32), "assistant")
+    pid = b.add_segment(np.asarray(prompt, np.int32), SegmentKind.IMPORTED)
+    oid = b.add_segment(np.asarray(output, np.int32), SegmentKind.ASSISTANT)
     b.add_request(request_id=0, session_id="s", step=0, parent_request_id=-1, arrival_s=0.0,
                   session_start_s=0.0, think_time_s=0.0, tool_latency_s=0.0, prompt_segment_ids=[pid],
                   prompt_tokens=len(prompt), output_segment_id=oid, output_tokens=len(output),
                   output_reasoning_tokens=0, max_tokens=len(output), cache_salt=None, tenant=0,
-                  transition="first", input_kind=None, static_prefix_tokens=-1, messages=None)
+                  transition=Transition.FIRST, input_kind=None, static_prefix_tokens=-1, messages=None)
     res = simulate(b.build({"name": "one-request"}), cfg, max_model_len).requests[0]
     res.request_id = request_id
     return res

@@ -2,13 +2,13 @@
 one call, over suffix trees that are windows of fixed token arrays (``speculative``'s docstring says why).
 
 Why compiled (numba, a dependency of vLLM's CPU wheel; ``@njit(cache=True)``: the first run after an
-installation or a change here compiles, ≈ 25 s of CPU, and later processes load the cached code): ``benchmarks/speculate_speed.py`` showed that numpy cannot reach the goal.  The same algorithm
-in numpy and Python spent ≈ 200 µs of interpreter time per decode step (514,658 steps on the 620 M-token agent
-preset: 190-214 s CPU, against 60 s for the whole command), because a step is a few dozen small operations (a
+installation or a change here compiles, and later processes load the cached code): ``benchmarks/speculate_speed.py``
+showed that numpy cannot reach the goal.  The same algorithm in numpy and Python spent its time in the
+interpreter (514,658 decode steps on the 620 M-token agent preset), because a step is a few dozen small operations (a
 chain of 2-4 nodes, one or two path walks of up to 24 tokens, a tally of a few continuations), each far
 cheaper than one numpy call; they cannot be batched across steps either, since each step's context depends
-on how many drafts the previous one accepted.  Compiled, the preset's suffix steps take ≈ 30 s CPU
-(benchmarks/README.md).
+on how many drafts the previous one accepted.  The timings, interpreted and compiled, are in
+benchmarks/README.md (``speculate_speed.py``).
 
 Layout (numba holds tuples of arrays and typed containers, not Python objects):
 

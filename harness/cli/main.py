@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.cli.common import Formatter as _Formatter
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.cli.common import LazyChoices
 from kvscope.harness.cli.common import add_parser as _add
 
 DESCRIPTION = """\
@@ -96,6 +97,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backend_names() -> list[str]:
+    """The registered serving backends (imported only when ``--backend`` is checked or its help printed)."""
+    from kvscope.harness.serving.backend import backend_names
+
+    return backend_names()
+
+
 def _cmd_server_info(args: argparse.Namespace) -> int:
     from kvscope.harness.serving.backend import Backend
 
@@ -177,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--log", metavar="FILE", help="the server's log, for facts only the log has")
     info.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    info.add_argument("--backend", default="vllm", choices=["vllm", "openai"],
+    info.add_argument("--backend", default="vllm", choices=LazyChoices(_backend_names),
                       help="serving backend of the endpoint (default vllm)")
     info.set_defaults(func=_cmd_server_info)
 

@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.cli.common import add_parser
 
 
@@ -47,8 +48,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
     ex = add_parser(sub, "explain", "attribute every prompt-cache miss of a trace or run to its cause",
                     "For each request: its best cached predecessor, where the prompt first diverges from it (in "
-                    "message terms), the cause (volatile_field, system_prompt_changed, tools_changed, "
-                    "message_edited, history_truncated, compaction, evicted) and the tokens recomputed because "
+                    f"message terms), the cause ({', '.join(Cause)}) and the tokens recomputed because "
                     "of it; totals per cause with their share and the hit rate with that cause removed "
                     "(re-simulated). TRACE: a trace directory (a recorded one carries the observed cache reads); "
                     "RUN_DIR: a `kvscope replay` output (observed = the measured cached tokens).")

@@ -40,9 +40,11 @@ from kvscope.harness.record.tokenize import MessageShapeError, RequestTokenizer
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
 from kvscope.workloads.prefix import common_prefix_len, transition_from
 from kvscope.workloads.trace import TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
-_KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                 "tool": "tool_output", "function": "tool_output"}
+_KIND_OF_ROLE = {"system": SegmentKind.SYSTEM, "developer": SegmentKind.SYSTEM, "user": SegmentKind.USER,
+                 "assistant": SegmentKind.ASSISTANT,
+                 "tool": SegmentKind.TOOL_OUTPUT, "function": SegmentKind.TOOL_OUTPUT}
 _PARAM_SKIP = {"messages", "prompt", "tools", "user"}
 
 
@@ -196,15 +198,15 @@ def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
 def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict] | None,
                      ends: list[int] | None) -> list[int]:
     if not messages or ends is None or len(ends) != len(messages):
-        return [builder.shared_segment(ids, "imported")]
+        return [builder.shared_segment(ids, SegmentKind.IMPORTED)]
     out, start = [], 0
     for m, end in zip(messages, ends):
-        kind = _KIND_OF_ROLE.get((m or {}).get("role", ""), "imported")
-        if kind == "assistant" and (m or {}).get("tool_calls"):
-            kind = "tool_call"
+        kind = _KIND_OF_ROLE.get((m or {}).get("role", ""), SegmentKind.IMPORTED)
+        if kind == SegmentKind.ASSISTANT and (m or {}).get("tool_calls"):
+            kind = SegmentKind.TOOL_CALL
         out.append(builder.shared_segment(ids[start:end], kind))
         start = end
-    out.append(builder.shared_segment(ids[start:], "template"))
+    out.append(builder.shared_segment(ids[start:], SegmentKind.TEMPLATE))
     return out
 
 

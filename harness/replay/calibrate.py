@@ -9,9 +9,9 @@ to 1,024, as far as the pool holds the batch), so that the cost of attending the
 than extrapolated.
 
 Why send-to-last and not first-to-last token: on a busy CPU host vLLM's frontend sometimes delivers a whole
-answer in one burst, and then the first-to-last time is ~0 (0.2 ms for 23 decode steps, measured on the
-quickstart's server at batch 8 and 16); two such samples, weighted by 1/seconds, turned a fit of R² 0.86 into
-one of -0.65.  The last token's arrival is late by at most the frontend's lag, whichever way the tokens came.  Both become
+answer in one burst, and then the first-to-last time is ~0 for many decode steps, and two such samples,
+weighted by 1/seconds, are enough to wreck the fit (figures: benchmarks/README.md, "Figures the design notes
+cite").  The last token's arrival is late by at most the frontend's lag, whichever way the tokens came.  Both become
 :class:`~kvscope.harness.cachemodel.calibration.TimingSample` s and one non-negative least-squares fit gives the
 step-cost model the scheduler model runs on.  The result is a versioned ``calibration.json``
 (:class:`~kvscope.harness.results.schemas.CalibrationFile`) with the samples and the machine's load average,

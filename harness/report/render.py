@@ -2,7 +2,8 @@
 
 Notebooks run from the project's `notebooks/` folder unless the user names another folder explicitly, so a
 results directory can never bring code of its own into a report. Which notebooks exist, their order, their
-parameters and the figures the index shows come from the one registry in `report/notebooks.py`.
+parameters and the figures the index shows come from the page registry (each page's module declares itself;
+`report/notebooks.py` reads it).
 
 Why the pages are rendered this way. nbconvert's ``sanitize_html`` (bleach) escaped the report's own
 narrative: headings, pandas' ``<style scoped>`` and table headers showed as raw markup, 31-163 escaped tags a
@@ -33,12 +34,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, BY_NAME, NOTEBOOKS
+from kvscope.harness.report.notebooks import page_by_name, page_names
 from kvscope.harness.report.summary import findings_html
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
 from kvscope.harness.results.schemas import ExperimentSpecCore, NotebookEntry, ReportFile
 
-__all__ = ["ALL_NOTEBOOKS", "NotebookResult", "render_compare", "render_report", "run_notebook", "write_index"]
+__all__ = ["NotebookResult", "render_compare", "render_report", "run_notebook", "write_index"]
 
 
 def project_notebooks_dir() -> Path:
@@ -174,10 +175,11 @@ def render_report(run_dir: str | Path, notebooks: list[str] | None = None, noteb
     """Execute the notebooks on an experiment (or replay run) directory; returns the path of index.html."""
     run_dir = Path(run_dir).resolve()
     res = load_results(run_dir)  # validates the directory before any notebook runs
-    names = notebooks or (res.spec.notebooks if res.spec else None) or ALL_NOTEBOOKS
-    unknown = [n for n in names if n not in ALL_NOTEBOOKS and notebooks_dir is None]
+    all_notebooks = page_names()
+    names = notebooks or (res.spec.notebooks if res.spec else None) or all_notebooks
+    unknown = [n for n in names if n not in all_notebooks and notebooks_dir is None]
     if unknown:
-        raise KvscopeError(f"unknown notebook(s) {', '.join(unknown)}; available: {', '.join(ALL_NOTEBOOKS)}")
+        raise KvscopeError(f"unknown notebook(s) {', '.join(unknown)}; available: {', '.join(all_notebooks)}")
     report_dir = run_dir / "report"
     report_dir.mkdir(exist_ok=True)
     nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else None
@@ -203,8 +205,9 @@ def _kernel_environment() -> Iterator[None]:
     """The environment a notebook's kernel starts with (it inherits this process's): one BLAS/OpenMP thread.
 
     The notebooks' matrices are small (the A/B bootstrap's draws x sessions products) and the report already runs
-    one kernel per core, so a BLAS thread pool only synchronises: on a busy 2-core machine OpenBLAS's two threads
-    took 70x the CPU of one for the same matrix-vector product. Restored afterwards (the serial report runs in
+    one kernel per core, so a BLAS thread pool only synchronises, and on a busy machine its threads spin for
+    nothing: far more CPU than one thread for the same matrix-vector product (figure: benchmarks/README.md,
+    "Figures the design notes cite"). Restored afterwards (the serial report runs in
     the caller's process); a value the user set is kept."""
     added = [name for name in KERNEL_THREAD_VARIABLES if name not in os.environ]
     os.environ.update({name: "1" for name in added})
@@ -221,8 +224,8 @@ def _kernel_config(sockets: Path) -> Any:
 
     Why not TCP. jupyter_client picks a kernel's five TCP ports by binding port 0 and closing it; the kernel binds
     them a moment later. Another process (a second kernel of this report, anyone on the machine) can take a port
-    in between, and the kernel dies (seen in the test suite at load 30). Unix sockets named inside a private
-    directory cannot be taken by anyone else, so kernels can start at the same moment."""
+    in between, and the kernel dies (seen in the test suite on a heavily loaded host). Unix sockets named inside
+    a private directory cannot be taken by anyone else, so kernels can start at the same moment."""
     from traitlets.config import Config
 
     config = Config()
@@ -256,7 +259,8 @@ def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir
     """Execute the notebooks (independent of each other) in a process pool, the costliest first so the
     slowest one does not start last; results come back in the order of ``jobs``."""
     workers = report_workers(len(jobs))
-    order = sorted(jobs, key=lambda n: -(BY_NAME[n].relative_cost if n in BY_NAME else 1.0))
+    pages = page_by_name()
+    order = sorted(jobs, key=lambda n: -(pages[n].relative_cost if n in pages else 1.0))
     if progress:
         print(f"report: executing {', '.join(order)} ({workers} at a time) …", flush=True)
     done: dict[str, NotebookResult] = {}
@@ -292,16 +296,17 @@ def _keep_earlier_results(report_dir: Path, results: list[NotebookResult]) -> li
         if entry.notebook not in done and entry.html and html_file.exists():
             kept.append(NotebookResult(entry.notebook, entry.ok, html_file, report_dir / f"{entry.notebook}.ipynb",
                                        entry.seconds, entry.error, [report_dir / f for f in entry.figures]))
-    order = {n: i for i, n in enumerate(ALL_NOTEBOOKS)}
+    order = {n: i for i, n in enumerate(page_names())}
     return sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
 
 
 def _parameters(spec: ExperimentSpecCore | None, extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per notebook: what the experiment's validated spec (none for a single replay run) gives it (registry ``from_spec``), then ``extra`` over it;
     an extra parameter a registered notebook does not declare is an error naming the allowed ones."""
-    out = {nb.name: nb.from_spec(spec) if spec is not None else {} for nb in NOTEBOOKS}
+    pages = page_by_name()
+    out = {nb.name: nb.from_spec(spec) if spec is not None else {} for nb in pages.values()}
     for name, params in extra.items():
-        nb = BY_NAME.get(name)
+        nb = pages.get(name)
         bad = [k for k in params if nb is not None and not nb.accepts(k)]
         if bad:
             raise KvscopeError(f"notebook {name}: unknown parameter(s) {', '.join(bad)}; allowed: "
@@ -334,17 +339,18 @@ def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
                 _fmt(c.get("would_hit"), "pct"), _fmt(c.get("ttft_p50_s"), "ms"), _fmt(c.get("tpot_p50_s"), "ms"),
                 _fmt(c.get("req_per_s"), "f"), _fmt(c.get("spec_acceptance_rate"), "pct"),
                 e(str(c.get("reason") or ""))]) + "</tr>")
+    pages = page_by_name()
     links = []
     for r in results:
         status = "ok" if r.ok else f"failed: {e(r.error or '')}"
-        title = f": {e(BY_NAME[r.name].title)}" if r.name in BY_NAME else ""
+        title = f": {e(pages[r.name].title)}" if r.name in pages else ""
         if r.html:
             links.append(f'<li><a href="{e(r.html.name)}">{e(r.name)}</a>{title} — {status} ({r.seconds:.0f} s)</li>')
         else:
             links.append(f"<li>{e(r.name)}{title} — {status}</li>")
     figs = []
     by_name = {r.name: r for r in results}
-    for entry in NOTEBOOKS:
+    for entry in pages.values():
         r = by_name.get(entry.name)
         if r is None:
             continue
@@ -371,7 +377,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child,th
 figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{{background:#fff3cd;padding:0.5em}}</style>
 </head><body>
 <h1>kvscope report: {e(res.name)}</h1>
-{findings_html(report_dir, ALL_NOTEBOOKS)}
+{findings_html(report_dir, list(pages))}
 <p>{desc}</p>
 <p>Run directory: <code>{e(str(res.root))}</code> — {len(cells)} cells, {len(res.requests)} request records.</p>
 {warn}

@@ -1,9 +1,9 @@
 """The executive summary at the top of `index.html`, rendered from the pages' `findings.json` files.
 
-Why from files: the findings are computed by the analysis layer while each notebook runs (it has the data and
-the verdict engine); the report layer may not import it (the two are independent siblings in
-`[tool.importlinter]`), so it reads the typed files back. Every sentence is data-derived text and is escaped;
-each links to the page and the figure holding its evidence. The A/B verdicts are pivoted here (configuration
+Why from files: the findings are computed by the analysis layer while each notebook runs, in the notebook's own
+kernel (it has the data and the verdict engine); the report process reads only the page registry (titles,
+order), never recomputes a finding, so it reads the typed files back. Every sentence is data-derived text and is
+escaped; each links to the page and the figure holding its evidence. The A/B verdicts are pivoted here (configuration
 pairs x metrics, one class per verdict word for the colour), with the full table's CSV linked.
 """
 

@@ -1,8 +1,8 @@
 """`findings.json`: what a report page found, as data — the sentences, their numbers and where the evidence is.
 
 Why a file. The analysis layer computes findings (it reads results and runs the verdict engine); the report
-layer writes `index.html`. The two are independent siblings (`[tool.importlinter]`), so the findings travel as
-a typed, versioned result file that each analysis notebook writes beside its figures
+layer writes `index.html`. The findings are computed in each notebook's own kernel, not in the report's
+process, so they travel as a typed, versioned result file that each analysis notebook writes beside its figures
 (`report/figures/<notebook>/findings.json`) and the index reads back. A sentence is plain text (escaped when
 rendered); the numbers stay as numbers so a test, or another tool, can check them without parsing prose.
 """

@@ -33,8 +33,10 @@ from kvscope.harness.results.summary import ServerFacts  # noqa: F401 - defined 
 if TYPE_CHECKING:
     from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot
 
-# Modules that register the built-in backends; a new engine adds its module here (its one registration).
-BACKEND_MODULES = ("kvscope.harness.serving.vllm_backend", "kvscope.harness.serving.openai_backend")
+#: A module of this package named ``<engine>_backend`` holds one engine's backend, registered with
+#: ``@Backend.register(name)``; the registry imports every such module the first time it is asked (pkgutil
+#: discovery), so a new engine is its one module and nothing lists it a second time.
+BACKEND_MODULE_SUFFIX = "_backend"
 DEFAULT_BACKEND = "vllm"
 
 
@@ -249,8 +251,14 @@ def backend_names() -> list[str]:
 
 
 def _load_builtin_backends() -> None:
-    for module in BACKEND_MODULES:
-        importlib.import_module(module)
+    """Import every ``*_backend`` module of this package (each registers its engine); imported modules are
+    cached, so later calls only list the package."""
+    import pkgutil
+
+    package = importlib.import_module(__package__ or "kvscope.harness.serving")
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name.endswith(BACKEND_MODULE_SUFFIX):
+            importlib.import_module(f"{package.__name__}.{module.name}")
 
 
 def endpoint_facts(endpoint: str, *, backend: str = DEFAULT_BACKEND, headers: Mapping[str, str] | None = None,

@@ -2,10 +2,11 @@
 resets, warm-up, calibration).
 
 Why: httpx builds a new SSL context for every client and every top-level ``httpx.get``, reading the CA bundle
-each time (about 25 ms on the 2-core test host), also for the plain-http URL of a local server.  A replay made
-three such calls before its first request (readiness, server facts, vocabulary): 76 ms of a 0.5 s replay
-against the mock server, measured with cProfile.  The context is built once, lazily, the way httpx builds its
-default (certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), so what is verified does not change.
+each time, also for the plain-http URL of a local server, and a replay made three such calls before its first
+request (readiness, server facts, vocabulary): a visible share of a short replay against the mock server
+(cProfile figures: benchmarks/README.md, "Figures the design notes cite").  The context is built once, lazily,
+the way httpx builds its default (certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), so what is verified does
+not change.
 """
 
 from __future__ import annotations

@@ -29,10 +29,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from kvscope.workloads.prefix import Transition
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
 # Segment kind of each message role's content (template text between messages is kind "template").
-ROLE_KIND = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool_output"}
+ROLE_KIND = {"system": SegmentKind.SYSTEM, "user": SegmentKind.USER, "assistant": SegmentKind.ASSISTANT,
+            "tool": SegmentKind.TOOL_OUTPUT}
 
 
 @dataclass
@@ -85,7 +88,7 @@ class Message:
 
     @classmethod
     def text(cls, role: str, content: str, kind: str | None = None) -> "Message":
-        return cls(role, [(kind or ROLE_KIND.get(role, "user"), content)])
+        return cls(role, [(kind or ROLE_KIND.get(role, SegmentKind.USER), content)])
 
     @property
     def content(self) -> str:
@@ -102,7 +105,7 @@ class ModelCall:
     usage: ObservedUsage = field(default_factory=ObservedUsage)
     request_s: float | None = None
     response_end_s: float | None = None
-    input_kind: str = "user"  # what the request added since the previous call: "user" or "tool_output"
+    input_kind: SegmentKind = SegmentKind.USER  # what the request added since the previous call: USER or TOOL_OUTPUT
     tool_latency_s: float | None = None  # where the log records the tool's own time and no timestamps
 
 
@@ -215,11 +218,11 @@ class _Tokens:
         parts: list[tuple[str, np.ndarray]] = []
         static = -1
         for i, (m, piece) in enumerate(zip(messages, pieces)):
-            parts.append(("template", self.piece(piece)))
+            parts.append((SegmentKind.TEMPLATE, self.piece(piece)))
             parts += [(kind, self.piece(t)) for kind, t in m.parts if t]
             if i == 0 and m.role == "system":
                 static = sum(len(ids) for _, ids in parts)
-        parts.append(("template", self.piece(pieces[-1])))
+        parts.append((SegmentKind.TEMPLATE, self.piece(pieces[-1])))
         parts = [(k, ids) for k, ids in parts if len(ids)]
         joined = np.concatenate([ids for _, ids in parts]) if parts else np.zeros(0, np.int32)
         if np.array_equal(joined, full):
@@ -241,7 +244,7 @@ class _Tokens:
                 segs.append(s)
                 pos += n
         if pos < len(full):
-            segs.append(self.segment(full[pos:], "imported"))
+            segs.append(self.segment(full[pos:], SegmentKind.IMPORTED))
         return segs
 
 
@@ -261,7 +264,7 @@ def _gap(prev: ModelCall | None, call: ModelCall) -> tuple[float, float]:
         gap = max(0.0, call.request_s - prev.response_end_s)
     else:
         gap = call.tool_latency_s or 0.0
-    return (0.0, gap) if call.input_kind == "tool_output" else (gap, 0.0)
+    return (0.0, gap) if call.input_kind == SegmentKind.TOOL_OUTPUT else (gap, 0.0)
 
 
 def calls_to_trace(calls: Iterable[ModelCall], tokenizer: str | Path, *, name: str, importer: str,
@@ -286,11 +289,11 @@ def calls_to_trace(calls: Iterable[ModelCall], tokenizer: str | Path, *, name: s
         prev = last.get(call.session_id)
         segs, full, static = tokens.prompt(call.messages, None if prev is None else (prev[2], prev[3]))
         out = tokens.encode(call.response)
-        out_seg = tokens.segment(out, "assistant") if len(out) else -1
+        out_seg = tokens.segment(out, SegmentKind.ASSISTANT) if len(out) else -1
         arrival = (call.request_s - t0) if call.request_s is not None else 0.0
         starts.setdefault(call.session_id, arrival)
         think, tool = _gap(None if prev is None else prev[1], call)
-        transition = "first" if prev is None else classify_transition(_lcp(prev[3], full), len(prev[3]))
+        transition = Transition.FIRST if prev is None else classify_transition(_lcp(prev[3], full), len(prev[3]))
         step = steps.get(call.session_id, 0)
         idx = b.add_request(session_id=call.session_id, step=step, parent_request_id=-1 if prev is None else prev[0],
                             arrival_s=arrival, session_start_s=starts[call.session_id],

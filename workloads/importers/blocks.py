@@ -24,6 +24,7 @@ from kvscope.workloads.prefix import transition_from
 from kvscope.workloads.readers import BlockRequest, read_kvcache_tester, read_mooncake
 from kvscope.workloads.tokens import TokenSource
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
 __all__ = ["BlockRequest", "block_transition", "blocks_to_trace", "import_kvcache_tester", "import_mooncake",
            "read_kvcache_tester", "read_mooncake"]
@@ -67,16 +68,16 @@ def blocks_to_trace(reqs: list[BlockRequest], source: TokenSource | None = None,
             if length == bs:
                 s = full_seg.get(x)
                 if s is None:
-                    s = full_seg[x] = b.add_segment(pool[row_of[x]], "imported")
+                    s = full_seg[x] = b.add_segment(pool[row_of[x]], SegmentKind.IMPORTED)
             else:
                 key = (x, length)
                 s = part_seg.get(key)
                 if s is None:
-                    s = part_seg[key] = b.add_segment(pool[row_of[x], :length], "imported")
+                    s = part_seg[key] = b.add_segment(pool[row_of[x], :length], SegmentKind.IMPORTED)
             segs.append(s)
         tail = r.input_length - n_ids * bs
         if fill_tail and tail > 0:
-            segs.append(b.add_segment(plain[rng.integers(0, len(plain), tail)], "imported"))
+            segs.append(b.add_segment(plain[rng.integers(0, len(plain), tail)], SegmentKind.IMPORTED))
         parent_ids = reqs[r.parent].block_ids if r.parent >= 0 else None
         rows.append(dict(session_id=r.session_id, step=r.step, parent_request_id=r.parent, arrival_s=r.arrival_s,
                          session_start_s=r.session_start_s, think_time_s=r.think_time_s,

@@ -32,6 +32,7 @@ from kvscope.workloads.importers.agent import (
     tool_call_text,
 )
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _assistant_text(content: Any) -> str:
@@ -53,12 +54,12 @@ def _assistant_text(content: Any) -> str:
 def _user_messages(content: Any) -> tuple[list[Message], str]:
     """Messages of a user record and the input kind they are (``user`` or ``tool_output``)."""
     if isinstance(content, str):
-        return [Message.text("user", content)], "user"
-    msgs, kind = [], "user"
+        return [Message.text("user", content)], SegmentKind.USER
+    msgs, kind = [], SegmentKind.USER
     for block in content or []:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             msgs.append(Message.text("tool", content_text(block.get("content"))))
-            kind = "tool_output"
+            kind = SegmentKind.TOOL_OUTPUT
         else:
             msgs.append(Message.text("user", content_text([block])))
     return msgs, kind
@@ -104,7 +105,7 @@ class _Tree:
         for r in recs:
             parent = self.by_uuid.get(r["_parent"] or "")
             if r.get("type") == "user" and parent is not None and parent.get("type") == "assistant" and \
-                    _user_messages(r["message"].get("content"))[1] == "tool_output":
+                    _user_messages(r["message"].get("content"))[1] == SegmentKind.TOOL_OUTPUT:
                 self.results.setdefault(_msg_id(parent), []).append(r)
 
     def chain(self, leaf: str | None) -> list[dict]:
@@ -119,7 +120,7 @@ class _Tree:
     def request(self, first: dict) -> tuple[list[Message], str, float | None]:
         """(messages, input kind since the last assistant message, time of the last input record)."""
         msgs: list[Message] = []
-        kind, open_id, last_s = "user", None, None
+        kind, open_id, last_s = SegmentKind.USER, None, None
         for rec in self.chain(first["_parent"]) + [None]:  # None closes a trailing assistant message
             if rec is not None and rec.get("type") == "assistant":
                 mid, text = _msg_id(rec), _assistant_text(rec["message"].get("content"))
@@ -127,7 +128,7 @@ class _Tree:
                     msgs[-1] = Message.text("assistant", "\n".join(t for t in (msgs[-1].content, text) if t))
                 else:
                     msgs.append(Message.text("assistant", text))
-                open_id, kind = mid, "tool_output"
+                open_id, kind = mid, SegmentKind.TOOL_OUTPUT
                 continue
             if open_id is not None:  # the assistant message ended: its tool results follow it, in file order
                 for res in self.results.get(open_id, []):
@@ -139,9 +140,9 @@ class _Tree:
                 break
             if rec.get("type") == "user":
                 new, added = _user_messages(rec["message"].get("content"))
-                if added == "tool_output":
+                if added == SegmentKind.TOOL_OUTPUT:
                     continue  # emitted with its assistant message above
-                kind = "user"
+                kind = SegmentKind.USER
             elif rec.get("type") == "attachment":
                 att = rec.get("attachment") or {}
                 text = att.get("content")

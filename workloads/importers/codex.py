@@ -26,6 +26,7 @@ from kvscope.workloads.importers.agent import (
     tool_call_text,
 )
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace_schema import SegmentKind
 
 _ROLE = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 
@@ -54,14 +55,14 @@ class _State:
         self.call: ModelCall | None = None
         self.parts: list[str] = []
         self.last_input_s: float | None = None
-        self.input_kind = "user"
+        self.input_kind = SegmentKind.USER
 
     def close(self, out: list[ModelCall]) -> None:
         if self.call is not None:
             self.call.response = "\n".join(self.parts)
             out.append(self.call)
             self.call, self.parts = None, []
-            self.input_kind = "tool_output"  # until a user message arrives
+            self.input_kind = SegmentKind.TOOL_OUTPUT  # until a user message arrives
 
 
 def read_codex(path: str | Path) -> list[ModelCall]:
@@ -104,7 +105,7 @@ def read_codex(path: str | Path) -> list[ModelCall]:
                 if ts is not None:
                     st.last_input_s = ts
                 if msg is not None and msg.role == "user":
-                    st.input_kind = "user"
+                    st.input_kind = SegmentKind.USER
             if msg is not None:
                 st.history.append(msg)
     st.close(calls)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.workloads.prefix import classify_transition, common_prefix_len
+from kvscope.workloads.prefix import Transition, classify_transition, common_prefix_len
 from kvscope.workloads.readers import read_token_jsonl
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _reused_segments(b: TraceBuilder, parent_segments: list[int], common: int) -> tuple[list[int], int]:
@@ -49,17 +50,17 @@ def import_jsonl(path: str | Path) -> Trace:
         r, sess = lines[i], sessions[i]
         segs: list[int] = []
         parent = -1
-        transition = "first"
+        transition = Transition.FIRST
         if sess in last:
             parent, psegs, pfull = last[sess]
             k = common_prefix_len(pfull, r.prompt)
             transition = classify_transition(k, len(pfull))
             segs, pos = _reused_segments(b, psegs, k)
             if pos < len(r.prompt):
-                segs.append(b.add_segment(r.prompt[pos:], "imported"))
+                segs.append(b.add_segment(r.prompt[pos:], SegmentKind.IMPORTED))
         elif len(r.prompt):
-            segs.append(b.add_segment(r.prompt, "imported"))
-        out_seg = b.add_segment(r.output, "assistant") if r.output is not None else -1
+            segs.append(b.add_segment(r.prompt, SegmentKind.IMPORTED))
+        out_seg = b.add_segment(r.output, SegmentKind.ASSISTANT) if r.output is not None else -1
         start_s = session_start_s.setdefault(sess, r.arrival_s)
         idx = b.add_request(session_id=sess, step=r.step, parent_request_id=parent, arrival_s=r.arrival_s,
                             session_start_s=start_s,

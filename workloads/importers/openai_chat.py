@@ -26,6 +26,7 @@ from kvscope.workloads.importers.agent import (
     tools_text,
 )
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 def chat_message(m: dict) -> Message:
@@ -55,8 +56,8 @@ def _with_tools(messages: list[Message], tools: list[dict] | None) -> list[Messa
     if not text:
         return messages
     if messages and messages[0].role == "system":
-        return [Message("system", [*messages[0].parts, ("tools", text)]), *messages[1:]]
-    return [Message("system", [("tools", text.lstrip())]), *messages]
+        return [Message("system", [*messages[0].parts, (SegmentKind.TOOLS, text)]), *messages[1:]]
+    return [Message("system", [(SegmentKind.TOOLS, text.lstrip())]), *messages]
 
 
 def _session_of(explicit: str | None, msgs: list[tuple[str, str]], last: dict[str, list[tuple[str, str]]],
@@ -99,7 +100,7 @@ def read_openai_chat(path: str | Path) -> list[ModelCall]:
         calls.append(ModelCall(sid, _with_tools(history, req.get("tools")), response, ObservedUsage.openai(usage),
                                request_s=when,
                                response_end_s=parse_time(rec.get("end_timestamp")),
-                               input_kind="tool_output" if tool_input else "user"))
+                               input_kind=SegmentKind.TOOL_OUTPUT if tool_input else SegmentKind.USER))
     return calls
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from kvscope.workloads.importers.agent import Message, ModelCall, ObservedUsage, calls_to_trace, parse_time
 from kvscope.workloads.importers.openai_chat import chat_message
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> list:
@@ -42,7 +43,7 @@ def read_openhands(path: str | Path) -> list[ModelCall]:
     calls: list[ModelCall] = []
     seen: set[str] = set()
     last_s: float | None = None
-    kind = "user"
+    kind = SegmentKind.USER
     for i, ev in enumerate(_load(p)):
         if not isinstance(ev, dict) or "source" not in ev:
             raise TraceFileError(f"{p}: event {i}: expected an event object with a `source`")
@@ -51,7 +52,7 @@ def read_openhands(path: str | Path) -> list[ModelCall]:
         resp = meta.get("model_response") or {}
         if ev["source"] == "user" and ev.get("action") == "message":
             history.append(Message.text("user", str((ev.get("args") or {}).get("content", ev.get("message", "")))))
-            kind = "user"
+            kind = SegmentKind.USER
         elif ev["source"] == "agent" and ev.get("action") and resp:
             rid = str(resp.get("id", i))
             if rid not in seen:
@@ -62,7 +63,7 @@ def read_openhands(path: str | Path) -> list[ModelCall]:
                 calls.append(ModelCall(p.stem, list(history), answer.content, usage,
                                        request_s=last_s, response_end_s=ts, input_kind=kind))
                 history.append(answer)
-                kind = "tool_output"
+                kind = SegmentKind.TOOL_OUTPUT
         elif ev["source"] == "agent" and ev.get("action") == "message":
             text = str((ev.get("args") or {}).get("content", ev.get("message", "")))
             calls.append(ModelCall(p.stem, list(history), text, request_s=last_s, response_end_s=ts,

@@ -19,6 +19,7 @@ from pathlib import Path
 from kvscope.workloads.importers.agent import ModelCall, calls_to_trace
 from kvscope.workloads.importers.openai_chat import chat_message
 from kvscope.workloads.trace import Trace
+from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> dict:
@@ -56,7 +57,8 @@ def read_swe_agent(path: str | Path) -> list[ModelCall]:
             prompt, answer = _split_at_last_assistant(step["messages"])
             if answer is None:
                 raise TraceFileError(f"{p}: trajectory step {i}: `messages` holds no assistant message")
-            kind = "user" if i == 0 else "tool_output"  # after the task every input is an observation
+            # after the task every input is an observation
+            kind = SegmentKind.USER if i == 0 else SegmentKind.TOOL_OUTPUT
             calls.append(ModelCall(session, [chat_message(m) for m in prompt], chat_message(answer).content,
                                    input_kind=kind, tool_latency_s=prev_exec))
             prev_exec = float(step["execution_time"]) if step.get("execution_time") not in (None, "") else None
@@ -69,7 +71,7 @@ def read_swe_agent(path: str | Path) -> list[ModelCall]:
             raise TraceFileError(f"{p}: history[{i}]: expected a message object with a `role`")
         if m["role"] == "assistant":
             calls.append(ModelCall(session, [chat_message(x) for x in history[:i]], chat_message(m).content,
-                                   input_kind="user" if not calls else "tool_output"))
+                                   input_kind=SegmentKind.USER if not calls else SegmentKind.TOOL_OUTPUT))
     return calls
 
 

@@ -27,8 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.workloads.importers.agent import ObservedUsage, parse_time
-from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.prefix import Transition
 from kvscope.workloads.tokens import TokenSource
+from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
+from kvscope.workloads.trace_schema import SegmentKind
 
 REQUIRED = ("session_id", "round_index", "input_tokens_total", "prefix_tokens", "output_tokens")
 
@@ -68,7 +70,8 @@ class _Prefixes:
         segs = self.segs.setdefault(key, [])
         have = sum(self.b.segment_len(s) for s in segs)
         if have < n:
-            segs.append(self.b.add_segment(self.source.draw("system", n - have, self.rng), "system"))
+            segs.append(self.b.add_segment(self.source.draw(SegmentKind.SYSTEM, n - have, self.rng),
+                                           SegmentKind.SYSTEM))
         return _cut(self.b, segs, n)
 
 
@@ -82,7 +85,7 @@ def _cut(b: TraceBuilder, segs: list[int], n: int) -> list[int]:
         if pos + k <= n:
             out.append(s)
         else:
-            out.append(b.add_segment(b.segment(s)[:n - pos], "imported"))
+            out.append(b.add_segment(b.segment(s)[:n - pos], SegmentKind.IMPORTED))
         pos += k
     return out
 
@@ -129,7 +132,7 @@ def import_tracelab(path: str | Path, source: TokenSource | None = None, seed: i
             segs = shared.take(f"{r.get('provider')}/{r.get('model')}", prefix)
             fresh = total - prefix
         if fresh > 0:
-            segs.append(b.add_segment(source.draw("imported", fresh, rng), "imported"))
+            segs.append(b.add_segment(source.draw(SegmentKind.IMPORTED, fresh, rng), SegmentKind.IMPORTED))
         gap = max(0.0, req_s - pend) if req_s is not None and pend is not None else 0.0
         tool_input = r.get("first_input_event_type") == "tool_result"
         out = max(1, int(r["output_tokens"] or 0))
@@ -138,8 +141,9 @@ def import_tracelab(path: str | Path, source: TokenSource | None = None, seed: i
                             think_time_s=0.0 if tool_input else gap, tool_latency_s=gap if tool_input else 0.0,
                             prompt_segment_ids=segs, output_tokens=out, max_tokens=out,
                             output_reasoning_tokens=int(r.get("reasoning_output_tokens") or 0),
-                            transition="first" if parent < 0 else classify_transition(min(prefix, plen), plen),
-                            input_kind="tool_output" if tool_input else "user", **_usage(r).columns())
+                            transition=Transition.FIRST if parent < 0 else classify_transition(min(prefix, plen), plen),
+                            input_kind=SegmentKind.TOOL_OUTPUT if tool_input else SegmentKind.USER,
+                            **_usage(r).columns())
         prev[sid] = (idx, segs, total, end_s)
     return b.build({"name": p.stem, "spec": {"importer": "tracelab", "source": str(p), "seed": seed},
                     "created_by": CREATED_BY, "not_recorded": ["message text (counts only: the tokens are synthetic)"],

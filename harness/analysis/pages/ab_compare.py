@@ -8,6 +8,8 @@ reader needs to see both the verdict and that it rests on a repeat the others di
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,8 +21,8 @@ from kvscope.harness.analysis.ab import (
     run_statistics,
 )
 from kvscope.harness.analysis.common import RESAMPLES, _derived, _ok_cells, _runs, _signed_pct
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
-from kvscope.harness.results.findings_file import Finding
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.results.findings_file import Finding, VerdictCell
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import Use, compared_statistics
 
@@ -196,10 +198,8 @@ def ab_findings(table: pd.DataFrame) -> list[Finding]:
 
 
 def page_ab_table(ctx: PageContext) -> pd.DataFrame:
-    """The A/B table the page already computed, else computed once for its findings."""
-    if ctx.ab is None:
-        ctx.ab = ab_table(ctx.res, ctx.resamples)
-    return ctx.ab
+    """The A/B table the page already computed (``ab=``), else computed once for its findings."""
+    return ctx.get("ab", lambda: ab_table(ctx.res, ctx.resamples))
 
 
 @caveat("outlier_repeats", "ab_compare")
@@ -223,6 +223,25 @@ def _caveat_outlier_repeats(res: ExperimentResults):
             {"outlier_values": float(len(bad)), "outlier_repeats": float(cells)})
 
 
-@page_findings_of("ab_compare", "ab")
+def _verdicts_in_findings_file(ctx: PageContext, figures_dir: Path) -> dict[str, Any]:
+    """The full verdict table as CSV beside the figures, and its pivot metrics' verdicts in `findings.json` (the
+    index's verdict table)."""
+    ab = ctx.computed.get("ab")
+    if ab is None or not len(ab):
+        return {}
+    ab.to_csv(figures_dir / "verdicts.csv", index=False)
+    t = ab[ab["metric"].isin(pivot_metrics())]
+    verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
+                            verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
+                            data_quality=str(getattr(r, "data_quality", "") or "") or None)
+                for r in t.itertuples()]
+    return {"verdicts": verdicts, "verdicts_csv": "figures/ab_compare/verdicts.csv"}
+
+
+@report_page("ab_compare", "A/B comparison on identical traffic", order=80, questions=("ab",),
+             figures=("forest_relative_changes", "repeat_spread", "paired_differences"),
+             key_figures=("forest_relative_changes",),
+             parameters=("run_a", "run_b", "label_a", "label_b", "resamples"), relative_cost=5.0,
+             findings_extras=_verdicts_in_findings_file)
 def _ab_page(ctx: PageContext) -> list[Finding]:
     return ab_findings(page_ab_table(ctx))

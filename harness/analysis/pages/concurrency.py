@@ -10,7 +10,7 @@ import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, kv_ceiling, point_meets_slo
 from kvscope.harness.analysis.claims import capacity_claims, eviction_claim
 from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -286,6 +286,9 @@ def _caveat_sessions(res: ExperimentResults):
             {"cells_below_concurrency": float(len(rows))})
 
 
-@page_findings_of("concurrency", "capacity")
+@report_page("concurrency", "Concurrency and KV-cache memory", order=30, questions=("capacity",),
+             figures=("latency_throughput", "ttft_vs_load", "sweep_ttft_vs_load", "predicted_vs_measured", "footprint",
+                      "kv_usage_over_time", "running_over_time"),
+             parameters=("knee_factor",), key_figures=("latency_throughput", "predicted_vs_measured"))
 def _concurrency_page(ctx: PageContext) -> list[Finding]:
     return capacity_findings(ctx.res)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import pandas as pd
 from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.schemas import ExperimentSpecCore
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
@@ -237,6 +239,14 @@ def _caveat_min_cacheable(res: ExperimentResults):
             "the provider, whatever their reuse."), {f"share_below_{n}": s for n, s in below.items()})
 
 
-@page_findings_of("cost", "cost")
+def _cost_from_spec(spec: ExperimentSpecCore) -> dict[str, Any]:
+    """The spec's pricing presets and GPU price."""
+    return {"pricing": list(spec.cost.pricing), "gpu_hourly_usd": float(spec.cost.gpu_hourly_usd)}
+
+
+@report_page("cost", "Cost: provider prompt caching and self-hosting", order=50, questions=("cost",),
+             figures=("provider_cost_per_session", "habit_cost", "ttl_sensitivity"),
+             parameters=("pricing", "gpu_hourly_usd"), key_figures=("provider_cost_per_session",),
+             from_spec=_cost_from_spec)
 def _cost_page(ctx: PageContext) -> list[Finding]:
     return cost_findings(ctx.res)

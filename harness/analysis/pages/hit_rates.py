@@ -25,7 +25,7 @@ from kvscope.harness.analysis.common import (
     hit_by_workload,
 )
 from kvscope.harness.analysis.pages.cost import habit_cost_change
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.workloads.policies import HistoryPolicy
@@ -375,7 +375,10 @@ def _caveat_block_size(res: ExperimentResults):
             "are higher."), {"block_size": float(big[0])})
 
 
-@page_findings_of("hit_rates", "habit", "hit_rate", "recommendation")
+@report_page("hit_rates", "Prefix-cache hit rates: predicted vs measured", order=20,
+             questions=("habit", "hit_rate", "recommendation"),
+             figures=("hit_rate_by_workload", "hit_rate_by_step", "hit_rate_by_session", "recomputed_by_transition"),
+             key_figures=("hit_rate_by_workload", "hit_rate_by_step"))
 def _hit_rates_page(ctx: PageContext) -> list[Finding]:
     return [*habit_recommendations(ctx.res, ctx.resamples), *prefix_caching_recommendations(ctx.res, ctx.resamples),
             *habit_findings(ctx.res, ctx.resamples), *hit_rate_findings(ctx.res)]

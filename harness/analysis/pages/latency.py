@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.schemas import CLIENT_STALL_S
+from kvscope.harness.results.schemas import CLIENT_STALL_S, ExperimentSpecCore
 
 
 def latency_long(res: ExperimentResults) -> pd.DataFrame:
@@ -163,6 +164,15 @@ def _caveat_client_stalls(res: ExperimentResults):
             {"client_stalled_s": stalled, "client_stalled_share": stalled / duration})
 
 
-@page_findings_of("latency", "latency")
+def _latency_from_spec(spec: ExperimentSpecCore) -> dict[str, Any]:
+    """The spec's SLOs, where it sets them."""
+    slo = {"slo_ttft_ms": spec.slo.ttft_ms, "slo_tpot_ms": spec.slo.tpot_ms}
+    return {name: float(value) for name, value in slo.items() if value is not None}
+
+
+@report_page("latency", "Latency: TTFT, TPOT, ITL and end-to-end", order=40, questions=("latency",),
+             figures=("latency_ecdf", "itl_ecdf", "ttft_vs_cache", "ttft_by_load"),
+             parameters=("slo_ttft_ms", "slo_tpot_ms", "bandwidth_gb_s", "weight_bytes"),
+             key_figures=("latency_ecdf",), from_spec=_latency_from_spec, relative_cost=2.0)
 def _latency_page(ctx: PageContext) -> list[Finding]:
     return latency_findings(ctx.res)

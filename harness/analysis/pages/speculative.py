@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 from kvscope.harness.analysis.pages.ab_compare import page_ab_table
-from kvscope.harness.analysis.registry import PageContext, caveat, page_findings_of
+from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ServerEntry
@@ -145,6 +145,9 @@ def _caveat_tiny_model(res: ExperimentResults):
             {"train_steps": None if steps is None else float(steps)})
 
 
-@page_findings_of("speculative", "speculative", "recommendation")
+@report_page("speculative", "Speculative decoding: does it pay off for this traffic?", order=60,
+             questions=("speculative", "recommendation"),
+             figures=("acceptance_and_tpot", "acceptance_by_position", "predicted_by_method",
+                      "predicted_acceptance_by_position"), key_figures=("acceptance_and_tpot",))
 def _speculative_page(ctx: PageContext) -> list[Finding]:
     return speculative_findings(ctx.res, page_ab_table(ctx))
