@@ -226,8 +226,7 @@ def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, model: str, run
 
 
 def _model_name(backend: "Backend", spec: ExperimentSpec) -> str:
-    return getattr(backend.config, "served_model_name", None) or getattr(backend.config, "model", None) \
-        or spec.model.served_model_name
+    return backend.served_model_name() or spec.model.served_model_name
 
 
 @dataclass
@@ -621,8 +620,7 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
     path = safe_child(run.run_dir, "calibrations", f"{name}.json")
     try:
         backend = servers.get(name, 0)
-        config = backend.config.model_dump() if hasattr(backend.config, "model_dump") else {}
-        why = prediction_skipped(sweep, config)
+        why = prediction_skipped(sweep, speculative=backend.speculative_decoding())
         if why:
             return None, None, why
         if path.exists():
@@ -630,9 +628,7 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[{name}] calibrating the scheduler model (a few dozen requests) …", flush=True)
         t0 = time.perf_counter()
-        cal = calibrate_server(backend.endpoint, path, client_priority_mode=run.spec.replay.client_priority,
-                               max_num_seqs=getattr(backend.config, "max_num_seqs", None),
-                               max_num_batched_tokens=getattr(backend.config, "max_num_batched_tokens", None))
+        cal = calibrate_server(backend, path, client_priority_mode=run.spec.replay.client_priority)
         print(f"[{name}] calibrated in {time.perf_counter() - t0:.0f} s: {len(cal.samples)} samples, "
               f"R² {cal.fit_r2:.3f}", flush=True)
         return cal, rel, None
@@ -729,7 +725,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
         reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
     entry.prefix_cache_reset = reset.detail
     # an attached server that cannot reset: the replay asks again, so the warning and the summary's
-    # cache_not_reset flag come from the one place that makes them (replay.runner._reset_prefix_caches)
+    # cache_not_reset flag come from the one place that makes them (replay.servers.reset_prefix_caches)
     options = _cell_options(spec, cell, loads, model, run.run_dir).model_copy(
         update={"reset_prefix_cache": not reset.ok})
     cell_dir = safe_child(run.run_dir, "cells", cell.name)

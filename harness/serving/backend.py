@@ -59,6 +59,15 @@ def bearer_headers(key: str | None) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class SchedulerLimits:
+    """The engine scheduler's batch limits as configured; None where the configuration does not set one (the
+    engine's default applies, which kvscope does not guess)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class ResetOutcome:
     """Result of asking a server to empty its prefix cache; `detail` goes into manifests as is."""
 
@@ -165,6 +174,29 @@ class Backend(ABC):
 
     def log_text(self) -> str:
         return ""
+
+    # ---- what the layers above ask of a configuration (never its engine-specific keys) --------------------
+    @property
+    def api_key_env(self) -> str | None:
+        """The environment variable holding the key requests carry (None: no key)."""
+        return self._api_key_env
+
+    def served_model_name(self) -> str | None:
+        """The model name requests carry, as the configuration sets it (None: the configuration does not say)."""
+        return None
+
+    def scheduler_limits(self) -> SchedulerLimits:
+        """The scheduler's batch limits the configuration sets (the scheduler model's calibration uses them)."""
+        return SchedulerLimits()
+
+    def speculative_decoding(self) -> bool:
+        """Whether the configuration turns on speculative decoding (the scheduler model takes one token per
+        decode step, so it does not predict such a server)."""
+        return False
+
+    def gpus_per_server(self) -> int:
+        """GPUs one server of this configuration uses when kvscope launches it (placement on a cluster)."""
+        return 1
 
     @abstractmethod
     def wait_ready(self, timeout_s: float) -> None:

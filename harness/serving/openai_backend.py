@@ -59,6 +59,9 @@ class OpenAIBackend(Backend):
         assert isinstance(self.config, OpenAIEndpointConfig)
         return self.config
 
+    def served_model_name(self) -> str | None:
+        return self.endpoint_config.model
+
     def start(self, log_path=None) -> "OpenAIBackend":  # noqa: ANN001 - attach only: nothing is launched
         self.wait_ready(self.endpoint_config.ready_timeout_s)
         return self
