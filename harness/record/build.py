@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
+
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.record.proxy import EXCHANGES_LOG
-from kvscope.harness.record.tokenize import MessageShapeError, RequestTokenizer
+from kvscope.harness.record.exchange_log import Exchange, ProviderUsage
+from kvscope.harness.record.proxy import EXCHANGES_LOG, RECORD_META
+from kvscope.harness.record.tokenize import LocalTokenize, MessageShapeError, RequestTokenizer, UpstreamTokenize
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
+from kvscope.harness.serving.backend import endpoint_facts
 from kvscope.workloads.prefix import common_prefix_len, transition_from
 from kvscope.workloads.trace import TraceBuilder
 
@@ -62,10 +66,11 @@ class SessionAssigner:
         self.sessions: dict[str, _Session] = {}
         self._n_inferred = 0
 
-    def assign(self, exchange: dict[str, Any]) -> tuple[str, str]:
-        body = exchange["request"]
-        if exchange.get("session_header"):
-            return f"{exchange['session_header']}", "header"
+    def assign(self, exchange: Exchange | Mapping[str, Any]) -> tuple[str, str]:
+        exchange = as_exchange(exchange)
+        body = exchange.request
+        if exchange.session_header:
+            return f"{exchange.session_header}", "header"
         if isinstance(body.get("user"), str) and body["user"]:
             return f"user:{body['user']}", "user"
         messages = body.get("messages")
@@ -86,15 +91,21 @@ class SessionAssigner:
         return f"inferred-{self._n_inferred}", "inferred"
 
 
-def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
+def as_exchange(exchange: Exchange | Mapping[str, Any]) -> Exchange:
+    """An exchange as its model (a mapping is one line of the log, already parsed)."""
+    return exchange if isinstance(exchange, Exchange) else Exchange.model_validate(exchange)
+
+
+def read_exchanges_log(record_dir: str | Path) -> list[Exchange]:
     """Every exchange of the log. A torn final line is dropped with a warning; a line that is not a record
-    (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued to
-    its end when there is one, so no whole record already on disk is lost."""
+    (a log an older proxy appended onto a torn line, or a record of the wrong shape) is skipped with a
+    warning, keeping the record glued to its end when there is one, so no whole record already on disk is
+    lost."""
     path = Path(record_dir) / EXCHANGES_LOG
     if not path.is_file():
         raise KvscopeError(f"{record_dir}: no {EXCHANGES_LOG} (not a `kvscope record` output directory)")
     lines = path.read_bytes().split(b"\n")
-    rows: list[dict[str, Any]] = []
+    rows: list[Exchange] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -110,24 +121,21 @@ def read_exchanges_log(record_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
-    import orjson
-
+def _record(line: bytes) -> Exchange | None:
     try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        return Exchange.model_validate_json(line)
+    except ValidationError:  # not JSON, or not a record
         return None
-    return row if isinstance(row, dict) and "request_id" in row and isinstance(row.get("request"), dict) else None
 
 
-def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
-    usage = usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return {"provider_prompt_tokens": usage.get("prompt_tokens"),
-            "provider_cached_tokens": details.get("cached_tokens") if details else None,
-            "cache_read_input_tokens": usage.get("cache_read_input_tokens"),
-            "cache_creation_input_tokens": usage.get("cache_creation_input_tokens"),
-            "completion_tokens": usage.get("completion_tokens")}
+def _usage_fields(usage: ProviderUsage | None) -> dict[str, int | None]:
+    usage = usage or ProviderUsage()
+    details = usage.prompt_tokens_details
+    return {"provider_prompt_tokens": usage.prompt_tokens,
+            "provider_cached_tokens": details.cached_tokens if details is not None else None,
+            "cache_read_input_tokens": usage.cache_read_input_tokens,
+            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+            "completion_tokens": usage.completion_tokens}
 
 
 def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict] | None,
@@ -145,19 +153,18 @@ def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict
     return out
 
 
-def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
-                meta: dict[str, Any] | None = None) -> Path:
+def build_trace(exchanges: Iterable[Exchange | Mapping[str, Any]], tokenizer: RequestTokenizer,
+                out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
     """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``."""
-    exchanges = list(exchanges)
-    done = sorted((e for e in exchanges if e.get("status") == 200 and not e.get("error") and e.get("done_unix_s")),
-                  key=lambda e: (e["received_unix_s"], e["request_id"]))
+    exchanges = [as_exchange(e) for e in exchanges]
+    done = sorted((e for e in exchanges if e.completed), key=lambda e: (e.received_unix_s, e.request_id))
     incomplete = len(exchanges) - len(done)
     tokenized, skipped = [], []
     for ex in done:  # tokenize first: an exchange that cannot be rendered is left out, not fatal
         try:
-            tokenized.append((ex, tokenizer.tokenize(ex["api"], ex["request"])))
+            tokenized.append((ex, tokenizer.tokenize(ex.api, ex.request)))
         except (MessageShapeError, ValueError, TypeError) as exc:
-            skipped.append(f"exchange {ex.get('request_id')}: {exc}")
+            skipped.append(f"exchange {ex.request_id}: {exc}")
     if skipped:
         warnings.warn(f"{out_dir}: {len(skipped)} exchange(s) left out of the trace, their body cannot be "
                       f"rendered (first: {skipped[0]})", UserWarning, stacklevel=2)
@@ -166,43 +173,45 @@ def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer
                            f"{incomplete} incomplete, {len(skipped)} not renderable)")
     builder = TraceBuilder()
     sessions = SessionAssigner()
-    t0 = tokenized[0][0]["received_unix_s"]
+    t0 = tokenized[0][0].received_unix_s
     extras: list[ExchangeRow] = []
     prompts: list[np.ndarray] = []
     mismatched = 0
     for row_index, (ex, tok) in enumerate(tokenized):
-        body, resp = ex["request"], ex.get("response") or {}
+        body, resp = ex.request, ex.response
         sid, source = sessions.assign(ex)
         sess = sessions.sessions.get(sid)
         ids = np.asarray(tok.prompt_ids, dtype=np.int32)
         prompts.append(ids)
-        messages = body.get("messages") if ex["api"] == "chat" else None
-        usage = _usage_fields(resp.get("usage"))
+        messages = body.get("messages") if ex.api == "chat" else None
+        usage = _usage_fields(resp.usage)
         if usage["provider_prompt_tokens"] is not None and usage["provider_prompt_tokens"] != len(ids):
             mismatched += 1
-        arrival = ex["received_unix_s"] - t0
+        arrival = ex.received_unix_s - t0
         n_out = usage["completion_tokens"] or 0
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or n_out
         builder.rows.append({
             "session_id": sid, "step": sess.steps if sess else 0,
             "parent_request_id": sess.last_row if sess else -1, "arrival_s": arrival,
             "session_start_s": arrival if sess is None else sess.start_s,
-            "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
+            "think_time_s": max(0.0, ex.received_unix_s - sess.last_done_s) if sess else 0.0,
             "prompt_segment_ids": _prompt_segments(builder, ids, messages, tok.message_ends),
             "output_tokens": int(n_out), "max_tokens": int(max_tokens),
             "transition": transition_from(prompts[sess.last_row] if sess else None, ids),
-            "input_kind": ex["api"], "tenant": 0,
+            "input_kind": ex.api, "tenant": 0,
             "messages": json.dumps(messages) if messages is not None else None,
         })
         keys = [_message_key(m) for m in (messages or [body.get("prompt")])]
-        sessions.sessions[sid] = _Session(sid, keys, ex["done_unix_s"], (sess.steps if sess else 0) + 1, row_index,
+        first, done = ex.first_byte_unix_s, ex.done_unix_s
+        assert done is not None  # a completed exchange
+        sessions.sessions[sid] = _Session(sid, keys, done, (sess.steps if sess else 0) + 1, row_index,
                                           sess.start_s if sess else arrival)
-        first, done = ex.get("first_byte_unix_s"), ex["done_unix_s"]
         extras.append(ExchangeRow(
             request_id=row_index, tools_json=json.dumps(body["tools"]) if body.get("tools") is not None else None,
             params_json=json.dumps({k: v for k, v in body.items() if k not in _PARAM_SKIP}),
-            response_json=json.dumps({k: resp.get(k) for k in ("text", "tool_calls", "finish_reason")}),
-            ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done - ex["received_unix_s"],
+            response_json=json.dumps({"text": resp.text, "tool_calls": resp.tool_calls,
+                                      "finish_reason": resp.finish_reason}),
+            ttft_s=(first - ex.received_unix_s) if first else None, e2e_s=done - ex.received_unix_s,
             session_source=source, **usage))
     info = {"recorded_by": "kvscope record", "exchanges": len(tokenized), "text_mode": True,
             "incomplete_exchanges": incomplete, "skipped_exchanges": len(skipped),
@@ -217,8 +226,6 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
              chat_template: str | None = None, headers: dict[str, str] | None = None) -> Path:
     """Build the trace in ``record_dir`` from its exchange log; tokens from ``tokenizer_dir`` if given, else the
     upstream's ``/tokenize`` (``upstream`` or the one in ``record.json``)."""
-    from kvscope.harness.record.proxy import RECORD_META
-    from kvscope.harness.record.tokenize import LocalTokenize, UpstreamTokenize
 
     record_dir = Path(record_dir)
     exchanges = read_exchanges_log(record_dir)
@@ -245,8 +252,6 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
 def _upstream_block_size(upstream: str, headers: dict[str, str] | None) -> int | None:
     """The upstream's KV block size where it says (the vLLM backend's facts: /metrics), so explain and simulate
     use it; None for an upstream that does not say."""
-    from kvscope.harness.serving.backend import endpoint_facts
-
     try:
         return endpoint_facts(upstream, headers=headers or {}, timeout_s=5.0).block_size
     except (KvscopeError, ValueError, OSError):
