@@ -736,7 +736,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     outcome = run.replay(trace_dir, cell_dir, options, backend)
     replay_s = time.perf_counter() - t2
     s = summary_file_model().model_validate(outcome.summary)
-    reason = outcome.aborted or replay_failure_reason(outcome.summary, spec.replay.max_error_share)
+    reason = outcome.aborted or replay_failure_reason(s.requests, spec.replay.max_error_share)
     head = _headline(s, cell_dir, loads[cell.load])
     entry.status, entry.reason, entry.headline = "failed" if reason else "ok", reason, head
     entry.dir = str(cell_dir.relative_to(run.run_dir))

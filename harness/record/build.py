@@ -39,6 +39,7 @@ from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
 from kvscope.harness.serving.backend import endpoint_facts
 from kvscope.workloads.prefix import common_prefix_len, transition_from
 from kvscope.workloads.trace import TraceBuilder
+from kvscope.workloads.trace_schema import read_trace_file, write_trace_file
 
 _KIND_OF_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                  "tool": "tool_output", "function": "tool_output"}
@@ -242,10 +243,8 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
     out = build_trace(exchanges, RequestTokenizer(backend), record_dir, {"tokenized_by": source})
     block_size = _upstream_block_size(upstream, headers) if upstream else None
     if block_size:
-        meta_path = out / "trace.json"
-        meta = json.loads(meta_path.read_text())
-        meta["block_size_hint"] = block_size
-        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        header = read_trace_file(out / "trace.json")
+        write_trace_file(out / "trace.json", header.model_copy(update={"block_size_hint": block_size}).model_dump())
     return out
 
 

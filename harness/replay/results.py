@@ -65,7 +65,8 @@ def client_stats(st: RunState, n_records: int, stale_connection_resends: int, pr
 
 def summarize_run(run_dir: Path, st: RunState, facts: Sequence[ServerFacts], opts: ReplayOptions,
                   backends: "Sequence[Backend]", watcher: MetricsWatcher,
-                  predictors: Sequence[OnlinePredictor | None], stale_connection_resends: int = 0, priority: str = "normal", not_reset: str | None = None,
+                  predictors: Sequence[OnlinePredictor | None], stale_connection_resends: int = 0,
+                  priority: str = "normal", not_reset: str | None = None,
                   choice: PredictorChoice | None = None) -> dict[str, Any]:
     """Compact the records, replace the predictions by the scheduler model's where chosen, write the metrics
     series and build summary.json's content (metrics and parts)."""

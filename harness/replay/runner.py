@@ -36,6 +36,7 @@ from kvscope.harness.replay.servers import backends_for, prepare_servers, trace_
 from kvscope.harness.replay.session_timing import SessionDriver, SessionPlan, session_plan
 from kvscope.harness.replay.watch import MetricsWatcher
 from kvscope.harness.results.records import RecordWriter
+from kvscope.harness.results.summary import summary_file_model
 from kvscope.harness.results.summary_parts import ServerFacts
 from kvscope.harness.serving.client import AiohttpStreamClient, FastStreamClient
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
@@ -47,9 +48,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class ReplayOutcome:
+    """A finished replay: its directory, summary.json's content as written (JSON data: it crosses processes
+    under the Ray executor) and why it stopped early (None: it ran to the end)."""
+
     run_dir: Path
     summary: dict[str, Any]
     aborted: str | None = None
+
+    def summary_file(self) -> Any:
+        """The summary as its file model (``summary_file_model()``)."""
+        return summary_file_model().model_validate(self.summary)
 
 
 class Replayer:

@@ -113,8 +113,10 @@ def vocab_limits(header: TraceFile, facts: Sequence[ServerFacts], endpoints: Seq
         model = f.config.get("model") if f.config else None  # the launch config: the engine's own keys
         if model and Path(model).is_dir() and (Path(model) / "config.json").exists():
             try:
-                cfg = json.loads((Path(model) / "config.json").read_text())
-                v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+                cfg = json.loads((Path(model) / "config.json").read_text())  # Hugging Face's, open
+                text_config = cfg.get("text_config")  # a multimodal model's language part
+                v = cfg.get("vocab_size") or (text_config.get("vocab_size") if isinstance(text_config, dict)
+                                              else None)
                 if v:
                     out.append((int(v), f"the served model's {Path(model) / 'config.json'}"))
             except (OSError, ValueError):
