@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
+from kvscope.harness.cachemodel.capacity_model import replay_informed
 from kvscope.harness.cachemodel.hashing import IncrementalHasher
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.simulator import Replica, SimConfig
@@ -37,8 +39,6 @@ from kvscope.harness.results.loaders import load_calibration
 from kvscope.harness.results.summary_parts import ServerFacts
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from kvscope.harness.results.schemas import CalibrationFile
     from kvscope.harness.serving.backend import Backend
 
@@ -74,10 +74,10 @@ class OnlinePredictor:
             self.finished[request_id] = req
 
 
-def replay_informed_cached_tokens(records: "pd.DataFrame", requests: Mapping[int, SimRequest],
+def replay_informed_cached_tokens(records: pd.DataFrame, requests: Mapping[int, SimRequest],
                                   cal: "CalibrationFile", *, pace: bool = True,
                                   output_blocks_known: bool = False,
-                                  num_gpu_blocks: int | None = None) -> "pd.Series":
+                                  num_gpu_blocks: int | None = None) -> pd.Series:
     """The scheduler model's ``cached_tokens`` for each successful record of one server, from the run's
     timeline: each request arrives at its ``sent_s`` and leaves (frees its blocks) at its ``done_s``; with
     ``pace`` its decode steps also wait for the tokens the client had seen (``first_token_s`` + ``itl_s``);
@@ -99,10 +99,6 @@ def replay_informed_cached_tokens(records: "pd.DataFrame", requests: Mapping[int
     (the calibration was measured at another load); on the 64-block validation runs it lowered the exact share
     at concurrency 8-32 by 10-15 points, so the run's send times are the only thing taken from it.
     """
-    import pandas as pd
-
-    from kvscope.harness.cachemodel.capacity_model import replay_informed
-
     cfg = cal.scheduler_config(num_gpu_blocks)
     ok = records[records["error_class"].isna()] if "error_class" in records else records
     ok = ok.sort_values("sent_s", kind="stable")
@@ -183,7 +179,7 @@ def choose_predictor(opts: ReplayOptions, facts: Sequence[ServerFacts], backends
                                               "admission order, pinning and preemption")
 
 
-def apply_scheduler_predictions(records: "pd.DataFrame", predictors: Sequence[OnlinePredictor | None],
+def apply_scheduler_predictions(records: pd.DataFrame, predictors: Sequence[OnlinePredictor | None],
                                 facts: Sequence[ServerFacts], choice: PredictorChoice) -> str | None:
     """Replace ``predicted_cached_tokens`` of the successful records (in place) by the scheduler model's,
     replayed per server on the run's timeline (:func:`replay_informed_cached_tokens`); failed records get

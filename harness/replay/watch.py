@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pandas as pd
 
 from kvscope.harness.serving.metrics import MetricsSnapshot, combine_deltas, metrics_delta, parse_metrics
 
@@ -80,7 +81,7 @@ class MetricsWatcher:
             self._fd = -1
 
     async def scrape_once(self, session) -> None:
-        import aiohttp
+        import aiohttp  # deferred: a heavy import that only a running replay needs
 
         loop = asyncio.get_running_loop()
         for i, w in enumerate(self.watches):
@@ -142,8 +143,6 @@ class MetricsWatcher:
         return total
 
     def write(self, run_dir: Path) -> Path:
-        import pandas as pd
-
         out = Path(run_dir) / SERIES_NAME
         self.close_spool()
         if self.spool_path is not None and self.spool_path.exists():

@@ -22,16 +22,15 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from kvscope.harness.common.errors import ConfigError, ServerError, load_yaml_mapping
+from kvscope.harness.common.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.results.summary import ServerFacts  # noqa: F401 - defined with the result files that record it
-
-if TYPE_CHECKING:
-    from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot
+from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot, metrics_delta, parse_metrics
+from kvscope.harness.serving.tls import tls_context
 
 # Modules that register the built-in backends; a new engine adds its module here (its one registration).
 BACKEND_MODULES = ("kvscope.harness.serving.vllm_backend", "kvscope.harness.serving.openai_backend")
@@ -124,10 +123,6 @@ class Backend(ABC):
 
     @classmethod
     def parse_config(cls, data: dict[str, Any], source: str = "server config") -> BaseModel:
-        from pydantic import ValidationError
-
-        from kvscope.harness.common.errors import format_validation_error
-
         try:
             return cls.config_model.model_validate(data)
         except ValidationError as exc:
@@ -231,24 +226,18 @@ class Backend(ABC):
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
         """Empty the server's prefix cache so a run starts cold; `ok=False` with the reason if it cannot."""
 
-    def parse_metrics(self, text: str, scraped_at: float | None = None) -> "MetricsSnapshot":
-        from kvscope.harness.serving.metrics import parse_metrics
-
+    def parse_metrics(self, text: str, scraped_at: float | None = None) -> MetricsSnapshot:
         return parse_metrics(text, scraped_at=scraped_at)
 
-    def metrics_delta(self, before: "MetricsSnapshot", after: "MetricsSnapshot") -> "MetricsDelta":
+    def metrics_delta(self, before: MetricsSnapshot, after: MetricsSnapshot) -> MetricsDelta:
         """The run-level change of the counters kvscope reconciles between two scrapes."""
-        from kvscope.harness.serving.metrics import metrics_delta
-
         return metrics_delta(before, after)
 
-    def scrape_metrics(self, timeout_s: float = 10.0) -> "MetricsSnapshot | None":
+    def scrape_metrics(self, timeout_s: float = 10.0) -> MetricsSnapshot | None:
         """One synchronous scrape of the engine's metrics (None: the engine exports none)."""
         if self.metrics_path is None:
             return None
-        import httpx
-
-        from kvscope.harness.serving.tls import tls_context
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         r = httpx.get(self.endpoint + self.metrics_path, headers=self.auth_headers(), timeout=timeout_s,
                       verify=tls_context())

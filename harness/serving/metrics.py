@@ -177,7 +177,7 @@ def _matches(labels: Labels, label_filter: Mapping[str, str]) -> bool:
 
 def parse_metrics(text: str, scraped_at: float | None = None) -> MetricsSnapshot:
     """Parse Prometheus text exposition; raises MetricsParseError naming the offending line."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # deferred: heavy, only a scrape needs it
 
     snap = MetricsSnapshot(scraped_at=scraped_at)
     try:

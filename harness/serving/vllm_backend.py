@@ -159,7 +159,7 @@ class VllmBackend(Backend):
         return None if snap is None else snap.value(PREEMPTIONS_COUNTER)
 
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
-        import httpx
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         try:
             r = httpx.post(self.endpoint + "/reset_prefix_cache", headers=self.auth_headers(),
