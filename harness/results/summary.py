@@ -140,7 +140,7 @@ class RunView:
     cache_not_reset: str | None = None  # why the prefix cache could not be emptied before the run (None: it was)
     scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
     scrape_interval_s: float | None = None  # the scrape period asked for
-    predictor_note: str | None = None  # why the predictor is not the obvious one (replay.runner.choose_predictor)
+    predictor_note: str | None = None  # why the predictor is not the obvious one (replay.predict.choose_predictor)
     calibration: str | None = None  # the calibration file the scheduler model's predictions ran on
 
 
