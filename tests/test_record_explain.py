@@ -463,3 +463,14 @@ def test_claude_code_sample_shows_observed_cache_reads_beside_the_anthropic_mode
     assert model == sorted(model) and all(m <= a.prompt_tokens for m, a in zip(model, ex.requests))
     lines = provider_comparison_lines(ex)
     assert lines[-1].startswith("agreement: mean |observed share - model share|")
+
+
+def test_finalize_records_the_upstreams_block_size_in_trace_json(tmp_path, tiny_model_dir, template_file, monkeypatch):
+    """The block-size hint goes into trace.json through its model (read, updated, validated, written)."""
+    from kvscope.harness.record import build
+
+    (tmp_path / EXCHANGES_LOG).write_bytes(orjson.dumps(_exchange(0, _history(1))) + b"\n")
+    monkeypatch.setattr(build, "_upstream_block_size", lambda upstream, headers: 32)
+    out = finalize(tmp_path, upstream="http://127.0.0.1:1", tokenizer_dir=str(tiny_model_dir),
+                   chat_template=str(template_file))
+    assert Trace.read(out).meta["block_size_hint"] == 32
