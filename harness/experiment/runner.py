@@ -30,6 +30,7 @@ runs the replay on a client node where the spec names one.
 
 from __future__ import annotations
 
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+from kvscope.harness.experiment.sweep import prediction_skipped
+from kvscope.harness.replay.calibrate import calibrate_server
+from kvscope.harness.replay.failure import replay_failure_reason
+from kvscope.harness.results.loaders import load_calibration
 from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
                                             ModelEntry, ServerEntry)
 from kvscope.harness.results.summary import ServerFacts, summary_file_model
@@ -612,10 +617,6 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
     """(calibration, its path relative to the run, why none) for one swept configuration: measured on its
     server, idle just before its first sweep level (each cell resets the prefix cache after), or read back on
     --resume. A failure is recorded as the reason and the sweep goes on without a prediction."""
-    from kvscope.harness.experiment.sweep import prediction_skipped
-    from kvscope.harness.replay.calibrate import calibrate_server
-    from kvscope.harness.results.loaders import load_calibration
-
     rel = f"calibrations/{name}.json"
     path = safe_child(run.run_dir, "calibrations", f"{name}.json")
     try:
@@ -697,10 +698,6 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     (restart if a managed server cannot), replay, record the headline.
     The console line ends with where the cell's time went (server switch, warm-up, reset, the replay's
     requests and its set-up and drain: compaction, summary, files)."""
-    import shutil
-
-    from kvscope.harness.replay.failure import replay_failure_reason
-
     spec, entry = run.spec, run.manifest.cells[cell.name]
     loads = {lv.name: lv for lv in spec.loads}
     if level is not None:  # a sweep level, outside the grid's loads
