@@ -29,7 +29,7 @@ from kvscope.harness.replay.predict import endpoint_predictors
 from kvscope.harness.replay.priority import client_priority
 from kvscope.harness.replay.request_loop import RequestLoop
 from kvscope.harness.replay.resources import fit_options_to_machine
-from kvscope.harness.replay.results import summarize_run, trace_fingerprint, write_run_files  # noqa: F401
+from kvscope.harness.replay.results import summarize_run, write_run_files
 from kvscope.harness.replay.routing import EndpointRouter
 from kvscope.harness.replay.run_state import RunState, StallProbe
 from kvscope.harness.replay.servers import backends_for, prepare_servers, trace_header
