@@ -108,6 +108,7 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
     round to round, so a prediction that matched round 0 (-11 %) was 32 % below the mean of all ten.  The
     printed spread of the rounds' predictions is that drift."""
     from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.serving.backend import Backend
     from kvscope.harness.replay.validation import measure_level
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
@@ -123,7 +124,8 @@ def accuracy(trace: str, blocks: int, levels: list[int], model_dir: str, out: st
         for rep in range(repeats):
             if rep == 0 or recalibrate:
                 path = tmp / ("calibration.json" if rep == 0 else f"calibration-r{rep}.json")
-                cals.append(calibrate_server(server.endpoint, path, client_priority_mode="auto"))
+                cals.append(calibrate_server(Backend.create("vllm", endpoint=server.endpoint), path,
+                                             client_priority_mode="auto"))
                 cal = cals[-1]
                 print(f"calibration {len(cals) - 1}: {len(cal.samples)} samples, R2 {cal.fit_r2:.3f}, median rel. "
                       f"error {cal.fit_median_rel_error:.1%}, timing cv {cal.timing_cv or 0:.2f}, "
@@ -261,6 +263,7 @@ def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
     from kvscope.harness.cachemodel.hashing import NONE_HASH
     from kvscope.harness.cachemodel.trace_io import load_trace
     from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.serving.backend import Backend
     from kvscope.harness.replay.validation import measure_level, replay_informed_match
     from kvscope.harness.serving.server import ServerConfig, VllmServer
 
@@ -286,7 +289,8 @@ def kv_events(trace: str, blocks: int, level: int, model_dir: str) -> None:
     threading.Thread(target=subscribe, daemon=True).start()
     server.start()
     try:
-        cal = calibrate_server(server.endpoint, tmp / "calibration.json", client_priority_mode="auto")
+        cal = calibrate_server(Backend.create("vllm", endpoint=server.endpoint), tmp / "calibration.json",
+                               client_priority_mode="auto")
         n0 = len(batches)
         df, preempt, load = measure_level(trace, server.endpoint, level, tmp / f"run-c{level}",
                                           client_priority_mode="auto")

@@ -95,28 +95,28 @@ def run_framework(name: str, endpoint: str, model_dir: Path, template: Path, ven
     interrupted = px.stop()
     after = _scrape(endpoint)
     rows = read_exchanges_log(out)
-    ok = [r for r in rows if r["status"] == 200 and not r["error"]]
+    ok = [r for r in rows if r.status == 200 and not r.error]
     served = int(after["request_success_total"] - before["request_success_total"])
     res: dict = {"framework": name, "agent_rc": agent.returncode, "agent_tail": (agent.stdout + agent.stderr)[-600:],
                  "agent_s": round(agent_s, 1), "exchanges_recorded": len(rows), "exchanges_ok": len(ok),
                  "interrupted": interrupted, "vllm_requests": served, "exchanges_lost": served - len(ok),
-                 "streamed": sum(bool(r["request"].get("stream")) for r in rows),
-                 "tool_call_answers": sum(bool(r["response"]["tool_calls"]) for r in ok),
-                 "parallel_tool_call_answers": sum(len(r["response"]["tool_calls"]) > 1 for r in ok)}
+                 "streamed": sum(bool(r.request.get("stream")) for r in rows),
+                 "tool_call_answers": sum(bool(r.response.tool_calls) for r in ok),
+                 "parallel_tool_call_answers": sum(len(r.response.tool_calls) > 1 for r in ok)}
     if not ok:
         return res
     trace_dir = finalize(out, upstream=endpoint, tokenizer_dir=str(model_dir), chat_template=str(template))
     trace = Trace.read(trace_dir)
-    ordered = sorted(ok, key=lambda r: (r["received_unix_s"], r["request_id"]))
-    usage = [r["response"]["usage"] for r in ordered]
+    ordered = sorted(ok, key=lambda r: (r.received_unix_s, r.request_id))
+    usage = [r.response.usage for r in ordered]
     recorded_prompt = [len(trace.prompt_token_ids(i)) for i in range(trace.num_requests)]
     res.update({
         "sessions": trace.num_sessions,
-        "prompt_tokens_trace": sum(recorded_prompt), "prompt_tokens_usage": sum(u["prompt_tokens"] for u in usage),
+        "prompt_tokens_trace": sum(recorded_prompt), "prompt_tokens_usage": sum(u.prompt_tokens for u in usage),
         "prompt_tokens_vllm": int(after["prompt_tokens_total"] - before["prompt_tokens_total"]),
-        "completion_tokens_usage": sum(u["completion_tokens"] for u in usage),
+        "completion_tokens_usage": sum(u.completion_tokens for u in usage),
         "completion_tokens_vllm": int(after["generation_tokens_total"] - before["generation_tokens_total"]),
-        "prompt_mismatch_requests": sum(a != u["prompt_tokens"] for a, u in zip(recorded_prompt, usage)),
+        "prompt_mismatch_requests": sum(a != u.prompt_tokens for a, u in zip(recorded_prompt, usage)),
     })
     live = [int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) for u in usage]
     run_dir = work / f"{name}-replay"

@@ -163,6 +163,7 @@ def main() -> int:
         simulate_request,
     )
     from kvscope.harness.replay.calibrate import calibrate_server
+    from kvscope.harness.serving.backend import Backend
     from kvscope.workloads.trace import Trace
 
     work = Path(tempfile.mkdtemp(prefix="kvscope-speclive-"))
@@ -179,7 +180,7 @@ def main() -> int:
     base = _server(args.model, work, "baseline")
     base.start()
     try:
-        cal = calibrate_server(base.endpoint, work / "calibration.json")
+        cal = calibrate_server(Backend.create("vllm", endpoint=base.endpoint), work / "calibration.json")
         with httpx.Client(timeout=120) as client:
             _stream(client, base.endpoint, prompts[0][:64], 4)  # warm-up
             plain = [_measured(client, base.endpoint, p, m) for p, m in zip(prompts, max_tokens)]

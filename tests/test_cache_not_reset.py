@@ -49,12 +49,12 @@ def test_a_reset_cache_or_one_kept_on_purpose_is_not_flagged(tmp_path, capsys):
 
 
 def test_a_server_launched_for_the_run_needs_no_reset_and_is_not_flagged():
-    from kvscope.harness.replay.runner import _reset_prefix_caches
+    from kvscope.harness.replay.servers import reset_prefix_caches
     from kvscope.harness.serving.backend import Backend
 
     with FaultServer(FaultConfig(model="tiny", dev_mode=False)) as server:
         backend = Backend.create("vllm", endpoint=server.endpoint)
-        details, why = _reset_prefix_caches([backend], fresh=True)  # `kvscope replay --server`: nothing served yet
+        details, why = reset_prefix_caches([backend], fresh=True)  # `kvscope replay --server`: nothing served yet
         assert why is None and "empty anyway" in details[server.endpoint]
-        details, why = _reset_prefix_caches([backend])
+        details, why = reset_prefix_caches([backend])
         assert why is not None and "HTTP 404" in why

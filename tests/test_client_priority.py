@@ -107,6 +107,7 @@ def test_a_calibration_is_timed_under_the_priority_it_is_given(tmp_path, monkeyp
     from contextlib import contextmanager
 
     from kvscope.harness.replay import calibrate
+    from kvscope.harness.serving.backend import Backend
     from tests.doubles.faultserver import FaultConfig, FaultServer
 
     asked = []
@@ -121,5 +122,6 @@ def test_a_calibration_is_timed_under_the_priority_it_is_given(tmp_path, monkeyp
     with FaultServer(FaultConfig(model="tiny")) as server:
         for kwargs in ({}, {"client_priority_mode": "realtime"}):
             with pytest.raises(RuntimeError, match="stop before measuring"):
-                calibrate.calibrate_server(server.endpoint, tmp_path / "c.json", **kwargs)
+                calibrate.calibrate_server(Backend.create("vllm", endpoint=server.endpoint), tmp_path / "c.json",
+                                           **kwargs)
     assert asked == ["normal", "realtime"]

@@ -8,6 +8,7 @@ import time
 
 from kvscope.harness.cli.replay import format_console_summary
 from kvscope.harness.replay import runner
+from kvscope.harness.replay.request_loop import RequestLoop
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import SummaryFile
 from kvscope.workloads.generate import synthetic_trace
@@ -19,7 +20,7 @@ HOLD_S = 0.35
 
 def test_a_held_up_event_loop_is_recorded_as_a_client_stall(tmp_path, monkeypatch):
     trace_dir = synthetic_trace(2, steps=4, prompt_tokens=32, output_tokens=4).write(tmp_path / "trace")
-    record = runner.Replayer._record
+    record = RequestLoop._record
     calls = []
 
     def record_then_hold(self, st, *args, **kwargs):
@@ -28,7 +29,7 @@ def test_a_held_up_event_loop_is_recorded_as_a_client_stall(tmp_path, monkeypatc
         if len(calls) == 3:
             time.sleep(HOLD_S)  # synchronous work on the loop: what a paused host looks like from inside
 
-    monkeypatch.setattr(runner.Replayer, "_record", record_then_hold)
+    monkeypatch.setattr(RequestLoop, "_record", record_then_hold)
     with FaultServer(FaultConfig(model="tiny", itl_s=0.002)) as server:
         out = runner.replay(trace_dir, tmp_path / "run", ReplayOptions(concurrency=2, progress=False, time_scale=0),
                             endpoints=[server.endpoint])

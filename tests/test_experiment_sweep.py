@@ -158,10 +158,11 @@ def test_no_prediction_is_made_where_the_model_cannot_make_one_and_each_says_why
     from kvscope.harness.experiment.sweep import predict_sweep, prediction_skipped
 
     sw, cal, trace = _predicting_sweep(tmp_path, 250)
-    assert prediction_skipped(sw.spec, {}) is None
-    assert "speculative decoding" in prediction_skipped(sw.spec, {"speculative_config": {"method": "ngram"}})
-    assert "off" in prediction_skipped(sw.spec.model_copy(update={"predict": False}), {})
-    assert "session rates" in prediction_skipped(sw.spec.model_copy(update={"kind": "session_rate"}), {})
+    assert prediction_skipped(sw.spec, speculative=False) is None
+    assert "speculative decoding" in prediction_skipped(sw.spec, speculative=True)
+    assert "off" in prediction_skipped(sw.spec.model_copy(update={"predict": False}), speculative=False)
+    assert "session rates" in prediction_skipped(sw.spec.model_copy(update={"kind": "session_rate"}),
+                                                 speculative=False)
     poor = predict_sweep(sw, trace, cal.model_copy(update={"fit_r2": -0.66}), "c.json", time_scale=0, mode="live")
     assert "R² -0.66" in poor["skipped"] and not poor.get("levels")
 

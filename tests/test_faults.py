@@ -190,7 +190,8 @@ def test_token_ids_outside_the_vocabulary_are_caught_before_sending(tmp_path):
 
 
 def test_vocab_from_a_launched_servers_config_json(tmp_path):
-    from kvscope.harness.replay.runner import _check_vocab
+    from kvscope.harness.replay.servers import check_vocab
+    from kvscope.harness.results.summary_parts import ServerFacts
 
     model = tmp_path / "model"
     model.mkdir()
@@ -198,8 +199,8 @@ def test_vocab_from_a_launched_servers_config_json(tmp_path):
     trace = synthetic_trace(1, steps=1, vocab_size=2000)
     trace.meta["tokenizer"] = None
     with pytest.raises(KvscopeError, match="config.json"):
-        _check_vocab(trace, [{"config": {"model": str(model)}}])
-    _check_vocab(synthetic_trace(1, steps=1, vocab_size=900), [{"config": {"model": str(model)}}])
+        check_vocab(trace, [ServerFacts(config={"model": str(model)})])
+    check_vocab(synthetic_trace(1, steps=1, vocab_size=900), [ServerFacts(config={"model": str(model)})])
 
 
 def _write_trace_dir(tmp_path: Path, n: int) -> Path:

@@ -84,3 +84,22 @@ def test_histogram_quantile_interpolates_within_bucket():
 def test_garbage_is_a_clear_parse_error():
     with pytest.raises(MetricsParseError, match="not a Prometheus metrics text"):
         parse_metrics('vllm:x{engine="0" 1\n')
+
+
+def test_endpoints_pool_into_one_deltas_rates_and_breakdowns():
+    """Several endpoints' deltas pooled by ``combine_deltas`` (what a multi-endpoint replay's summary holds):
+    counters, per-position acceptances and histograms summed, the rates those of the sums, not of one server."""
+    from kvscope.harness.serving.metrics import combine_deltas
+
+    a = metrics_delta(parse_metrics(_text(0, 0)), parse_metrics(_text(100, 80, 10, 30, 15, (8, 5, 2), ttft_counts=(1, 2, 2))))
+    b = metrics_delta(parse_metrics(_text(0, 0)), parse_metrics(_text(300, 60, 30, 90, 15, (10, 4, 1), ttft_counts=(0, 3, 4))))
+    both = combine_deltas([a, b])
+    assert (both.prefix_cache_queries, both.prefix_cache_hits) == (400, 140)
+    assert both.prefix_cache_hit_rate == pytest.approx(140 / 400)  # pooled, not the mean of 0.8 and 0.2
+    assert both.spec_acceptance_rate == pytest.approx(30 / 120)
+    assert both.spec_mean_acceptance_length == pytest.approx(1 + 30 / 40)
+    assert both.accepted_per_position == [18, 9, 3]
+    assert both.spec_acceptance_by_position == pytest.approx([18 / 40, 9 / 40, 3 / 40])
+    ttft = both.histograms["vllm:time_to_first_token_seconds"]
+    assert (ttft.count, list(ttft.buckets.values())) == (6, [1, 5, 6])
+    assert combine_deltas([a]).to_dict() == a.to_dict()

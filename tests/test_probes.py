@@ -301,8 +301,11 @@ def test_error_share_threshold_is_configurable(fault_trace, tmp_path):
 def test_failure_reason_rule():
     from kvscope.harness.replay.failure import replay_failure_reason
 
-    def summary(sent: int, failed: int, classes: dict) -> dict:
-        return {"requests": {"sent": sent, "in_window": sent, "failed": failed, "errors_by_class": classes}}
+    from kvscope.harness.results.summary import RequestCounts
+
+    def summary(sent: int, failed: int, classes: dict) -> RequestCounts:
+        return RequestCounts(sent=sent, in_window=sent, ok=sent - failed, failed=failed, error_rate=None,
+                             errors_by_class=classes, retries=0, length_mismatch=0, errors_by_status={})
 
     assert replay_failure_reason(summary(100, 5, {"http_500": 5})) is None  # exactly 5 %: allowed
     reason = replay_failure_reason(summary(100, 6, {"connection_error": 4, "http_500": 2}))

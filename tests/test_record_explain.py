@@ -285,9 +285,9 @@ def test_proxy_records_a_non_streaming_answer_with_tool_calls(tmp_path):
         px.close()
     assert r.json() == answer
     (row,) = read_exchanges_log(tmp_path)
-    assert row["response"]["tool_calls"][0]["function"]["name"] == "read_file"
-    assert row["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
-    assert not row["injected_include_usage"] and "Bearer k" not in (tmp_path / EXCHANGES_LOG).read_text()
+    assert row.response.tool_calls[0]["function"]["name"] == "read_file"
+    assert row.response.usage.prompt_tokens_details.cached_tokens == 32
+    assert not row.injected_include_usage and "Bearer k" not in (tmp_path / EXCHANGES_LOG).read_text()
 
 
 def _held_stream_upstream(loop: asyncio.AbstractEventLoop, events: list[str], hold_s: float):
@@ -347,10 +347,10 @@ def test_a_client_that_leaves_on_done_is_recorded_complete_and_one_that_leaves_b
         px.close()
     (row,) = read_exchanges_log(tmp_path)
     if read_to_done:
-        assert row["status"] == 200 and row["error"] is None and row["done_unix_s"] is not None, row
-        assert row["response"]["usage"]["completion_tokens"] == 1 and row["response"]["text"] == "ok"
+        assert row.status == 200 and row.error is None and row.done_unix_s is not None, row
+        assert row.response.usage.completion_tokens == 1 and row.response.text == "ok"
     else:
-        assert row["status"] != 200 and "closed the connection" in row["error"], row
+        assert row.status != 200 and "closed the connection" in row.error, row
 
 
 def test_proxy_answers_502_when_the_upstream_is_down(tmp_path):
@@ -463,3 +463,14 @@ def test_claude_code_sample_shows_observed_cache_reads_beside_the_anthropic_mode
     assert model == sorted(model) and all(m <= a.prompt_tokens for m, a in zip(model, ex.requests))
     lines = provider_comparison_lines(ex)
     assert lines[-1].startswith("agreement: mean |observed share - model share|")
+
+
+def test_finalize_records_the_upstreams_block_size_in_trace_json(tmp_path, tiny_model_dir, template_file, monkeypatch):
+    """The block-size hint goes into trace.json through its model (read, updated, validated, written)."""
+    from kvscope.harness.record import build
+
+    (tmp_path / EXCHANGES_LOG).write_bytes(orjson.dumps(_exchange(0, _history(1))) + b"\n")
+    monkeypatch.setattr(build, "_upstream_block_size", lambda upstream, headers: 32)
+    out = finalize(tmp_path, upstream="http://127.0.0.1:1", tokenizer_dir=str(tiny_model_dir),
+                   chat_template=str(template_file))
+    assert Trace.read(out).meta["block_size_hint"] == 32

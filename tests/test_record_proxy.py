@@ -240,8 +240,8 @@ def test_sse_framings_stream_through_event_by_event(tmp_path, eol):
     assert b'"usage"' not in received  # the client did not ask for usage
     assert received.count(eol + eol) == 3 and received.endswith(b"data: [DONE]" + eol + eol)
     (row,) = read_exchanges_log(tmp_path)
-    assert row["response"]["text"] == "Hello" and row["response"]["usage"] == usage
-    assert row["status"] == 200 and row["response"]["finish_reason"] == "stop"
+    assert row.response.text == "Hello" and row.response.usage.model_dump(exclude_unset=True) == usage
+    assert row.status == 200 and row.response.finish_reason == "stop"
 
 
 # ------------------------------------------------------------------------------------------ shutdown
@@ -286,8 +286,8 @@ def test_shutdown_drains_then_records_stalled_exchanges_as_interrupted(tmp_path)
         t.join(30)
     assert n == 1 and drained == [1] and not t.is_alive() and errors  # the client saw a broken stream
     (row,) = read_exchanges_log(tmp_path)
-    assert row["status"] == "interrupted" and row["done_unix_s"] is None and row["first_byte_unix_s"]
-    assert len(row["response"]["text"]) > 0  # what streamed before the stall is kept
+    assert row.status == "interrupted" and row.done_unix_s is None and row.first_byte_unix_s
+    assert len(row.response.text) > 0  # what streamed before the stall is kept
 
 
 def test_a_client_leaving_a_stalled_stream_closes_the_handler(tmp_path):
@@ -305,7 +305,7 @@ def test_a_client_leaving_a_stalled_stream_closes_the_handler(tmp_path):
         finally:
             px.close()
     (row,) = read_exchanges_log(tmp_path)
-    assert row["status"] == "client_disconnected"
+    assert row.status == "client_disconnected"
 
 
 def _record_cli(upstream: str, out: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -345,7 +345,7 @@ def test_cli_stop_with_a_stalled_stream(tmp_path, tiny_model_dir, template_file,
             if proc.poll() is None:
                 proc.kill()
     rows = read_exchanges_log(out)
-    assert [r["status"] for r in rows] == [200, "interrupted"]
+    assert [r.status for r in rows] == [200, "interrupted"]
     assert "1 exchange(s) in flight recorded as interrupted" in err
     if len(signals) == 2:
         assert proc.returncode == 130 and f"--finalize {out}" in err
@@ -385,7 +385,7 @@ def test_a_log_glued_by_an_old_proxy_loses_only_the_torn_record(tmp_path):
     (tmp_path / EXCHANGES_LOG).write_bytes(rows[0] + b"\n" + rows[1][:25] + rows[2] + b"\n")
     with pytest.warns(UserWarning, match="the record after it kept"):
         got = read_exchanges_log(tmp_path)
-    assert [r["request_id"] for r in got] == [0, 2]
+    assert [r.request_id for r in got] == [0, 2]
 
 
 # ------------------------------------------------------------------------------------------ credentials
@@ -425,7 +425,7 @@ def test_url_credentials_become_a_header_and_are_never_printed(tmp_path):
             data = f.read_bytes()
             assert password.encode() not in data and b"sk-in-body-123" not in data and b"sk-client" not in data, f
     (row,) = read_exchanges_log(out)
-    assert row["request"]["api_key"] == REDACTED
+    assert row.request["api_key"] == REDACTED
 
 
 def test_client_credentials_are_kept_in_memory_for_finalize_whatever_their_case(tmp_path):

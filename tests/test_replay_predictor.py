@@ -139,3 +139,27 @@ def test_a_failing_scheduler_model_leaves_the_sequential_predictions(
     hit = load_summary(tmp_path / "run").hit_rate
     assert hit.predictor == "sequential" and "model broke" in hit.predictor_note
     assert "the scheduler model failed (RuntimeError: model broke)" in capsys.readouterr().err
+
+
+def test_a_calibration_measures_through_the_configurations_own_backend(server, tmp_path, monkeypatch):
+    """``calibrate_server`` takes the backend: the configuration's scheduler limits and its API key reach the
+    measurement (a fresh default backend built from the URL had neither)."""
+    from kvscope.harness.replay import calibrate
+    from kvscope.harness.serving.backend import Backend
+    from kvscope.harness.serving.server import ServerConfig
+
+    monkeypatch.setenv("CAL_KEY", "sk-cal-123")
+    seen = {}
+
+    def measure(endpoint, model, srv, **kw):
+        seen.update(endpoint=endpoint, model=model, server=srv, headers=kw["headers"])
+        raise RuntimeError("measured")
+
+    monkeypatch.setattr(calibrate, "measure_samples", measure)
+    backend = Backend.create("vllm", ServerConfig(model="/m", max_num_seqs=6, max_num_batched_tokens=512,
+                                                  api_key_env="CAL_KEY"), endpoint=server.endpoint)
+    with pytest.raises(RuntimeError, match="measured"):
+        calibrate.calibrate_server(backend, tmp_path / "c.json")
+    assert seen["endpoint"] == server.endpoint and seen["headers"] == {"Authorization": "Bearer sk-cal-123"}
+    assert (seen["server"].max_num_seqs, seen["server"].max_num_batched_tokens) == (6, 512)
+    assert (seen["server"].block_size, seen["server"].num_gpu_blocks) == (BLOCK, BLOCKS)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 from kvscope.harness.replay.calibrate import calibrate_server
+from kvscope.harness.serving.backend import Backend
 from kvscope.harness.replay.validation import measure_level, replay_informed_match
 from kvscope.harness.results.loaders import load_summary
 
@@ -39,7 +40,8 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
 
     traces = {1: agent_trace(6), **dict.fromkeys(LEVELS[1:], agent_trace(16))}
     server = small_pool_server
-    cal = calibrate_server(server.endpoint, tmp_path / "calibration.json", client_priority_mode="auto")
+    cal = calibrate_server(Backend.create("vllm", endpoint=server.endpoint), tmp_path / "calibration.json",
+                           client_priority_mode="auto")
     assert cal.server.num_gpu_blocks == 64 and cal.server.block_size > 0
     assert cal.timing_cv is not None and 0 < cal.timing_cv < 1  # three rounds of every shape: their spread
     results = {}

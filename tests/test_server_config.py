@@ -443,3 +443,22 @@ def test_a_launched_replay_runs_to_the_end_and_writes_the_config_redacted(tiny_m
     assert [p.name for p in sorted(run_dir.rglob("*")) if p.is_file() and key.encode() in p.read_bytes()] == []
     assert not [p for p in psutil.process_iter(["cmdline"])  # the launched stand-in was stopped with the run
                 if p.info["cmdline"] and str(fake) in " ".join(p.info["cmdline"])]
+
+
+def test_backends_answer_for_their_configuration():
+    """The experiment layer asks the backend, never the engine's config keys: served model, scheduler limits,
+    speculative decoding, GPUs per server, the key's variable."""
+    from kvscope.harness.serving.backend import Backend, SchedulerLimits
+
+    vllm = Backend.create("vllm", ServerConfig(model="/m", served_model_name="tiny", max_num_seqs=8,
+                                               speculative_config={"method": "ngram"}, tensor_parallel_size=2,
+                                               extra_args=["--pipeline-parallel-size", "3"], api_key_env="K"))
+    assert (vllm.served_model_name(), vllm.speculative_decoding(), vllm.gpus_per_server()) == ("tiny", True, 6)
+    assert vllm.scheduler_limits() == SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=None)
+    assert vllm.api_key_env == "K"
+    plain = Backend.create("vllm", ServerConfig(model="/m"))
+    assert (plain.served_model_name(), plain.speculative_decoding(), plain.gpus_per_server()) == ("/m", False, 1)
+    attached = Backend.create("vllm", endpoint="http://127.0.0.1:1")
+    assert (attached.served_model_name(), attached.scheduler_limits()) == (None, SchedulerLimits())
+    openai = Backend.create("openai", {"endpoint": "http://127.0.0.1:1", "model": "gpt"})
+    assert (openai.served_model_name(), openai.speculative_decoding(), openai.gpus_per_server()) == ("gpt", False, 1)

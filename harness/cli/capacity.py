@@ -80,15 +80,12 @@ def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
     from kvscope.harness.serving.backend import load_backend
 
     backend = load_backend(config_path)
-    cfg = getattr(backend, "config", None)
     backend.start()
     try:
-        cal = calibrate_server(backend.endpoint, out, client_priority_mode=client_priority,  # type: ignore[arg-type]
-                               max_num_seqs=getattr(cfg, "max_num_seqs", None),
-                               max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
+        cal = calibrate_server(backend, out, client_priority_mode=client_priority)  # type: ignore[arg-type]
     finally:
         backend.stop()
-    return cal, bool(getattr(cfg, "speculative_config", None))
+    return cal, backend.speculative_decoding()
 
 
 def _cmd_capacity(args: argparse.Namespace) -> int:

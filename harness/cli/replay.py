@@ -121,7 +121,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 1
     from kvscope.harness.replay.failure import replay_failure_reason
 
-    failure = replay_failure_reason(outcome.summary, opts.max_error_share)
+    failure = replay_failure_reason(outcome.summary_file().requests, opts.max_error_share)
     if failure:
         print(f"kvscope: error: replay failed: {failure}", file=sys.stderr)
         return 1

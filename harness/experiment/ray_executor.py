@@ -82,18 +82,9 @@ def import_ray() -> Any:
 
 
 def parallel_gpus(spec: ExperimentSpec, name: str) -> int:
-    """GPUs one vLLM server of configuration `name` uses: tensor x pipeline x data parallel size."""
-    config = server_backend(spec, name, model_path="/placeholder").config
-    tp = getattr(config, "tensor_parallel_size", None) or 1
-    dp = getattr(config, "data_parallel_size", None) or 1
-    pp = 1
-    args = list(getattr(config, "extra_args", None) or [])
-    for i, arg in enumerate(args):
-        if arg in ("--pipeline-parallel-size", "-pp") and i + 1 < len(args):
-            pp = int(args[i + 1])
-        elif arg.startswith("--pipeline-parallel-size="):
-            pp = int(arg.split("=", 1)[1])
-    return tp * pp * dp
+    """GPUs one server of configuration `name` uses, as its backend counts them (vLLM: tensor x pipeline x
+    data parallel size)."""
+    return server_backend(spec, name, model_path="/placeholder").gpus_per_server()
 
 
 def actor_options(spec: ExperimentSpec, name: str, cluster_has_gpus: bool) -> dict[str, Any]:
@@ -199,7 +190,7 @@ class _WorkerRun(RunContext):
         from kvscope.harness.replay.runner import ReplayOutcome
 
         endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
-        attach = (backend.name, backend.config, endpoint, getattr(backend, "_api_key_env", None))
+        attach = (backend.name, backend.config, endpoint, backend.api_key_env)
         trace = trace_dir.relative_to(self.run_dir).as_posix()
         # The calibration's path is this node's: the client node's replay keeps the sequential prediction.
         options = options.model_copy(update={"calibration": None})

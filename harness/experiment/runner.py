@@ -30,6 +30,7 @@ runs the replay on a client node where the spec names one.
 
 from __future__ import annotations
 
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.runlock import RunDirLock, lock_run_dir
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
+from kvscope.harness.experiment.sweep import prediction_skipped
+from kvscope.harness.replay.calibrate import calibrate_server
+from kvscope.harness.replay.failure import replay_failure_reason
+from kvscope.harness.results.loaders import load_calibration
 from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
                                             ModelEntry, ServerEntry)
 from kvscope.harness.results.summary import ServerFacts, summary_file_model
@@ -227,8 +232,7 @@ def _cell_options(spec: ExperimentSpec, cell: Cell, loads: dict, model: str, run
 
 
 def _model_name(backend: "Backend", spec: ExperimentSpec) -> str:
-    return getattr(backend.config, "served_model_name", None) or getattr(backend.config, "model", None) \
-        or spec.model.served_model_name
+    return backend.served_model_name() or spec.model.served_model_name
 
 
 @dataclass
@@ -618,16 +622,11 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
     """(calibration, its path relative to the run, why none) for one swept configuration: measured on its
     server, idle just before its first sweep level (each cell resets the prefix cache after), or read back on
     --resume. A failure is recorded as the reason and the sweep goes on without a prediction."""
-    from kvscope.harness.experiment.sweep import prediction_skipped
-    from kvscope.harness.replay.calibrate import calibrate_server
-    from kvscope.harness.results.loaders import load_calibration
-
     rel = f"calibrations/{name}.json"
     path = safe_child(run.run_dir, "calibrations", f"{name}.json")
     try:
         backend = servers.get(name, 0)
-        config = backend.config.model_dump() if hasattr(backend.config, "model_dump") else {}
-        why = prediction_skipped(sweep, config)
+        why = prediction_skipped(sweep, speculative=backend.speculative_decoding())
         if why:
             return None, None, why
         if path.exists():
@@ -635,9 +634,7 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[{name}] calibrating the scheduler model (a few dozen requests) …", flush=True)
         t0 = time.perf_counter()
-        cal = calibrate_server(backend.endpoint, path, client_priority_mode=run.spec.replay.client_priority,
-                               max_num_seqs=getattr(backend.config, "max_num_seqs", None),
-                               max_num_batched_tokens=getattr(backend.config, "max_num_batched_tokens", None))
+        cal = calibrate_server(backend, path, client_priority_mode=run.spec.replay.client_priority)
         print(f"[{name}] calibrated in {time.perf_counter() - t0:.0f} s: {len(cal.samples)} samples, "
               f"R² {cal.fit_r2:.3f}", flush=True)
         return cal, rel, None
@@ -706,10 +703,6 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     (restart if a managed server cannot), replay, record the headline.
     The console line ends with where the cell's time went (server switch, warm-up, reset, the replay's
     requests and its set-up and drain: compaction, summary, files)."""
-    import shutil
-
-    from kvscope.harness.replay.failure import replay_failure_reason
-
     spec, entry = run.spec, run.manifest.cells[cell.name]
     loads = {lv.name: lv for lv in spec.loads}
     if level is not None:  # a sweep level, outside the grid's loads
@@ -734,7 +727,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
         reset = type(reset)(True, "restarted (reset failed: " + reset.detail + ")")
     entry.prefix_cache_reset = reset.detail
     # an attached server that cannot reset: the replay asks again, so the warning and the summary's
-    # cache_not_reset flag come from the one place that makes them (replay.runner._reset_prefix_caches)
+    # cache_not_reset flag come from the one place that makes them (replay.servers.reset_prefix_caches)
     options = _cell_options(spec, cell, loads, model, run.run_dir).model_copy(
         update={"reset_prefix_cache": not reset.ok})
     cell_dir = safe_child(run.run_dir, "cells", cell.name)
@@ -745,7 +738,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
     outcome = run.replay(trace_dir, cell_dir, options, backend)
     replay_s = time.perf_counter() - t2
     s = summary_file_model().model_validate(outcome.summary)
-    reason = outcome.aborted or replay_failure_reason(outcome.summary, spec.replay.max_error_share)
+    reason = outcome.aborted or replay_failure_reason(s.requests, spec.replay.max_error_share)
     head = _headline(s, cell_dir, loads[cell.load])
     entry.status, entry.reason, entry.headline = "failed" if reason else "ok", reason, head
     entry.dir = str(cell_dir.relative_to(run.run_dir))

@@ -214,13 +214,14 @@ def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:
                      mean_sessions_in_flight=head.mean_sessions_in_flight, cell=entry.dir)
 
 
-def prediction_skipped(spec: SweepSpec, server_config: dict[str, Any]) -> str | None:
-    """Why a sweep gets no predicted curve before anything is measured (None: calibrate and predict)."""
+def prediction_skipped(spec: SweepSpec, *, speculative: bool) -> str | None:
+    """Why a sweep gets no predicted curve before anything is measured (None: calibrate and predict).
+    ``speculative``: the configuration decodes speculatively (``Backend.speculative_decoding``)."""
     if not spec.predict:
         return "sweep.predict is off"
     if spec.kind != "concurrency":
         return "the scheduler model predicts closed-loop concurrency levels, not session rates"
-    if server_config.get("speculative_config"):
+    if speculative:
         return ("speculative decoding is not modelled: the scheduler model takes one token per decode step, "
                 "so its calibration of this server explains little")
     return None

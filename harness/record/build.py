@@ -28,19 +28,27 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.record.proxy import EXCHANGES_LOG
-from kvscope.harness.record.tokenize import MessageShapeError, RequestTokenizer
+from kvscope.harness.record.exchange_log import Exchange, ProviderUsage
+from kvscope.harness.record.proxy import EXCHANGES_LOG, RECORD_META
+from kvscope.harness.record.tokenize import (
+    LocalTokenize,
+    MessageShapeError,
+    RequestTokenizer,
+    UpstreamTokenize,
+)
 from kvscope.harness.results.exchanges import ExchangeRow, write_exchanges
+from kvscope.harness.serving.backend import endpoint_facts
 from kvscope.workloads.prefix import common_prefix_len, transition_from
 from kvscope.workloads.trace import TraceBuilder
-from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.trace_schema import SegmentKind, read_trace_file, write_trace_file
+from pydantic import ValidationError
 
 _KIND_OF_ROLE = {"system": SegmentKind.SYSTEM, "developer": SegmentKind.SYSTEM, "user": SegmentKind.USER,
                  "assistant": SegmentKind.ASSISTANT,
@@ -69,10 +77,11 @@ class SessionAssigner:
         self.sessions: dict[str, _Session] = {}
         self._n_inferred = 0
 
-    def assign(self, exchange: dict[str, Any]) -> tuple[str, str]:
-        body = exchange["request"]
-        if exchange.get("session_header"):
-            return f"{exchange['session_header']}", "header"
+    def assign(self, exchange: Exchange | Mapping[str, Any]) -> tuple[str, str]:
+        exchange = as_exchange(exchange)
+        body = exchange.request
+        if exchange.session_header:
+            return f"{exchange.session_header}", "header"
         if isinstance(body.get("user"), str) and body["user"]:
             return f"user:{body['user']}", "user"
         messages = body.get("messages")
@@ -143,7 +152,7 @@ def _exchange_lines(path: Path, max_mib: float | None) -> Iterator[tuple[int, in
             offset += len(line)
 
 
-def _log_records(path: Path, max_mib: float | None) -> Iterator[tuple[_LogLine, dict[str, Any]]]:
+def _log_records(path: Path, max_mib: float | None) -> Iterator[tuple[_LogLine, Exchange]]:
     """Each record of the log with where it is. A torn final line is dropped with a warning; a line that is not a
     record (a log an older proxy appended onto a torn line) is skipped with a warning, keeping the record glued
     to its end when there is one, so no whole record already on disk is lost."""
@@ -162,7 +171,12 @@ def _log_records(path: Path, max_mib: float | None) -> Iterator[tuple[_LogLine, 
             yield _LogLine(number, offset + start, len(line) - start), row
 
 
-def read_exchanges_log(record_dir: str | Path, max_exchange_mib: float | None = None) -> list[dict[str, Any]]:
+def as_exchange(exchange: Exchange | Mapping[str, Any]) -> Exchange:
+    """An exchange as its model (a mapping is one line of the log, already parsed)."""
+    return exchange if isinstance(exchange, Exchange) else Exchange.model_validate(exchange)
+
+
+def read_exchanges_log(record_dir: str | Path, max_exchange_mib: float | None = None) -> list[Exchange]:
     """Every exchange of the log, in memory (tests, small logs); :func:`finalize` streams it instead. Torn and
     glued lines as :func:`_log_records` says."""
     return [row for _, row in _log_records(_log_path(record_dir), max_exchange_mib)]
@@ -175,24 +189,21 @@ def _log_path(record_dir: str | Path) -> Path:
     return path
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
-    import orjson
-
+def _record(line: bytes) -> Exchange | None:
     try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        return Exchange.model_validate_json(line)
+    except ValidationError:  # not JSON, or not a record
         return None
-    return row if isinstance(row, dict) and "request_id" in row and isinstance(row.get("request"), dict) else None
 
 
-def _usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
-    usage = usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return {"provider_prompt_tokens": usage.get("prompt_tokens"),
-            "provider_cached_tokens": details.get("cached_tokens") if details else None,
-            "cache_read_input_tokens": usage.get("cache_read_input_tokens"),
-            "cache_creation_input_tokens": usage.get("cache_creation_input_tokens"),
-            "completion_tokens": usage.get("completion_tokens")}
+def _usage_fields(usage: ProviderUsage | None) -> dict[str, int | None]:
+    usage = usage or ProviderUsage()
+    details = usage.prompt_tokens_details
+    return {"provider_prompt_tokens": usage.prompt_tokens,
+            "provider_cached_tokens": details.cached_tokens if details is not None else None,
+            "cache_read_input_tokens": usage.cache_read_input_tokens,
+            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+            "completion_tokens": usage.completion_tokens}
 
 
 def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict] | None,
@@ -210,16 +221,12 @@ def _prompt_segments(builder: TraceBuilder, ids: np.ndarray, messages: list[dict
     return out
 
 
-def _completed(e: dict[str, Any]) -> bool:
-    return e.get("status") == 200 and not e.get("error") and bool(e.get("done_unix_s"))
-
-
-def build_trace(exchanges: Iterable[dict[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
+def build_trace(exchanges: Iterable[Exchange | Mapping[str, Any]], tokenizer: RequestTokenizer, out_dir: str | Path,
                 meta: dict[str, Any] | None = None) -> Path:
     """Write the trace (``trace.json``, ``segments.parquet``, ``requests.parquet``) and ``exchanges.parquet``
     from exchanges in memory (:func:`finalize` streams them from the log instead)."""
-    exchanges = list(exchanges)
-    done = sorted((e for e in exchanges if _completed(e)), key=lambda e: (e["received_unix_s"], e["request_id"]))
+    exchanges = [as_exchange(e) for e in exchanges]
+    done = sorted((e for e in exchanges if e.completed), key=lambda e: (e.received_unix_s, e.request_id))
     return _build_trace(done, len(exchanges) - len(done), tokenizer, out_dir, meta)
 
 
@@ -233,7 +240,7 @@ class _LogExchanges:
     def __len__(self) -> int:
         return len(self.lines)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Exchange]:
         with open(self.path, "rb") as f:
             for line in self.lines:
                 f.seek(line.offset)
@@ -243,7 +250,7 @@ class _LogExchanges:
                 yield row
 
 
-def _build_trace(done: Sequence[dict[str, Any]] | _LogExchanges, incomplete: int, tokenizer: RequestTokenizer,
+def _build_trace(done: Sequence[Exchange] | _LogExchanges, incomplete: int, tokenizer: RequestTokenizer,
                  out_dir: str | Path, meta: dict[str, Any] | None, progress: bool = False) -> Path:
     """One pass over the completed exchanges in arrival order: tokenize, assign the session, add the row. Only
     the trace being built and each session's last prompt stay in memory between exchanges."""
@@ -260,45 +267,47 @@ def _build_trace(done: Sequence[dict[str, Any]] | _LogExchanges, incomplete: int
     for ex in tqdm(done, total=len(done), desc="finalize: tokenize", unit="exchange", disable=not progress,
                    leave=False):
         try:  # an exchange that cannot be rendered is left out, not fatal
-            tok = tokenizer.tokenize(ex["api"], ex["request"])
+            tok = tokenizer.tokenize(ex.api, ex.request)
         except (MessageShapeError, ValueError, TypeError) as exc:
-            skipped.append(f"exchange {ex.get('request_id')}: {exc}")
+            skipped.append(f"exchange {ex.request_id}: {exc}")
             continue
         if t0 is None:
-            t0 = ex["received_unix_s"]
-        body, resp = ex["request"], ex.get("response") or {}
+            t0 = ex.received_unix_s
+        body, resp = ex.request, ex.response
         sid, source = sessions.assign(ex)
         sess = sessions.sessions.get(sid)
         ids = np.asarray(tok.prompt_ids, dtype=np.int32)
         del tok.prompt_ids[:]  # the Python ints (28 bytes each) are not needed once copied
-        messages = body.get("messages") if ex["api"] == "chat" else None
-        usage = _usage_fields(resp.get("usage"))
+        messages = body.get("messages") if ex.api == "chat" else None
+        usage = _usage_fields(resp.usage)
         if usage["provider_prompt_tokens"] is not None and usage["provider_prompt_tokens"] != len(ids):
             mismatched += 1
-        arrival = ex["received_unix_s"] - t0
+        arrival = ex.received_unix_s - t0
         n_out = usage["completion_tokens"] or 0
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or n_out
         builder.rows.append({
             "session_id": sid, "step": sess.steps if sess else 0,
             "parent_request_id": sess.last_row if sess else -1, "arrival_s": arrival,
             "session_start_s": arrival if sess is None else sess.start_s,
-            "think_time_s": max(0.0, ex["received_unix_s"] - sess.last_done_s) if sess else 0.0,
+            "think_time_s": max(0.0, ex.received_unix_s - sess.last_done_s) if sess else 0.0,
             "prompt_segment_ids": _prompt_segments(builder, ids, messages, tok.message_ends),
             "output_tokens": int(n_out), "max_tokens": int(max_tokens),
             "transition": transition_from(last_prompt[sid] if sess else None, ids),
-            "input_kind": ex["api"], "tenant": 0,
+            "input_kind": ex.api, "tenant": 0,
             "messages": json.dumps(messages) if messages is not None else None,
         })
         last_prompt[sid] = ids
         keys = [_message_key(m) for m in (messages or [body.get("prompt")])]
-        sessions.sessions[sid] = _Session(sid, keys, ex["done_unix_s"], (sess.steps if sess else 0) + 1, row_index,
+        first, done_s = ex.first_byte_unix_s, ex.done_unix_s
+        assert done_s is not None  # a completed exchange
+        sessions.sessions[sid] = _Session(sid, keys, done_s, (sess.steps if sess else 0) + 1, row_index,
                                           sess.start_s if sess else arrival)
-        first, done_s = ex.get("first_byte_unix_s"), ex["done_unix_s"]
         extras.append(ExchangeRow(
             request_id=row_index, tools_json=json.dumps(body["tools"]) if body.get("tools") is not None else None,
             params_json=json.dumps({k: v for k, v in body.items() if k not in _PARAM_SKIP}),
-            response_json=json.dumps({k: resp.get(k) for k in ("text", "tool_calls", "finish_reason")}),
-            ttft_s=(first - ex["received_unix_s"]) if first else None, e2e_s=done_s - ex["received_unix_s"],
+            response_json=json.dumps({"text": resp.text, "tool_calls": resp.tool_calls,
+                                      "finish_reason": resp.finish_reason}),
+            ttft_s=(first - ex.received_unix_s) if first else None, e2e_s=done_s - ex.received_unix_s,
             session_source=source, **usage))
         row_index += 1
     if skipped:
@@ -325,9 +334,7 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
     Streamed: a first pass reads the log line by line, keeping only where each completed exchange is and when
     it arrived (refusing, before any tokenizing, an exchange over ``max_exchange_mib``); the build then reads
     them back one at a time in arrival order. Memory is the largest exchange's plus the trace being built."""
-    from kvscope.harness.record.proxy import RECORD_META
-    from kvscope.harness.record.tokenize import LocalTokenize, UpstreamTokenize
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: only finalize shows a bar
 
     record_dir = Path(record_dir)
     if not max_exchange_mib > 0:
@@ -339,8 +346,8 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
               disable=not progress, leave=False) as bar:
         for loc, row in _log_records(path, max_exchange_mib):
             recorded += 1
-            if _completed(row):
-                found.append((row["received_unix_s"], row["request_id"], loc))
+            if row.completed:
+                found.append((row.received_unix_s, row.request_id, loc))
             bar.update(loc.offset + loc.length + 1 - bar.n)
             del row
     found.sort(key=lambda t: (t[0], t[1]))
@@ -359,18 +366,14 @@ def finalize(record_dir: str | Path, *, upstream: str | None = None, tokenizer_d
                        progress)
     block_size = _upstream_block_size(upstream, headers) if upstream else None
     if block_size:
-        meta_path = out / "trace.json"
-        meta = json.loads(meta_path.read_text())
-        meta["block_size_hint"] = block_size
-        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        header = read_trace_file(out / "trace.json")
+        write_trace_file(out / "trace.json", header.model_copy(update={"block_size_hint": block_size}).model_dump())
     return out
 
 
 def _upstream_block_size(upstream: str, headers: dict[str, str] | None) -> int | None:
     """The upstream's KV block size where it says (the vLLM backend's facts: /metrics), so explain and simulate
     use it; None for an upstream that does not say."""
-    from kvscope.harness.serving.backend import endpoint_facts
-
     try:
         return endpoint_facts(upstream, headers=headers or {}, timeout_s=5.0).block_size
     except (KvscopeError, ValueError, OSError):

@@ -25,14 +25,14 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, fit_cost_model, median_of_repeats,
                                                      prefill_sample, timing_cv)
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority, client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
-from kvscope.harness.serving.backend import DEFAULT_BACKEND, endpoint_facts
+from kvscope.harness.serving.backend import Backend
 from kvscope.harness.serving.tls import tls_context
 from kvscope.workloads.versioned_file import write_versioned
 
@@ -67,10 +67,12 @@ def _timed_completion(client, url: str, model: str, prompt: list[int], max_token
 
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
                     prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24,
-                    rounds: int = CALIBRATION_ROUNDS) -> list[TimingSample]:
+                    rounds: int = CALIBRATION_ROUNDS, headers: Mapping[str, str] | None = None
+                    ) -> list[TimingSample]:
     """Every shape measured ``rounds`` times (interleaved, round by round): all the timings, unreduced
-    (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread)."""
-    import httpx
+    (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread). ``headers``:
+    the server's auth headers, carried by every request."""
+    import httpx  # deferred: a heavy import that only a measurement needs
 
     rng = random.Random(seed)
     url = endpoint.rstrip("/") + "/v1/completions"
@@ -84,7 +86,7 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
         return [rng.randrange(10, 8000) for _ in range(n)]
 
     samples: list[TimingSample] = []
-    with httpx.Client(timeout=300.0, verify=tls_context()) as client:
+    with httpx.Client(timeout=300.0, verify=tls_context(), headers=dict(headers or {})) as client:
         _timed_completion(client, url, model, ids(16), 2)  # warm-up, not recorded
         short_len = min(64, limit)
         long_len = max(short_len, min(limit, 1024))
@@ -123,25 +125,28 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
     return samples
 
 
-def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
-                     max_num_batched_tokens: int | None = None, seed: int = 0,
-                     backend: str = DEFAULT_BACKEND,
+def calibrate_server(backend: Backend, out_path: str | Path, *, seed: int = 0,
                      client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
-    """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
-    ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
-    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
-    facts = endpoint_facts(endpoint, backend=backend)
+    """Measure the server ``backend`` answers for and write the calibration file. Everything about the server
+    comes from its backend, the configuration's own: its KV facts, its scheduler limits (vLLM's defaults where
+    it does not say) and the auth headers every request carries.  ``client_priority_mode``: the replay's choice
+    (``--client-priority``), so a calibration and the replays it predicts are timed by a client scheduled
+    alike; recorded as ``client_priority``."""
+    endpoint = backend.endpoint
+    facts = backend.facts()
     if not facts.block_size:
         raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
+    limits = backend.scheduler_limits()
     server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=facts.block_size,
-                               num_gpu_blocks=facts.num_blocks, max_num_seqs=max_num_seqs or 128,
-                               max_num_batched_tokens=max_num_batched_tokens or 2048,
+                               num_gpu_blocks=facts.num_blocks, max_num_seqs=limits.max_num_seqs or 128,
+                               max_num_batched_tokens=limits.max_num_batched_tokens or 2048,
                                max_model_len=facts.max_model_len)
     load = os.getloadavg()[0]
     # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
     # this host's wake-up delays (replay/priority.py).
     with client_priority(client_priority_mode, threads_inherit=True) as priority:
-        timings = measure_samples(endpoint, facts.model or "default", server, seed=seed)
+        timings = measure_samples(endpoint, facts.model or "default", server, seed=seed,
+                                  headers=backend.auth_headers())
     samples = median_of_repeats(timings)
     fit = fit_cost_model(samples)
     cal = CalibrationFile(created_at=time.time(), server=server, cost=CalibrationCost(**fit.model.as_dict()),

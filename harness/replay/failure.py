@@ -7,21 +7,20 @@ use the same rule and the same one-line reason.
 
 from __future__ import annotations
 
-from typing import Any
+from kvscope.harness.results.summary import RequestCounts
 
 DEFAULT_MAX_ERROR_SHARE = 0.05
 
 
-def replay_failure_reason(summary: dict[str, Any], max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> str | None:
+def replay_failure_reason(requests: RequestCounts, max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> str | None:
     """``"100 % of 40 requests failed (http_401: 40)"`` when more than ``max_error_share`` of the requests in
-    the measurement window failed, else None. A run that sent nothing is not judged here."""
-    req = summary["requests"]
-    counted = int(req.get("in_window", req["sent"]))
-    failed = int(req["failed"])
+    the measurement window failed (``requests``: summary.json's request counts), else None. A run that sent
+    nothing is not judged here."""
+    counted = requests.in_window
+    failed = requests.failed
     if counted == 0 or failed / counted <= max_error_share:
         return None
-    classes = ", ".join(f"{k}: {v}" for k, v in sorted((req.get("errors_by_class") or {}).items(),
-                                                        key=lambda kv: -kv[1]))
+    classes = ", ".join(f"{k}: {v}" for k, v in sorted(requests.errors_by_class.items(), key=lambda kv: -kv[1]))
     share = 100.0 * failed / counted
     return (f"{share:.0f} % of {counted} requests failed" + (f" ({classes})" if classes else "")
             + f"; allowed: at most {max_error_share:.0%} (--max-error-share)")

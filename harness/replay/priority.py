@@ -2,7 +2,7 @@
 process that waits for a CPU.
 
 Why: on the 2-vCPU validation host the replay client slept 0.1-3.7 s with a 10 ms timer due (see
-``runner._StallProbe``), 15.6 s of a 56 s concurrency-8 run.  A second process that only slept 10 ms in a loop
+``run_state.StallProbe``), 15.6 s of a 56 s concurrency-8 run.  A second process that only slept 10 ms in a loop
 beside that replay was held up the same way (20 times, 10.4 s in all), so it is not the client's code; pinned
 to the CPU the vLLM CPU worker binds its OpenMP threads to, it once waited 14.6 s.  The same probe under
 ``SCHED_FIFO`` was never late by 50 ms, and the replay run with ``SCHED_FIFO`` recorded no stall at all.  A

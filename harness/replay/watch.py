@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pandas as pd
 
-from kvscope.harness.serving.metrics import MetricsSnapshot, metrics_delta, parse_metrics
+from kvscope.harness.serving.metrics import MetricsSnapshot, combine_deltas, metrics_delta, parse_metrics
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
@@ -80,7 +81,7 @@ class MetricsWatcher:
             self._fd = -1
 
     async def scrape_once(self, session) -> None:
-        import aiohttp
+        import aiohttp  # deferred: a heavy import that only a running replay needs
 
         loop = asyncio.get_running_loop()
         for i, w in enumerate(self.watches):
@@ -128,7 +129,8 @@ class MetricsWatcher:
         return self.rows[-1] if self.rows else None
 
     def deltas(self) -> dict:
-        """Run-level counter deltas summed over endpoints (None where an endpoint was never scraped)."""
+        """Run-level counter deltas of all endpoints pooled (``metrics.combine_deltas``: one deployment's
+        rates), with each endpoint's own under ``per_endpoint``; empty when no endpoint was scraped twice."""
         per = []
         for w in self.watches:
             if w.first is not None and w.last is not None:
@@ -136,25 +138,11 @@ class MetricsWatcher:
                 per.append(delta(w.first, w.last))
         if not per:
             return {}
-        total = per[0].to_dict()
-        for d in per[1:]:
-            for k, v in d.to_dict().items():
-                if isinstance(v, (int, float)) and isinstance(total.get(k), (int, float)) and not isinstance(v, bool):
-                    total[k] += v
-        if len(per) > 1:
-            q = sum(d.prefix_cache_queries for d in per)
-            total["prefix_cache_hit_rate"] = (sum(d.prefix_cache_hits for d in per) / q) if q else None
-            dr = sum(d.spec_drafts for d in per)
-            dt = sum(d.spec_draft_tokens for d in per)
-            acc = sum(d.spec_accepted_tokens for d in per)
-            total["spec_acceptance_rate"] = acc / dt if dt else None
-            total["spec_mean_acceptance_length"] = 1 + acc / dr if dr else None
+        total = combine_deltas(per).to_dict()
         total["per_endpoint"] = [d.to_dict() for d in per]
         return total
 
     def write(self, run_dir: Path) -> Path:
-        import pandas as pd
-
         out = Path(run_dir) / SERIES_NAME
         self.close_spool()
         if self.spool_path is not None and self.spool_path.exists():

@@ -39,6 +39,8 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.results.goodput import goodput
 from kvscope.harness.results.percentiles import percentiles
+from kvscope.harness.results.summary_parts import (ClientStats, ServerFacts,  # noqa: F401 - re-exported
+                                                   assemble_parts, part_fields, registered_parts)
 from kvscope.workloads.versioned_file import VersionedFile
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
 from pydantic_core import PydanticUndefined
@@ -151,7 +153,7 @@ class RunView:
     cache_not_reset: str | None = None  # why the prefix cache could not be emptied before the run (None: it was)
     scrape_times_s: tuple[float, ...] = ()  # when /metrics was scraped (s from the run's start, all endpoints)
     scrape_interval_s: float | None = None  # the scrape period asked for
-    predictor_note: str | None = None  # why the predictor is not the obvious one (replay.runner.choose_predictor)
+    predictor_note: str | None = None  # why the predictor is not the obvious one (replay.predict.choose_predictor)
     calibration: str | None = None  # the calibration file the scheduler model's predictions ran on
 
 
@@ -689,80 +691,22 @@ class ServerDeltas(SummaryMetric):
 
 #: A client stall: the replay's event loop woke up this much later than asked (its own work, or a host that did
 #: not run the process), so sessions waited and tokens that arrived meanwhile were timestamped late.  The replay
-#: measures it (``harness/replay/runner._StallProbe``), the console and the report caveat quote it.
+#: measures it (``harness/replay/run_state.StallProbe``), the console and the report caveat quote it.
 CLIENT_STALL_S = 0.1
-
-
-class ClientStats(_Block):
-    """The replay client's own cost: a saturated client inflates latencies."""
-
-    cpu_s: float
-    cpu_utilization: float | None
-    cpu_us_per_request: float | None
-    event_loop: str | None
-    stale_connection_resends: int
-    saturated: bool
-    note: str | None
-    #: Times the event loop woke > CLIENT_STALL_S late (the client was held up: sessions waited, tokens of the window
-    #: were timestamped late), the longest, and their sum.  Absent in summaries written before it existed.
-    stalls: int | None = None
-    stall_max_s: float | None = None
-    stalled_s: float | None = None
-    #: The longest stalls (at most 50) as [start s from the run's start, length s]: windows whose send times,
-    #: token times and done times are late by up to the length.
-    stall_windows_s: list[tuple[float, float]] | None = None
-    #: The event loop's CPU scheduling: "realtime" (SCHED_FIFO, see replay/priority.py) or "normal".
-    priority: str | None = None
-
-
-class ServerFacts(BaseModel):
-    """What kvscope knows about a server: needed to predict hits (block size, capacity) and label results.
-    The serving backends produce it (``kvscope.harness.serving.backend``); summary.json and experiment.json
-    record it, so it is defined here, with the result files. Every fact a backend cannot know is None
-    (unknown), never a guess."""
-
-    endpoint: str | None = None  # always set by a backend; absent in hand-written files
-    backend: str = "vllm"
-    engine_version: str | None = None
-    vllm_version: str | None = None  # kept for readers of older result files; None for other engines
-    model: str | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
-    num_blocks: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_concurrency: float | None = None
-    prefix_caching: bool | None = None
-    kv_cache_dtype: str | None = None
-    num_gpu_blocks_override: int | None = None
-    prefix_caching_hash_algo: str | None = None
-    speculative: dict[str, Any] | None = None
-    speculative_enabled: bool | None = None
-    launched_by_kvscope: bool = False
-    config: dict[str, Any] | None = None
-
-    def as_json(self) -> str:
-        return self.model_dump_json(indent=2)
 
 
 #: summary.json's version. 2 added the predictor to ``hit_rate`` (``predictor``, ``sequential_*``, …);
 #: a version-1 file is read with the sequential simulator as its predictor (``HitRates._version_1``).
 SUMMARY_VERSION = 2
 
-#: summary.json's entries that are not metrics (the replay writes them after summarising), after the metrics.
-_RUN_FIELDS: dict[str, Any] = {
-    "aborted": (str | None, ...),
-    "client": (ClientStats, ...),
-    "server_facts": (list[ServerFacts], ...),  # one per endpoint
-}
-
-_MODELS: dict[tuple[type[SummaryMetric], ...], type[VersionedFile]] = {}
+_MODELS: dict[tuple[tuple[type[SummaryMetric], ...], tuple[str, ...]], type[VersionedFile]] = {}
 
 
 def summary_file_model() -> type[VersionedFile]:
     """The ``kvscope-summary`` file model of the metrics registered now: one field per metric at its tag
     (dotted tags become nested blocks: ``throughput``, ``latency``), then the run's own entries. Built once
-    per registry state."""
-    key = tuple(_METRICS.values())
+    per registry state; the run's own entries are the registered parts (``summary_parts``)."""
+    key = (tuple(_METRICS.values()), tuple(p.name for p in registered_parts()))
     if key not in _MODELS:
         tree: dict[str, Any] = {}
         for tag, metric in _METRICS.items():
@@ -776,7 +720,7 @@ def summary_file_model() -> type[VersionedFile]:
             "SummaryFile", __base__=VersionedFile, __module__=__name__,
             FORMAT=(ClassVar[str], "kvscope-summary"), SUPPORTED_VERSIONS=(ClassVar[tuple[int, ...]], (1, 2)),
             format=(Literal["kvscope-summary"], "kvscope-summary"), version=(int, SUMMARY_VERSION), **fields,
-            **_RUN_FIELDS)
+            **part_fields())
     return _MODELS[key]
 
 
@@ -805,9 +749,11 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
               weights_random: bool | None = None, client_cpu_utilization: float | None = None,
               client_stalls: int | None = None, cache_not_reset: str | None = None,
               scrape_times_s: tuple[float, ...] = (), scrape_interval_s: float | None = None,
-              predictor_note: str | None = None, calibration: str | None = None) -> dict[str, Any]:
-    """The summary.json body: every registered metric at its tag. Latency and hit statistics use successful
-    requests inside the window."""
+              predictor_note: str | None = None, calibration: str | None = None,
+              parts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The summary.json body: every registered metric at its tag, then (given ``parts``: the run's values of
+    the registered summary parts, ``summary_parts``) every part, validated against its type. Latency and hit
+    statistics use successful requests inside the window."""
     window = records[records["in_window"].astype(bool)] if len(records) else records
     run = RunView(records=records, window=window, ok=window[window["error_class"].isna()],
                   failed=window[window["error_class"].notna()], deltas=deltas, duration_s=duration_s,
@@ -824,6 +770,8 @@ def summarize(records: pd.DataFrame, deltas: dict[str, Any], duration_s: float, 
             node = node.setdefault(part, {})
         value = metric().compute(run)
         node[leaf] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    if parts is not None:
+        summary.update(assemble_parts(parts))
     return _clean(summary)
 
 

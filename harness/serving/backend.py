@@ -22,16 +22,15 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from kvscope.harness.common.errors import ConfigError, ServerError, load_yaml_mapping
+from kvscope.harness.common.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
 from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.results.summary import ServerFacts  # noqa: F401 - defined with the result files that record it
-
-if TYPE_CHECKING:
-    from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot
+from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot, metrics_delta, parse_metrics
+from kvscope.harness.serving.tls import tls_context
 
 #: A module of this package named ``<engine>_backend`` holds one engine's backend, registered with
 #: ``@Backend.register(name)``; the registry imports every such module the first time it is asked (pkgutil
@@ -58,6 +57,15 @@ def resolve_api_key(env_name: str | None, option: str = "api_key_env") -> str | 
 def bearer_headers(key: str | None) -> dict[str, str]:
     """The auth headers carrying ``key`` (none without a key)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The engine scheduler's batch limits as configured; None where the configuration does not set one (the
+    engine's default applies, which kvscope does not guess)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +125,6 @@ class Backend(ABC):
 
     @classmethod
     def parse_config(cls, data: dict[str, Any], source: str = "server config") -> BaseModel:
-        from pydantic import ValidationError
-
-        from kvscope.harness.common.errors import format_validation_error
-
         try:
             return cls.config_model.model_validate(data)
         except ValidationError as exc:
@@ -168,6 +172,29 @@ class Backend(ABC):
     def log_text(self) -> str:
         return ""
 
+    # ---- what the layers above ask of a configuration (never its engine-specific keys) --------------------
+    @property
+    def api_key_env(self) -> str | None:
+        """The environment variable holding the key requests carry (None: no key)."""
+        return self._api_key_env
+
+    def served_model_name(self) -> str | None:
+        """The model name requests carry, as the configuration sets it (None: the configuration does not say)."""
+        return None
+
+    def scheduler_limits(self) -> SchedulerLimits:
+        """The scheduler's batch limits the configuration sets (the scheduler model's calibration uses them)."""
+        return SchedulerLimits()
+
+    def speculative_decoding(self) -> bool:
+        """Whether the configuration turns on speculative decoding (the scheduler model takes one token per
+        decode step, so it does not predict such a server)."""
+        return False
+
+    def gpus_per_server(self) -> int:
+        """GPUs one server of this configuration uses when kvscope launches it (placement on a cluster)."""
+        return 1
+
     @abstractmethod
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the endpoint answers; ServerError naming the endpoint otherwise."""
@@ -201,24 +228,18 @@ class Backend(ABC):
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
         """Empty the server's prefix cache so a run starts cold; `ok=False` with the reason if it cannot."""
 
-    def parse_metrics(self, text: str, scraped_at: float | None = None) -> "MetricsSnapshot":
-        from kvscope.harness.serving.metrics import parse_metrics
-
+    def parse_metrics(self, text: str, scraped_at: float | None = None) -> MetricsSnapshot:
         return parse_metrics(text, scraped_at=scraped_at)
 
-    def metrics_delta(self, before: "MetricsSnapshot", after: "MetricsSnapshot") -> "MetricsDelta":
+    def metrics_delta(self, before: MetricsSnapshot, after: MetricsSnapshot) -> MetricsDelta:
         """The run-level change of the counters kvscope reconciles between two scrapes."""
-        from kvscope.harness.serving.metrics import metrics_delta
-
         return metrics_delta(before, after)
 
-    def scrape_metrics(self, timeout_s: float = 10.0) -> "MetricsSnapshot | None":
+    def scrape_metrics(self, timeout_s: float = 10.0) -> MetricsSnapshot | None:
         """One synchronous scrape of the engine's metrics (None: the engine exports none)."""
         if self.metrics_path is None:
             return None
-        import httpx
-
-        from kvscope.harness.serving.tls import tls_context
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         r = httpx.get(self.endpoint + self.metrics_path, headers=self.auth_headers(), timeout=timeout_s,
                       verify=tls_context())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -130,6 +130,15 @@ class Histogram:
     count: float
     sum: float
 
+    def plus(self, other: "Histogram") -> "Histogram":
+        """The histogram of both servers' observations (buckets matched by upper bound)."""
+        return Histogram(
+            buckets={le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0)
+                     for le in sorted(set(self.buckets) | set(other.buckets))},
+            count=self.count + other.count,
+            sum=self.sum + other.sum,
+        )
+
     def minus(self, earlier: "Histogram | None") -> "Histogram":
         if earlier is None:
             return self
@@ -168,7 +177,7 @@ def _matches(labels: Labels, label_filter: Mapping[str, str]) -> bool:
 
 def parse_metrics(text: str, scraped_at: float | None = None) -> MetricsSnapshot:
     """Parse Prometheus text exposition; raises MetricsParseError naming the offending line."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # deferred: heavy, only a scrape needs it
 
     snap = MetricsSnapshot(scraped_at=scraped_at)
     try:
@@ -247,6 +256,37 @@ class MetricsDelta:
             "spec_acceptance_by_position": [_nan_to_none(x) for x in self.spec_acceptance_by_position],
             "reset_detected": self.reset_detected,
         }
+
+
+def _sum_keyed(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out[k] + v if k in out else v
+    return out
+
+
+def combine_deltas(deltas: Sequence[MetricsDelta]) -> MetricsDelta:
+    """The delta of several servers taken as one deployment: every counter, labelled breakdown, per-position
+    count and histogram summed, so its rates (:attr:`MetricsDelta.prefix_cache_hit_rate`, the acceptance
+    rates) are the pooled ones, computed by the same properties as one server's. A reset on any server is a
+    reset of the whole."""
+    if not deltas:
+        raise ValueError("combine_deltas: no deltas")
+    positions = max(len(d.accepted_per_position) for d in deltas)
+    hists: dict[str, Histogram] = {}
+    for d in deltas:
+        for name, h in d.histograms.items():
+            hists[name] = hists[name].plus(h) if name in hists else h
+    return MetricsDelta(
+        counters=_sum_keyed([d.counters for d in deltas]),
+        prompt_tokens_by_source=_sum_keyed([d.prompt_tokens_by_source for d in deltas]),
+        accepted_per_position=[sum(d.accepted_per_position[i] for d in deltas if i < len(d.accepted_per_position))
+                               for i in range(positions)],
+        requests_by_finish_reason=_sum_keyed([d.requests_by_finish_reason for d in deltas]),
+        histograms=hists,
+        reset_detected=any(d.reset_detected for d in deltas),
+    )
 
 
 def _column(name: str) -> str:

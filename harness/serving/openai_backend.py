@@ -59,12 +59,15 @@ class OpenAIBackend(Backend):
         assert isinstance(self.config, OpenAIEndpointConfig)
         return self.config
 
+    def served_model_name(self) -> str | None:
+        return self.endpoint_config.model
+
     def start(self, log_path=None) -> "OpenAIBackend":  # noqa: ANN001 - attach only: nothing is launched
         self.wait_ready(self.endpoint_config.ready_timeout_s)
         return self
 
     def _models(self, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        import httpx
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         r = httpx.get(self.endpoint + "/v1/models", headers=dict(self.auth_headers() if headers is None else headers),
                       timeout=timeout_s, verify=tls_context())
@@ -73,7 +76,7 @@ class OpenAIBackend(Backend):
         return [d for d in data if isinstance(d, dict)]
 
     def wait_ready(self, timeout_s: float) -> None:
-        import httpx
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         started = time.time()
         deadline, last = started + timeout_s, ""
@@ -89,7 +92,7 @@ class OpenAIBackend(Backend):
                           f"{timeout_s:.0f} s ({last})")
 
     def facts(self, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
-        import httpx
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         cfg = self.endpoint_config
         try:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel
 
 from kvscope.harness.common.errors import ServerError
-from kvscope.harness.serving.backend import Backend, ResetOutcome, ServerFacts
+from kvscope.harness.serving.backend import Backend, ResetOutcome, SchedulerLimits, ServerFacts
 from kvscope.harness.serving.metrics import PREEMPTIONS_COUNTER
 from kvscope.harness.serving.request import vllm_request_extras
 from kvscope.harness.serving.server import ServerConfig, VllmServer, read_server_facts, wait_for_endpoint
@@ -102,6 +102,35 @@ class VllmBackend(Backend):
             return self.log_path.read_text(errors="replace")
         return ""
 
+    # ---- the configuration's answers ----------------------------------------------------------------------
+    def served_model_name(self) -> str | None:
+        cfg = self.server_config
+        return (cfg.served_model_name or cfg.model) if cfg is not None else None
+
+    def scheduler_limits(self) -> SchedulerLimits:
+        cfg = self.server_config
+        if cfg is None:
+            return SchedulerLimits()
+        return SchedulerLimits(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens)
+
+    def speculative_decoding(self) -> bool:
+        cfg = self.server_config
+        return bool(cfg is not None and cfg.speculative_config)
+
+    def gpus_per_server(self) -> int:
+        """Tensor x pipeline x data parallel size (pipeline parallelism is set through ``extra_args``)."""
+        cfg = self.server_config
+        if cfg is None:
+            return 1
+        pp = 1
+        args = list(cfg.extra_args)
+        for i, arg in enumerate(args):
+            if arg in ("--pipeline-parallel-size", "-pp") and i + 1 < len(args):
+                pp = int(args[i + 1])
+            elif arg.startswith("--pipeline-parallel-size="):
+                pp = int(arg.split("=", 1)[1])
+        return (cfg.tensor_parallel_size or 1) * pp * (cfg.data_parallel_size or 1)
+
     # ---- auth, facts, cache, requests ---------------------------------------------------------------------
     def api_key(self) -> str | None:
         cfg = self.server_config
@@ -130,7 +159,7 @@ class VllmBackend(Backend):
         return None if snap is None else snap.value(PREEMPTIONS_COUNTER)
 
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> ResetOutcome:
-        import httpx
+        import httpx  # deferred: a heavy import that only talking to a server needs
 
         try:
             r = httpx.post(self.endpoint + "/reset_prefix_cache", headers=self.auth_headers(),
