@@ -557,7 +557,7 @@ def test_a_proxy_that_cannot_record_says_so_once_and_answers_503(small_disk):
     assert 0 < ok < 60 and statuses == [200] * ok + [503] * (60 - ok)  # 503 from the first failed write on
     assert forwarded == ok  # nothing was forwarded once the proxy could not record
     rows = read_exchanges_log(out)  # what was recorded stays readable: whole lines only
-    assert [r["request_id"] for r in rows] == list(range(ok - 1))  # the one exchange in the failed write is named
+    assert [r.request_id for r in rows] == list(range(ok - 1))  # the one exchange in the failed write is named
     said = [line for line in err.splitlines() if "exchanges.jsonl" in line and "not recorded" in line]
     assert said and f"exchange {ok - 1} was answered but is not recorded" in said[0], err
     assert words in said[0] and "requests.jsonl" not in err
@@ -617,7 +617,7 @@ def test_an_encoded_upstream_response_is_decoded_forwarded_and_recorded(tmp_path
     else:
         assert r.json()["choices"][0]["message"]["content"] == "Hello"
     (row,) = read_exchanges_log(tmp_path)
-    assert row["response"]["text"] == "Hello" and row["response"]["usage"] == usage and row["error"] is None
+    assert row.response.text == "Hello" and row.response.usage.model_dump(exclude_none=True) == usage and row.error is None
     assert up.seen_headers[0]["Accept-Encoding"].startswith("gzip, deflate")
 
 
@@ -639,7 +639,7 @@ def test_an_encoding_the_proxy_cannot_decode_is_forwarded_as_is_and_recorded_as_
         up.close()
     assert r.status_code == 200 and r.headers["content-encoding"] == "zstd-x" and r.content == payload
     (row,) = read_exchanges_log(tmp_path)
-    assert "Content-Encoding 'zstd-x' cannot be decoded" in row["error"]
+    assert "Content-Encoding 'zstd-x' cannot be decoded" in row.error
 
 
 def test_a_corrupt_gzip_stream_is_recorded_as_an_error_and_breaks_the_clients_stream(tmp_path):
@@ -661,7 +661,7 @@ def test_a_corrupt_gzip_stream_is_recorded_as_an_error_and_breaks_the_clients_st
         px.close()
         up.close()
     (row,) = read_exchanges_log(tmp_path)
-    assert "ContentDecodeError" in row["error"] and row["done_unix_s"] is None
+    assert "ContentDecodeError" in row.error and row.done_unix_s is None
 
 
 # ------------------------------------------------------------------------------------------ finalize, streamed
