@@ -32,6 +32,7 @@ from kvscope.harness.analysis.common import RESAMPLES
 from kvscope.harness.analysis.explain_experiment import WorkloadExplanation
 from kvscope.harness.analysis.pages.ab_compare import PIVOT_METRICS
 from kvscope.harness.analysis.registry import PAGE_FINDINGS, PageContext, caveats
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import (
     FINDINGS_NAME,
     Finding,
@@ -77,7 +78,7 @@ def write_page_findings(res: ExperimentResults | None, notebook: str, figures_di
         csv = f"figures/{notebook}/verdicts.csv"
         t = ab[ab["metric"].isin(PIVOT_METRICS)]
         verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
-                                verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
+                                verdict=str(r.verdict), relative=nan_to_none(r.relative, float),
                                 data_quality=str(getattr(r, "data_quality", "") or "") or None)
                     for r in t.itertuples()]
     write_findings_file(Path(figures_dir) / FINDINGS_NAME,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.report.notebooks import ALL_NOTEBOOKS, BY_NAME, NOTEBOOKS
 from kvscope.harness.report.summary import findings_html
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
@@ -311,7 +312,7 @@ def _parameters(spec: ExperimentSpecCore | None, extra: dict[str, dict[str, Any]
 
 
 def _fmt(x: Any, kind: str) -> str:
-    if x is None or (isinstance(x, float) and x != x):
+    if nan_to_none(x) is None:
         return "–"
     if kind == "pct":
         return f"{x:.1%}"
