@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from kvscope.harness.common.numbers import nan_to_none
 
 

@@ -12,9 +12,10 @@ over :func:`~.capacity.predicted_points`), so a predicted capacity means what a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from kvscope.harness.analysis.capacity import Capacity, TtftSlo, capacity_from_points, predicted_points
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
@@ -71,5 +72,10 @@ def predicted_capacity(rows: Sequence[LevelPrediction], slo_ttft_p90: float | Tt
     return capacity, find_cliff(rows, cliff_drop_pp)
 
 
-__all__ = ["CalibrationFitError", "DEFAULT_CLIFF_DROP_PP", "PredictedCurve", "predict_curve",
-           "predicted_capacity"]
+__all__ = [
+    "DEFAULT_CLIFF_DROP_PP",
+    "CalibrationFitError",
+    "PredictedCurve",
+    "predict_curve",
+    "predicted_capacity",
+]

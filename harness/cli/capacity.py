@@ -7,8 +7,11 @@ import argparse
 import json
 
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
-from kvscope.harness.cachemodel.capacity_model import (DEFAULT_CLIFF_DROP_PP, ENSEMBLE_RUNS,
-                                                       ENSEMBLE_TOKEN_BUDGET)
+from kvscope.harness.cachemodel.capacity_model import (
+    DEFAULT_CLIFF_DROP_PP,
+    ENSEMBLE_RUNS,
+    ENSEMBLE_TOKEN_BUDGET,
+)
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
 from kvscope.harness.common.errors import ConfigError, KvscopeError
@@ -96,8 +99,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     import time
     from dataclasses import asdict
 
-    from kvscope.harness.analysis.capacity_prediction import (CalibrationFitError, predict_curve,
-                                                              predicted_capacity)
+    from kvscope.harness.analysis.capacity_prediction import (
+        CalibrationFitError,
+        predict_curve,
+        predicted_capacity,
+    )
     from kvscope.harness.cachemodel.capacity_model import DEFAULT_TIMING_CV
     from kvscope.harness.results.loaders import load_calibration
 

@@ -10,7 +10,8 @@ pandas' scalars without loading it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -22,7 +23,7 @@ def nan_to_none(x: Any, cast: Callable[[Any], T] | None = None, *, infinite: boo
     if x is None:
         return None
     try:
-        if x != x:  # NaN and NaT are the only scalars unequal to themselves
+        if x != x:  # noqa: PLR0124 -- NaN and NaT are the only scalars unequal to themselves
             return None
     except TypeError:  # pandas' NA: its comparisons are NA, whose truth value is undefined
         return None

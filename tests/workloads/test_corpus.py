@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from kvscope.workloads.corpus import SEGMENT_FLAVOURS, corpus_text, generate_corpus
 
 
