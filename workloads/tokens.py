@@ -2,8 +2,8 @@
 
 Segments should look like real text to the model (byte-level BPE merges, realistic token frequencies) while
 their *lengths* are exact. We generate a seeded text corpus per segment flavour (prose, code and tool output,
-JSON tool calls), tokenize it once with the model's ``tokenizer.json`` and cut segments as windows of the
-tokenized corpus at random offsets, trimmed to the exact length. Special tokens (BOS, EOS, chat-template
+JSON tool calls: :func:`.corpus.corpus_text`), tokenize it once with the model's ``tokenizer.json`` and cut
+segments as windows of the tokenized corpus at random offsets, trimmed to the exact length. Special tokens (BOS, EOS, chat-template
 markers) are removed from the corpus so they never appear inside content.
 
 Windows at different offsets of a varied corpus almost never share a leading run of more than a few tokens,
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.workloads.corpus import SEGMENT_FLAVOURS, corpus_text
 from kvscope.workloads.trace_schema import SegmentKind
 
 # Which corpus each segment kind is drawn from.
@@ -30,89 +31,6 @@ FLAVOUR = {
     SegmentKind.TOOLS: "json", SegmentKind.TOOL_CALL: "json", SegmentKind.TOOL_OUTPUT: "code",
     SegmentKind.VOLATILE: "prose", SegmentKind.IMPORTED: "prose",
 }
-
-_WORDS = (
-    "the a to of and in is for that on with as it be by this are from at or an was file function test value "
-    "error return user agent tool call result output input request response cache prefix token block model "
-    "server client session step history context summary please fix update check run build add remove change "
-    "read write list search find open close config path line data table row column index key hash size time "
-    "rate latency throughput memory queue batch worker thread process module class method type string number "
-    "should would could will can must may need want make sure first then next finally because however also"
-).split()
-_IDENTS = (
-    "config request response handler client server cache block token prefix session step trace model record "
-    "metric result output input buffer stream parser writer reader index state queue worker pool manager util "
-    "helper loader store engine router scheduler allocator tensor layer kernel"
-).split()
-_TOOLS = ["read_file", "write_file", "bash", "grep", "glob", "list_dir", "edit_file", "run_tests", "search_code",
-          "web_fetch", "todo_write", "task"]
-_EXTS = ["py", "ts", "rs", "go", "md", "json", "yaml", "toml", "txt", "c", "cpp", "java"]
-
-
-def _ident(rng: np.random.Generator) -> str:
-    return "_".join(str(p) for p in rng.choice(_IDENTS, size=int(rng.integers(1, 4))))
-
-
-def _sentence(rng: np.random.Generator) -> str:
-    words = [str(w) for w in rng.choice(_WORDS, size=int(rng.integers(4, 20)))]
-    if rng.random() < 0.3:
-        words.insert(int(rng.integers(0, len(words))), f"`{_ident(rng)}`")
-    if rng.random() < 0.2:
-        words.insert(int(rng.integers(0, len(words))), str(int(rng.integers(0, 100000))))
-    words[0] = words[0].capitalize()
-    return " ".join(words) + str(rng.choice([".", ".", ".", "?", "!", ":"]))
-
-
-def _code(rng: np.random.Generator) -> str:
-    kind = int(rng.integers(0, 4))
-    if kind == 0:
-        name, arg = _ident(rng), _ident(rng)
-        body = [f"def {name}({arg}, limit={int(rng.integers(1, 4096))}):", f'    """{_sentence(rng)}"""']
-        for _ in range(int(rng.integers(2, 8))):
-            var = _ident(rng)
-            body.append(f"    {var} = {arg}.get('{_ident(rng)}', {int(rng.integers(0, 99999))})")
-            if rng.random() < 0.4:
-                body.append(f"    if {var} is None:\n        raise ValueError('{_sentence(rng)}')")
-        body.append(f"    return {_ident(rng)}")
-        return "\n".join(body)
-    if kind == 1:
-        return "\n".join(f"{'/'.join(_ident(rng) for _ in range(int(rng.integers(1, 4))))}.{rng.choice(_EXTS)}"
-                         f"  {int(rng.integers(10, 999999))} bytes" for _ in range(int(rng.integers(3, 15))))
-    if kind == 2:
-        return "\n".join(f"{int(rng.integers(1, 5000)):5d}\t{_ident(rng)}({_ident(rng)}={int(rng.integers(0, 999))})"
-                         for _ in range(int(rng.integers(3, 12))))
-    return (f"===== {int(rng.integers(1, 900))} passed, {int(rng.integers(0, 9))} failed in "
-            f"{rng.random() * 60:.2f}s =====\nFAILED tests/{_ident(rng)}.py::test_{_ident(rng)} - "
-            f"AssertionError: {_sentence(rng)}")
-
-
-def _json(rng: np.random.Generator) -> str:
-    if rng.random() < 0.5:
-        return json.dumps({"type": "tool_use", "id": f"toolu_{int(rng.integers(1 << 40)):x}",
-                           "name": str(rng.choice(_TOOLS)),
-                           "input": {"path": "/".join(_ident(rng) for _ in range(int(rng.integers(1, 4))))
-                                     + "." + str(rng.choice(_EXTS)),
-                                     "offset": int(rng.integers(0, 2000)), "pattern": _ident(rng)}})
-    return json.dumps({"name": str(rng.choice(_TOOLS)), "description": _sentence(rng),
-                       "input_schema": {"type": "object", "properties": {
-                           _ident(rng): {"type": str(rng.choice(["string", "integer", "boolean", "array"])),
-                                         "description": _sentence(rng)} for _ in range(int(rng.integers(1, 4)))},
-                           "required": [_ident(rng)]}})
-
-
-_MAKERS = {"prose": lambda r: " ".join(_sentence(r) for _ in range(int(r.integers(1, 5)))),
-           "code": _code, "json": _json}
-
-
-def corpus_text(flavour: str, seed: int, num_chars: int) -> list[str]:
-    rng = np.random.default_rng([seed, list(_MAKERS).index(flavour)])
-    out, total = [], 0
-    while total < num_chars:
-        piece = _MAKERS[flavour](rng)
-        out.append(piece + "\n")
-        total += len(piece) + 1
-    return out
-
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -125,7 +43,7 @@ def _tokenized_corpora(tokenizer_file: str, sha: str, chars: int) -> tuple[dict[
     tok = Tokenizer.from_file(tokenizer_file)
     special = _special_ids(Path(tokenizer_file))
     corpora = {}
-    for flavour in _MAKERS:
+    for flavour in SEGMENT_FLAVOURS:
         enc = tok.encode_batch(corpus_text(flavour, 0, chars), add_special_tokens=False)
         ids = np.fromiter((i for e in enc for i in e.ids), dtype=np.int32)
         if special:

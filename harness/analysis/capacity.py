@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
+from kvscope.harness.common.numbers import nan_to_none
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.capacity_model import LevelPrediction
@@ -92,7 +93,7 @@ def predicted_points(rows: Sequence[LevelPrediction]) -> list[LoadPoint]:
     predicted capacity is read exactly as a measured one.  A level's TTFT p90 is its runs' mean and its
     preemptions those of its *median* run: the prediction is what one live sweep most likely reports, not
     the worst of an ensemble (a level where 3 of 16 runs preempt once passes in most live sweeps)."""
-    return [predicted_point(r.concurrency, None if math.isnan(r.ttft_p90_s) else r.ttft_p90_s, r.preemptions_p50)
+    return [predicted_point(r.concurrency, nan_to_none(r.ttft_p90_s), r.preemptions_p50)
             for r in rows]
 
 

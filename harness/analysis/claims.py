@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
 from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import compared_statistic
@@ -186,7 +187,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
         out.append(Claim(f"speculative:{server}", value, sentence,
                          {"better": float(better), "worse": float(worse), "comparisons": float(n),
-                          "median_throughput_change": None if math.isnan(median) else median}, worse_words))
+                          "median_throughput_change": nan_to_none(median)}, worse_words))
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 from kvscope.harness.analysis.ab import Run
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
@@ -127,7 +128,7 @@ def _runs(res: ExperimentResults, server: str, workload: str, load: str) -> list
             from kvscope.harness.results.loaders import load_run_manifest
             sha = load_run_manifest(manifest).trace.sha256
         tps = row.get("output_tok_per_s")
-        runs.append(Run(str(row["cell"]), rec, None if tps is None or pd.isna(tps) else float(tps),
+        runs.append(Run(str(row["cell"]), rec, nan_to_none(tps, float),
                         row.get("prefix_caching"), sha, res.summaries.get(row["cell"])))
     return runs
 

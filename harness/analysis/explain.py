@@ -52,8 +52,9 @@ import numpy as np
 from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.cachemodel.chain_index import ChainIndex, InfiniteCacheStream, chain_hashes
 from kvscope.harness.cachemodel.hashing import IncrementalHasher
-from kvscope.harness.cachemodel.simulator import (SimConfig, iter_requests_from_token_pairs,
-                                                  requests_from_token_pairs, simulate)
+from kvscope.harness.cachemodel.simulator import (SimConfig, iter_requests_from_token_pairs, predict_cached_tokens,
+                                                  requests_from_token_pairs)
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, Transition, common_prefix_len
 from kvscope.workloads.trace_schema import SegmentKind
 
@@ -380,9 +381,9 @@ def _simulate_events(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray
     `harness.replay.predict`'s online rule). Requests the order leaves out run one at a time after it."""
     from kvscope.harness.cachemodel.simulator import Replica
 
-    reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
     if order is None:
-        return simulate(reqs, SimConfig(block_size, num_gpu_blocks)).cached_tokens
+        return predict_cached_tokens(zip(prompts, outputs), block_size, num_gpu_blocks)
+    reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
     replica = Replica(SimConfig(block_size, num_gpu_blocks))
     hits = [0] * len(reqs)
     seen: set[int] = set()
@@ -826,7 +827,6 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
     infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
     ``observed_*`` columns) is put beside the provider cache model's prediction either way."""
-    import pandas as pd
     from kvscope.harness.results.exchanges import read_exchanges
     from kvscope.workloads.trace import Trace
 
@@ -837,7 +837,7 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     if extras is not None:
         col = extras["provider_cached_tokens"]
         if col.notna().any():
-            provider = [None if pd.isna(col.get(i)) else int(col.get(i)) for i in range(trace.num_requests)]
+            provider = [nan_to_none(col.get(i), int) for i in range(trace.num_requests)]
     else:
         provider, provider_prompt = imported_provider_usage(trace.requests)
     if observed_records is not None:
@@ -903,12 +903,10 @@ def provider_comparison(ex: Explanation) -> tuple[list[dict[str, Any]], Provider
 def imported_provider_usage(requests) -> tuple[list[int | None] | None, list[int | None] | None]:
     """Observed provider cache reads and prompt sizes of an imported transcript (the `observed_*` columns:
     Anthropic's `cache_read_input_tokens`, else OpenAI's `cached_tokens`), or (None, None)."""
-    import pandas as pd
-
     def column(name: str) -> list[int | None] | None:
         if name not in requests or not requests[name].notna().any():
             return None
-        return [None if pd.isna(x) else int(x) for x in requests.sort_values("request_id")[name]]
+        return [nan_to_none(x, int) for x in requests.sort_values("request_id")[name]]
 
     reads = column("observed_cache_read_input_tokens") or column("observed_cached_tokens")
     return reads, (column("observed_prompt_tokens") if reads is not None else None)

@@ -30,6 +30,7 @@ from kvscope.harness.analysis.explain import (
     explain_trace,
     provider_comparison,
 )
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -84,7 +85,7 @@ def observation_cell(res: ExperimentResults, workload: str) -> tuple[str, str, i
     order = sel.assign(_c=pd.to_numeric(concurrency, errors="coerce"))
     row = order.sort_values(["_c", "repeat", "cell"], na_position="last").iloc[0]
     block = row.get("block_size")
-    return str(row["cell"]), str(row["server"]), None if pd.isna(block) else int(block)
+    return str(row["cell"]), str(row["server"]), nan_to_none(block, int)
 
 
 def _fallback_block_size(res: ExperimentResults) -> int | None:

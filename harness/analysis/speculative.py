@@ -15,7 +15,6 @@ agent's own model said), which is the question before deploying.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from kvscope.harness.cachemodel.speculative import (
     simulate,
 )
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.speculation_file import MethodPrediction, SpeculationFile
 from kvscope.workloads.prefix import Transition
 from kvscope.workloads.trace_schema import SegmentKind
@@ -59,10 +59,6 @@ def default_configs(k: int = 4, windows: Sequence[tuple[int, int]] = ((2, 4), (1
     return [*(NgramConfig(k, lo, hi) for lo, hi in windows), SuffixConfig(), OracleConfig(k)]
 
 
-def _nan_to_none(v: float) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
 def _params(cfg: SpecConfig) -> dict[str, float | int]:
     return {k: v for k, v in vars(cfg).items() if k != "method"}
 
@@ -83,11 +79,12 @@ def result_row(res: SpeculationResult, seconds: float, cost: StepCostModel | Non
         method=res.config.method, label=res.config.label, params=_params(res.config), requests=s["requests"],
         skipped_requests=res.skipped_requests, output_tokens=s["output_tokens"], decode_steps=s["decode_steps"],
         num_drafts=s["num_drafts"], num_draft_tokens=s["num_draft_tokens"],
-        num_accepted_tokens=s["num_accepted_tokens"], acceptance_rate=_nan_to_none(s["acceptance_rate"]),
-        mean_acceptance_length=_nan_to_none(s["mean_acceptance_length"]),
+        num_accepted_tokens=s["num_accepted_tokens"], acceptance_rate=nan_to_none(s["acceptance_rate"], float),
+        mean_acceptance_length=nan_to_none(s["mean_acceptance_length"], float),
         accepted_per_position=s["accepted_per_position"],
-        acceptance_by_position=[_nan_to_none(x) for x in s["acceptance_by_position"]],
-        tokens_per_step=_nan_to_none(s["tokens_per_step"]), draft_share_of_steps=_nan_to_none(s["draft_share_of_steps"]),
+        acceptance_by_position=[nan_to_none(x, float) for x in s["acceptance_by_position"]],
+        tokens_per_step=nan_to_none(s["tokens_per_step"], float),
+        draft_share_of_steps=nan_to_none(s["draft_share_of_steps"], float),
         open_ended_requests=s["open_ended_requests"], predicted_tpot_ms_mean=tpot,
         predicted_output_tokens_per_s=tput, seconds=seconds)
 

@@ -44,6 +44,8 @@ ENSEMBLE_TOKEN_BUDGET = 600_000_000
 ENSEMBLE_KV_THRESHOLD = 0.9
 #: Timing noise (coefficient of variation of a step's and of a request's lag) when the calibration has none.
 DEFAULT_TIMING_CV = 0.15
+#: Hit-rate drop (percentage points below the lowest level) that marks the eviction cliff by default.
+DEFAULT_CLIFF_DROP_PP = 5.0
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def ensemble_size(prompt_tokens: int) -> int:
     return max(1, min(ENSEMBLE_RUNS, ENSEMBLE_TOKEN_BUDGET // max(prompt_tokens, 1)))
 
 
-def find_cliff(rows: Sequence[LevelPrediction], cliff_drop_pp: float = 5.0) -> int | None:
+def find_cliff(rows: Sequence[LevelPrediction], cliff_drop_pp: float = DEFAULT_CLIFF_DROP_PP) -> int | None:
     """First level whose hit rate is more than ``cliff_drop_pp`` points below the lowest level's."""
     if not rows:
         return None

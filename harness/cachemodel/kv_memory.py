@@ -143,7 +143,7 @@ def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:
 def kv_bytes_per_token(shape: ModelShape, kv_dtype: str | None = None, tp: int = 1) -> float:
     """Bytes per token per GPU if every layer kept every token (full attention)."""
     b = dtype_bytes(kv_dtype or shape.dtype) if kv_dtype not in (None, "auto") else dtype_bytes(shape.dtype)
-    return 2 * shape.num_layers * kv_heads_per_gpu(shape.num_kv_heads, tp) * shape.head_dim * b
+    return kv_cache_bytes(shape.num_layers, kv_heads_per_gpu(shape.num_kv_heads, tp), shape.head_dim, 1, b)
 
 
 def kv_bytes_for_sequence(shape: ModelShape, context: int, kv_dtype: str | None = None, tp: int = 1) -> float:

@@ -161,9 +161,7 @@ class _Seq:
     def __init__(self, idx: int, req: SimRequest, res: ScheduledResult, B: int) -> None:
         self.idx = idx
         self.req = req
-        out = max(req.output_tokens, 1)
-        n_full = (req.prompt_tokens + out - 1) // B
-        self.hashes = req.full_hashes(n_full)
+        self.hashes = req.full_hashes(req.finished_blocks(B)[1])
         self.num_tokens = req.prompt_tokens
         self.num_computed = 0
         self.blocks: list[int] = []
@@ -394,7 +392,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
             t, _, idx = heapq.heappop(clock.heap)
             r, res = reqs[idx], results[idx]
             res.arrival_s = sent_s[idx]
-            if usable is not None and -(-(r.prompt_tokens + res.output_tokens - 1) // B) > usable:
+            if usable is not None and r.finished_blocks(B)[0] > usable:
                 res.fits = False
                 res.scheduled_s = res.first_token_s = res.done_s = res.arrival_s
                 on_done(idx, t)

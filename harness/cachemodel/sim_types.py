@@ -35,6 +35,18 @@ class SimRequest:
     #: Explicit provider cache breakpoints (token positions), for the provider prompt-cache model.
     breakpoints: list[int] | None = None
 
+    def hit_cap_blocks(self, block_size: int) -> int:
+        """The most leading blocks a lookup may hit: ``(P-1)//B``, since vLLM always recomputes the last prompt
+        token (``KVCacheManager.get_computed_blocks``)."""
+        return max(self.prompt_tokens - 1, 0) // block_size
+
+    def finished_blocks(self, block_size: int) -> tuple[int, int]:
+        """(blocks the finished request holds, how many of them are full): of its first ``P+O-1`` tokens, since
+        the last sampled token is never fed back and has no KV (vllm-facts §9); ``P`` with no output. The
+        simulator's admission, the scheduler model's hashes and both models' too-large check read this."""
+        computed = self.prompt_tokens + max(self.output_tokens - 1, 0)
+        return -(-computed // block_size), computed // block_size
+
     def full_hashes(self, n_full: int) -> list[int]:
         """The hashes of the first ``n_full`` blocks, missing ones (unknown output) unique so they never hit."""
         h = self.hashes

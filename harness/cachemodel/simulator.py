@@ -14,6 +14,13 @@ Per request (vllm-facts §1, §9; ``KVCacheManager.get_computed_blocks`` / ``all
 blocks, admission is FCFS and waits for free blocks (no preemption), and all of a request's blocks are
 allocated and hashed at admission (vLLM hashes blocks when it schedules them; decode blocks arrive
 later in reality, so timed mode is slightly pessimistic about free space).
+
+Timed mode is the coarse, calibration-free overlap model behind ``kvscope simulate --mode timed``, the one
+that spreads requests over N replicas by a routing policy. The step-level model of one vLLM instance —
+token budget, chunked prefill, preemption, step costs from a calibration — is :mod:`.scheduler`, and every
+prediction of latency, preemption or capacity comes from it. The two share what decides the cache: the pools
+(:func:`~.pool.make_pool`), the lookup and admission check (``find_hits`` / ``evictable``) and a request's
+block geometry (:meth:`SimRequest.hit_cap_blocks`, :meth:`SimRequest.finished_blocks`).
 """
 
 from __future__ import annotations
@@ -64,9 +71,7 @@ class ServiceModel:
 
 def _shape(req: SimRequest, B: int) -> tuple[int, int, int]:
     """(hit cap in blocks, blocks held at the end, full blocks cached at the end)."""
-    P, O = req.prompt_tokens, req.output_tokens
-    computed = P + (O - 1 if O > 0 else 0)
-    return ((P - 1) // B if P > 0 else 0), -(-computed // B), computed // B
+    return (req.hit_cap_blocks(B), *req.finished_blocks(B))
 
 
 class Replica:
@@ -84,8 +89,7 @@ class Replica:
         self.waiting: deque[SimRequest] = deque()
 
     def probe(self, req: SimRequest) -> int:
-        cap = max(req.prompt_tokens - 1, 0) // self.cfg.block_size
-        return self.pool.lookup(req.hashes, cap)
+        return self.pool.lookup(req.hashes, req.hit_cap_blocks(self.cfg.block_size))
 
     # Sequential mode: nothing else is running, so ref counts can be skipped (idle fast paths).
     def run_sequential(self, req: SimRequest) -> tuple[int, bool]:
@@ -246,16 +250,11 @@ def _run_timed(reqs: list[SimRequest], reps: list[Replica], router: Router, B: i
 # ---------------------------------------------------------------------------------------------------
 # Convenience entry points for the harness.
 
-def requests_from_token_pairs(
-    pairs: Iterable[tuple[Sequence[int], Sequence[int] | None]],
-    block_size: int,
-    *,
-    cache_salts: Sequence[str | None] | None = None,
-    session_ids: Sequence[str | None] | None = None,
-) -> list[SimRequest]:
-    """Build :class:`SimRequest` s from ``(prompt_ids, output_ids)`` pairs (output ids may be None)."""
-    return list(iter_requests_from_token_pairs(pairs, block_size, cache_salts=cache_salts,
-                                               session_ids=session_ids))
+def requests_from_token_pairs(pairs: Iterable[tuple[Sequence[int], Sequence[int] | None]], block_size: int,
+                              **names: Sequence[str | None] | None) -> list[SimRequest]:
+    """Build :class:`SimRequest` s from ``(prompt_ids, output_ids)`` pairs (output ids may be None);
+    ``cache_salts`` and ``session_ids`` as in :func:`iter_requests_from_token_pairs`."""
+    return list(iter_requests_from_token_pairs(pairs, block_size, **names))
 
 
 def iter_requests_from_token_pairs(

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
-from kvscope.harness.cachemodel.capacity_model import ENSEMBLE_RUNS, ENSEMBLE_TOKEN_BUDGET
+from kvscope.harness.cachemodel.capacity_model import (
+    DEFAULT_CLIFF_DROP_PP,
+    ENSEMBLE_RUNS,
+    ENSEMBLE_TOKEN_BUDGET,
+)
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
 from kvscope.harness.common.errors import ConfigError, KvscopeError
+from kvscope.harness.common.numbers import nan_to_none
 
 
 def _levels(s: str) -> list[int]:
@@ -61,7 +65,7 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
                    "never hit; what `kvscope replay` measures by default) or live (they carry the model's own)")
     p.add_argument("--num-gpu-blocks", type=argtypes.num_gpu_blocks, default=None,
                    help="override the calibrated server's num_gpu_blocks (what-if KV capacity)")
-    p.add_argument("--cliff-drop-pp", type=float, default=5.0,
+    p.add_argument("--cliff-drop-pp", type=float, default=DEFAULT_CLIFF_DROP_PP,
                    help="hit-rate drop (percentage points below the lowest level) that marks the cliff")
     p.add_argument("--runs", type=argtypes.positive_int, default=None, metavar="N",
                    help="runs of the model per level that comes near a full KV pool, each with the host's "
@@ -92,9 +96,12 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     import time
     from dataclasses import asdict
 
-    from kvscope.harness.analysis.capacity import capacity_from_points, predicted_points
-    from kvscope.harness.cachemodel.capacity_model import DEFAULT_TIMING_CV, find_cliff, predict_levels
-    from kvscope.harness.cachemodel.trace_io import load_trace
+    from kvscope.harness.analysis.capacity_prediction import (
+        CalibrationFitError,
+        predict_curve,
+        predicted_capacity,
+    )
+    from kvscope.harness.cachemodel.capacity_model import DEFAULT_TIMING_CV
     from kvscope.harness.results.loaders import load_calibration
 
     if args.time_scale < 0:
@@ -108,7 +115,12 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
               f"load average {cal.load_average_1m:.1f}; saved {args.save_calibration}")
     else:
         cal = load_calibration(args.calibration)
-    if not cal.fit_r2 >= args.min_fit_r2:
+    t0 = time.perf_counter()
+    try:
+        curve = predict_curve(args.trace, cal, args.levels, num_gpu_blocks=args.num_gpu_blocks,
+                              time_scale=args.time_scale, mode=args.mode, ensemble_runs=args.runs,
+                              min_fit_r2=args.min_fit_r2)
+    except CalibrationFitError:
         source = args.save_calibration if args.server else args.calibration
         load = "" if cal.load_average_1m is None else f", load average {cal.load_average_1m:.1f} while measuring"
         raise KvscopeError(
@@ -116,15 +128,9 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
             f"--min-fit-r2 {args.min_fit_r2:g}, median error {cal.fit_median_rel_error:.0%}{load}); "
             + ("the model takes one token per decode step, and this server decodes speculatively "
                f"(speculative_config in {args.server})" if speculative else
-               "calibrate again on a quiet host or lower --min-fit-r2"))
-    cfg = cal.scheduler_config(args.num_gpu_blocks)
-    t0 = time.perf_counter()
-    tr = load_trace(args.trace, cfg.block_size)
-    rows = predict_levels(tr.requests, cfg, cal.cost_model(), args.levels, time_scale=args.time_scale,
-                          mode=args.mode, timing_cv=cal.timing_cv, ensemble_runs=args.runs)
-    cliff = find_cliff(rows, args.cliff_drop_pp)
-    found = capacity_from_points("server", "trace", "concurrency", predicted_points(rows), args.slo_ttft,
-                                 points_source="predicted")
+               "calibrate again on a quiet host or lower --min-fit-r2")) from None
+    rows, cfg = curve.rows, curve.config
+    found, cliff = predicted_capacity(rows, args.slo_ttft, cliff_drop_pp=args.cliff_drop_pp)
     capacity = None if found.capacity is None else int(found.capacity)
     print(f"{'conc':>5} {'hit':>7} {'ttft p50':>9} {'ttft p90':>9} {'e2e p50':>9} {'preemptions':>16} "
           f"{'kv mean':>8} {'kv max':>7} {'runs':>5} {'sim s':>6}")
@@ -147,7 +153,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     print(f"predicted in {time.perf_counter() - t0:.1f} s")
     if args.json:
         def clean(d: dict) -> dict:
-            return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+            return {k: nan_to_none(v) for k, v in d.items()}
 
         with open(args.json, "w") as f:
             json.dump({"trace": args.trace, "calibration": cal.model_dump(exclude={"samples"}),

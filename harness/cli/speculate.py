@@ -4,11 +4,11 @@ registered by ``kvscope.harness.cli.main``."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
+from kvscope.harness.common.numbers import nan_to_none
 
 
 def _windows(text: str) -> list[tuple[int, int]]:
@@ -95,7 +95,7 @@ def _configs(a: argparse.Namespace) -> list:
 
 
 def _fmt(v, spec: str) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if nan_to_none(v) is None:
         width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
         return "-".rjust(int(width) if width else 1)
     return format(v, spec)

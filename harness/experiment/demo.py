@@ -29,7 +29,7 @@ class TurnRow:
 
 
 def _text_ids(tokenizer, rng: np.random.Generator, n: int) -> list[int]:
-    from kvscope.harness.model.tinymodel import generate_corpus
+    from kvscope.workloads.corpus import generate_corpus
 
     text = generate_corpus(int(rng.integers(0, 2**31)), num_chars=max(400, n * 6))
     ids = tokenizer.encode(text).ids

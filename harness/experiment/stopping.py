@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from kvscope.harness.analysis.sequential import (DECIDED, SequentialOutcome, SequentialRule, run_sequence,
                                                  run_statistic)
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.schemas import SequentialEntry, SequentialVerdictEntry
 from kvscope.harness.results.summary import summary_file_model
 
@@ -155,9 +156,7 @@ class EarlyStop:
 
 
 def _finite(x: float) -> float | None:
-    import math
-
-    return x if x is not None and math.isfinite(x) else None
+    return nan_to_none(x, infinite=True)
 
 
 def early_stop_for(run: "RunContext", server_names: list[str]) -> EarlyStop | None:

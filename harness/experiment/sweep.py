@@ -25,7 +25,6 @@ decoding, session rates, no calibration) the sweep climbs its ladder as above, a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ from kvscope.harness.analysis.capacity import (
     point_meets_slo,
     predicted_points,
 )
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
 if TYPE_CHECKING:
@@ -240,17 +240,11 @@ def predicted_curve(state: SweepState, trace_dir: Path, cal: CalibrationFile, *,
                     mode: str) -> list[Any]:
     """The scheduler model's `LevelPrediction` per level of :func:`curve_levels` for the sweep's trace; the
     same rows plan a ``sweep.plan: predicted`` sweep before it starts and are recorded beside it after.
-    ValueError when the calibration's fit is too poor to predict from."""
-    from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
-    from kvscope.harness.cachemodel.capacity_model import predict_levels
-    from kvscope.harness.cachemodel.trace_io import load_trace
+    `CalibrationFitError` (a ValueError) when the calibration's fit is too poor to predict from."""
+    # deferred, as every use of the scheduler model here: a sweep without ``predict`` never loads it
+    from kvscope.harness.analysis.capacity_prediction import predict_curve
 
-    if not cal.fit_r2 >= MIN_FIT_R2:
-        raise ValueError(f"the calibration's step-cost fit is too poor to predict from (R² {cal.fit_r2:.2f} < "
-                         f"{MIN_FIT_R2:g})")
-    cfg = cal.scheduler_config()
-    return predict_levels(load_trace(trace_dir, cfg.block_size).requests, cfg, cal.cost_model(), curve_levels(state),
-                          time_scale=time_scale, mode=mode, timing_cv=cal.timing_cv)
+    return predict_curve(trace_dir, cal, curve_levels(state), time_scale=time_scale, mode=mode).rows
 
 
 def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
@@ -260,7 +254,7 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     eviction cliff; a dict of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep
     measures few of them, and a prediction limited to those said 4 on the quickstart where its own curve at 5
     passes (measured: 6)."""
-    from kvscope.harness.cachemodel.capacity_model import find_cliff
+    from kvscope.harness.analysis.capacity_prediction import predicted_capacity  # deferred: as above
 
     base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
     rows = state.predicted_rows
@@ -271,15 +265,15 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
             return {**base, "skipped": str(exc)}
 
     def num(x: float) -> float | None:
-        return None if math.isnan(x) else float(x)  # NaN (no request finished) -> null
+        return nan_to_none(x, float)  # NaN (no request finished) -> null
 
     points = predicted_points(rows)
     live = state.capacity(unloaded_fallback=points[0] if points else None)
     # the measured sweep's absolute SLO (a relative one resolved from its lowest level), so both capacities
     # answer the same objective; the model's own lowest level only where nothing was measured
     slo = live.slo_ttft_p90_ms
-    cap = capacity_from_points(state.server, state.workload, "concurrency", points, slo if slo is not None else 0.0)
-    cliff = find_cliff(rows)
+    cap, cliff = predicted_capacity(rows, slo if slo is not None else 0.0, server=state.server,
+                                    workload=state.workload)
     measured = live.capacity
     held = "none of the levels" if cap.capacity is None else f"{int(cap.capacity)} concurrent sessions"
     sentence = (f"the scheduler model, calibrated on {state.server} before the sweep, predicts {held} at "

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.workloads.corpus import generate_corpus
+
 SPECIAL_TOKENS = [
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -119,79 +121,6 @@ class BuildInfo:
     num_parameters: int
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
     tokenizer: str = "trained"  # TOKENIZER_CHOICES
-
-
-# ----------------------------------------------------------------------------------------------- corpus
-
-_WORDS = (
-    "the a to of and in for is on that with this it as be are from by at or an will can not use file "
-    "function value return error test request cache token prefix block model server agent tool output "
-    "result step user system prompt context history session memory latency throughput batch queue "
-    "config path line read write update create delete list search find open close run build install "
-    "check fix change add remove import export data table row column index key hash size time rate"
-).split()
-_IDENTS = (
-    "config request response handler client server cache block token prefix session step trace model "
-    "record metric result output input buffer stream parser writer reader index state queue worker"
-).split()
-_TOOLS = ["read_file", "write_file", "bash", "grep", "list_dir", "edit_file", "run_tests", "search_code"]
-_EXTS = ["py", "ts", "rs", "go", "md", "json", "yaml", "toml", "txt", "c"]
-
-
-def _ident(rng: np.random.Generator) -> str:
-    parts = rng.choice(_IDENTS, size=int(rng.integers(1, 4)))
-    return "_".join(str(p) for p in parts)
-
-
-def _sentence(rng: np.random.Generator) -> str:
-    words = [str(w) for w in rng.choice(_WORDS, size=int(rng.integers(5, 18)))]
-    words[0] = words[0].capitalize()
-    return " ".join(words) + str(rng.choice([".", ".", ".", "?", "!", ":"]))
-
-
-def _code(rng: np.random.Generator) -> str:
-    name, arg = _ident(rng), _ident(rng)
-    body = [f"def {name}({arg}, timeout_s={int(rng.integers(1, 120))}):", f'    """{_sentence(rng)}"""']
-    for _ in range(int(rng.integers(2, 7))):
-        var = _ident(rng)
-        body.append(f"    {var} = {arg}.get('{_ident(rng)}', {int(rng.integers(0, 4096))})")
-        if rng.random() < 0.4:
-            body.append(f"    if {var} is None:\n        raise ValueError('{_sentence(rng)}')")
-    body.append(f"    return {_ident(rng)}")
-    return "\n".join(body)
-
-
-def _tool_call(rng: np.random.Generator) -> str:
-    tool = str(rng.choice(_TOOLS))
-    path = "/".join(_ident(rng) for _ in range(int(rng.integers(1, 4)))) + "." + str(rng.choice(_EXTS))
-    return json.dumps({"name": tool, "arguments": {"path": path, "line": int(rng.integers(1, 900))}})
-
-
-def _tool_output(rng: np.random.Generator) -> str:
-    kind = rng.integers(0, 3)
-    if kind == 0:
-        return "\n".join(
-            f"{_ident(rng)}.{rng.choice(_EXTS)}  {int(rng.integers(10, 99999))} bytes"
-            for _ in range(int(rng.integers(3, 12)))
-        )
-    if kind == 1:
-        return "\n".join(
-            f"{i + 1:4d}  {_code(rng).splitlines()[0]}" for i in range(int(rng.integers(3, 10)))
-        )
-    return f"{int(rng.integers(1, 300))} passed, {int(rng.integers(0, 5))} failed in {rng.random() * 30:.2f}s"
-
-
-def generate_corpus(seed: int, num_chars: int = 1_500_000) -> str:
-    """Agent-like text (prose, code, JSON tool calls, tool output) to train the tokenizer and the model on."""
-    rng = np.random.default_rng(seed)
-    makers = (_sentence, _code, _tool_call, _tool_output)
-    pieces: list[str] = []
-    total = 0
-    while total < num_chars:
-        piece = makers[int(rng.integers(0, len(makers)))](rng)
-        pieces.append(piece)
-        total += len(piece) + 1
-    return "\n".join(pieces)
 
 
 # -------------------------------------------------------------------------------------------- tokenizer

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.report.notebooks import page_by_name, page_names
 from kvscope.harness.report.summary import findings_html
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
@@ -316,7 +317,7 @@ def _parameters(spec: ExperimentSpecCore | None, extra: dict[str, dict[str, Any]
 
 
 def _fmt(x: Any, kind: str) -> str:
-    if x is None or (isinstance(x, float) and x != x):
+    if nan_to_none(x) is None:
         return "–"
     if kind == "pct":
         return f"{x:.1%}"

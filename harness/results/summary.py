@@ -30,13 +30,13 @@ loaders may not import the replay (a layer above); the computation reads only re
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.goodput import goodput
 from kvscope.harness.results.percentiles import percentiles
 from kvscope.harness.results.summary_parts import (ClientStats, ServerFacts,  # noqa: F401 - re-exported
@@ -780,8 +780,8 @@ def _clean(x: Any) -> Any:
         return {k: _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_clean(v) for v in x]
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
+    if isinstance(x, float):
+        return nan_to_none(x, infinite=True)
     if isinstance(x, np.generic):
         return _clean(x.item())
     return x

@@ -13,6 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from kvscope.harness.common.numbers import nan_to_none
+
 Labels = tuple[tuple[str, str], ...]
 
 # current name -> older names that carried the same value
@@ -250,10 +252,10 @@ class MetricsDelta:
             "prompt_tokens_by_source": self.prompt_tokens_by_source,
             "spec_accepted_per_position": self.accepted_per_position,
             "requests_by_finish_reason": self.requests_by_finish_reason,
-            "prefix_cache_hit_rate": _nan_to_none(self.prefix_cache_hit_rate),
-            "spec_acceptance_rate": _nan_to_none(self.spec_acceptance_rate),
-            "spec_mean_acceptance_length": _nan_to_none(self.spec_mean_acceptance_length),
-            "spec_acceptance_by_position": [_nan_to_none(x) for x in self.spec_acceptance_by_position],
+            "prefix_cache_hit_rate": nan_to_none(self.prefix_cache_hit_rate),
+            "spec_acceptance_rate": nan_to_none(self.spec_acceptance_rate),
+            "spec_mean_acceptance_length": nan_to_none(self.spec_mean_acceptance_length),
+            "spec_acceptance_by_position": [nan_to_none(x) for x in self.spec_acceptance_by_position],
             "reset_detected": self.reset_detected,
         }
 
@@ -292,10 +294,6 @@ def combine_deltas(deltas: Sequence[MetricsDelta]) -> MetricsDelta:
 def _column(name: str) -> str:
     """A vLLM sample name as a result column: ``vllm:num_preemptions_total`` -> ``num_preemptions``."""
     return name.removeprefix("vllm:").removesuffix("_total")
-
-
-def _nan_to_none(x: float) -> float | None:
-    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 DELTA_HISTOGRAMS = (

@@ -22,14 +22,10 @@ from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> list:
-    from kvscope.workloads.errors import TraceFileError, parse_json
-    from kvscope.workloads.importers.sniff import check_kind
+    from kvscope.workloads.errors import TraceFileError
+    from kvscope.workloads.importers.sniff import read_json_document
 
-    check_kind(p, "openhands")
-    try:
-        data = parse_json(p.read_bytes(), str(p))
-    except OSError as exc:
-        raise TraceFileError(f"{p}: cannot read ({exc.strerror})") from None
+    data = read_json_document(p, "openhands")
     if not isinstance(data, list):
         raise TraceFileError(f"{p}: not an OpenHands trajectory (expected a JSON list of events)")
     return data

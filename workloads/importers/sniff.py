@@ -145,6 +145,19 @@ def check_kind(path: str | Path, expected: str) -> None:
     raise TraceFileError(f"{path}: looks like {describe(kind)}, not {want}{hint}")
 
 
+def read_json_document(path: str | Path, expected: str) -> Any:
+    """A whole-document JSON trace (a trajectory) of kind ``expected``, parsed; one-line errors for a file of
+    another kind (:func:`check_kind`), one that cannot be read, or one that is not JSON."""
+    from kvscope.workloads.errors import TraceFileError, parse_json
+
+    check_kind(path, expected)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_json(data, str(path))
+
+
 def refuse_empty(path: str | Path, expected: str, what: str = "model calls") -> None:
     """The error for a file of the right kind from which nothing could be read."""
     from kvscope.workloads.errors import TraceFileError

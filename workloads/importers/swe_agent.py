@@ -23,14 +23,10 @@ from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> dict:
-    from kvscope.workloads.errors import TraceFileError, parse_json
-    from kvscope.workloads.importers.sniff import check_kind
+    from kvscope.workloads.errors import TraceFileError
+    from kvscope.workloads.importers.sniff import read_json_document
 
-    check_kind(p, "swe-agent")
-    try:
-        data = parse_json(p.read_bytes(), str(p))
-    except OSError as exc:
-        raise TraceFileError(f"{p}: cannot read ({exc.strerror})") from None
+    data = read_json_document(p, "swe-agent")
     if not isinstance(data, dict) or not isinstance(data.get("trajectory"), list):
         raise TraceFileError(f"{p}: not a SWE-agent trajectory (expected an object with a `trajectory` list)")
     return data

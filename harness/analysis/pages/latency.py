@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
@@ -127,7 +128,7 @@ def latency_findings(res: ExperimentResults) -> list[Finding]:
                            sentence="Share of requests meeting the SLO (TTFT ≤ {:.0f} ms{}): {}.".format(
                                slo.ttft_ms, f", TPOT ≤ {slo.tpot_ms:.0f} ms" if slo.tpot_ms else "",
                                ", ".join(f"{s} {_pct(v)}" for s, v in gp.items())),
-                           numbers={f"goodput_{s}": None if pd.isna(v) else float(v) for s, v in gp.items()}))
+                           numbers={f"goodput_{s}": nan_to_none(v, float) for s, v in gp.items()}))
     return out
 
 
