@@ -40,6 +40,7 @@ import numpy as np
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.simulator import Replica, SimConfig
 from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.common.numbers import nan_to_none
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -704,7 +705,7 @@ def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: st
     if labels is not None:
         lab = read_labels(labels, ids)
         for c in lab.columns:
-            cols[str(c)] = [None if _isnan(v) else v for v in lab[c].tolist()]
+            cols[str(c)] = [nan_to_none(v) for v in lab[c].tolist()]
     facts = [RequestFacts(int(rid), None if sid is None else str(sid), int(st), ik if isinstance(ik, str) else None,
                           int(pt), int(ot), {c: v[i] for c, v in cols.items()})
              for i, (rid, sid, st, ik, pt, ot) in enumerate(zip(ids, frame["session_id"], frame["step"],
@@ -716,12 +717,6 @@ def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: st
             progress(f"hashing at block size {bs}")
         by_block[bs] = read_kvscope_trace(path, bs, trace=trace).requests
     return RoutingInputs(str(path), facts, by_block, tuple(cols))
-
-
-def _isnan(v: Any) -> bool:
-    import math
-
-    return isinstance(v, float) and math.isnan(v)
 
 
 def check_columns(spec: ModelRoutingSpec, inputs: RoutingInputs) -> None:

@@ -22,6 +22,7 @@ from kvscope.harness.analysis.ab import (
 )
 from kvscope.harness.analysis.common import RESAMPLES, _derived, _ok_cells, _runs, _signed_pct
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding, VerdictCell
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import Use, compared_statistics
@@ -232,7 +233,7 @@ def _verdicts_in_findings_file(ctx: PageContext, figures_dir: Path) -> dict[str,
     ab.to_csv(figures_dir / "verdicts.csv", index=False)
     t = ab[ab["metric"].isin(pivot_metrics())]
     verdicts = [VerdictCell(pair=f"{r.A} → {r.B} · {r.workload} · {r.load}", metric=r.metric,
-                            verdict=str(r.verdict), relative=None if pd.isna(r.relative) else float(r.relative),
+                            verdict=str(r.verdict), relative=nan_to_none(r.relative, float),
                             data_quality=str(getattr(r, "data_quality", "") or "") or None)
                 for r in t.itertuples()]
     return {"verdicts": verdicts, "verdicts_csv": "figures/ab_compare/verdicts.csv"}
