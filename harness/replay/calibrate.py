@@ -133,10 +133,13 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
     facts = endpoint_facts(endpoint, backend=backend)
     if not facts.block_size:
         raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
-    server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=facts.block_size,
-                               num_gpu_blocks=facts.num_blocks, max_num_seqs=max_num_seqs or 128,
-                               max_num_batched_tokens=max_num_batched_tokens or 2048,
-                               max_model_len=facts.max_model_len)
+    def whole(n: float | None) -> int | None:  # the file is strict: counts are integers, never 16.0
+        return None if n is None else int(n)
+
+    server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=whole(facts.block_size),
+                               num_gpu_blocks=whole(facts.num_blocks), max_num_seqs=int(max_num_seqs or 128),
+                               max_num_batched_tokens=int(max_num_batched_tokens or 2048),
+                               max_model_len=whole(facts.max_model_len))
     load = os.getloadavg()[0]
     # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
     # this host's wake-up delays (replay/priority.py).
