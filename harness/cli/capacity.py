@@ -85,7 +85,8 @@ def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
     try:
         cal = calibrate_server(backend.endpoint, out, client_priority_mode=client_priority,  # type: ignore[arg-type]
                                max_num_seqs=getattr(cfg, "max_num_seqs", None),
-                               max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
+                               max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None),
+                               headers=backend.auth_headers())
     finally:
         backend.stop()
     return cal, bool(getattr(cfg, "speculative_config", None))

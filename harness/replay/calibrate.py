@@ -25,7 +25,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from kvscope.harness.cachemodel.calibration import (TimingSample, batch_sample, fit_cost_model, median_of_repeats,
                                                      prefill_sample, timing_cv)
@@ -67,7 +67,8 @@ def _timed_completion(client, url: str, model: str, prompt: list[int], max_token
 
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
                     prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24,
-                    rounds: int = CALIBRATION_ROUNDS) -> list[TimingSample]:
+                    rounds: int = CALIBRATION_ROUNDS, headers: Mapping[str, str] | None = None
+                    ) -> list[TimingSample]:
     """Every shape measured ``rounds`` times (interleaved, round by round): all the timings, unreduced
     (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread)."""
     import httpx
@@ -84,7 +85,7 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
         return [rng.randrange(10, 8000) for _ in range(n)]
 
     samples: list[TimingSample] = []
-    with httpx.Client(timeout=300.0, verify=tls_context()) as client:
+    with httpx.Client(timeout=300.0, verify=tls_context(), headers=dict(headers or {})) as client:
         _timed_completion(client, url, model, ids(16), 2)  # warm-up, not recorded
         short_len = min(64, limit)
         long_len = max(short_len, min(limit, 1024))
@@ -126,11 +127,13 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
 def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int | None = None,
                      max_num_batched_tokens: int | None = None, seed: int = 0,
                      backend: str = DEFAULT_BACKEND,
-                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY) -> CalibrationFile:
+                     client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY,
+                     headers: Mapping[str, str] | None = None) -> CalibrationFile:
     """Measure ``endpoint`` and write the calibration file; the server's KV facts come from its backend.
     ``client_priority_mode``: the replay's choice (``--client-priority``), so a calibration and the replays
-    it predicts are timed by a client scheduled alike; recorded as ``client_priority``."""
-    facts = endpoint_facts(endpoint, backend=backend)
+    it predicts are timed by a client scheduled alike; recorded as ``client_priority``. ``headers``: the
+    server's auth (`Backend.auth_headers`), sent with every request."""
+    facts = endpoint_facts(endpoint, backend=backend, headers=headers)
     if not facts.block_size:
         raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
     def whole(n: float | None) -> int | None:  # the file is strict: counts are integers, never 16.0
@@ -144,7 +147,7 @@ def calibrate_server(endpoint: str, out_path: str | Path, *, max_num_seqs: int |
     # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
     # this host's wake-up delays (replay/priority.py).
     with client_priority(client_priority_mode, threads_inherit=True) as priority:
-        timings = measure_samples(endpoint, facts.model or "default", server, seed=seed)
+        timings = measure_samples(endpoint, facts.model or "default", server, seed=seed, headers=headers)
     samples = median_of_repeats(timings)
     fit = fit_cost_model(samples)
     cal = CalibrationFile(created_at=time.time(), server=server, cost=CalibrationCost(**fit.model.as_dict()),

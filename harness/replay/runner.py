@@ -635,6 +635,7 @@ def choose_predictor(opts: ReplayOptions, facts: list[dict[str, Any]], backends:
               file=sys.stderr, flush=True)
         try:
             cal = calibrate_server(backends[0].endpoint, path, backend=backends[0].name,
+                                   headers=backends[0].auth_headers(),
                                    client_priority_mode=opts.client_priority,
                                    max_num_seqs=getattr(cfg, "max_num_seqs", None),
                                    max_num_batched_tokens=getattr(cfg, "max_num_batched_tokens", None))
