@@ -117,6 +117,31 @@ def test_watchdog_kills_the_group_when_its_owner_is_sigkilled():
     other.kill()
 
 
+def test_watchdog_ends_a_stopped_group_with_sigterm_not_its_late_sigkill():
+    """Issue 40, item 7: a configuration paused by `idle_servers: pause` is SIGSTOPped; the watchdog's SIGTERM
+    stays pending on a stopped process, so only its SIGKILL after the grace period ended the server (5-25 s of
+    a 1.5 GB vLLM left). It continues the group after the SIGTERM: the stand-in ends by that SIGTERM (the
+    grace period here is 10 minutes, so a SIGKILL cannot be what ends it within the wait)."""
+    import os
+    import signal
+
+    from kvscope.harness.serving.lifecycle import ParentDeathWatchdog
+
+    group = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        os.killpg(group.pid, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(group.pid).status() == psutil.STATUS_STOPPED, 10, "the stand-in to stop")
+        dog = ParentDeathWatchdog(group.pid, grace_s=600.0)
+        os.close(dog._write_fd)  # what the kernel does when kvscope dies without release()
+        dog._write_fd = -1
+        assert group.wait(timeout=GONE_WITHIN_S) == -signal.SIGTERM
+        dog.process.wait(timeout=30)
+    finally:
+        if group.poll() is None:
+            os.killpg(group.pid, signal.SIGKILL)
+            group.wait()
+
+
 def test_released_watchdog_exits_without_killing():
     owner = subprocess.Popen([sys.executable, "-c", OWNER, "release"], stdout=subprocess.PIPE, text=True)
     _, dog_pid, other_pid = map(int, owner.stdout.readline().split())
