@@ -50,13 +50,13 @@ def test_the_estimate_grows_with_the_trace_and_shrinks_with_the_block_size():
     import numpy as np
     import pandas as pd
 
-    from kvscope.harness.analysis.explain import EXPLAIN_PROMPT_TOKENS_PER_S, explain_estimate
+    from kvscope.harness.analysis.explain import EXPLAIN_PROMPT_TOKENS_PER_S, EXPLAIN_STARTUP_S, explain_estimate
 
     def trace(n: int, prompt: int):
         return SimpleNamespace(num_requests=n, requests=pd.DataFrame({"prompt_tokens": [prompt] * n}),
                                seg_tokens=np.zeros(1000, np.int32))
 
     small, big = explain_estimate(trace(10, 1000), 16), explain_estimate(trace(142_000, 112_676), 16)
-    assert big.seconds == pytest.approx(142_000 * 112_676 / EXPLAIN_PROMPT_TOKENS_PER_S)
+    assert big.seconds == pytest.approx(EXPLAIN_STARTUP_S + 142_000 * 112_676 / EXPLAIN_PROMPT_TOKENS_PER_S)
     assert big.peak_bytes > 12 * 142_000 * 112_676 / 16 > small.peak_bytes  # the chain index: 12 B a block
     assert explain_estimate(trace(142_000, 112_676), 64).peak_bytes < big.peak_bytes / 3

@@ -831,6 +831,8 @@ def _generated_messages(messages: list[dict]) -> bool:
 #: prompts, requests per second.
 EXPLAIN_PROMPT_TOKENS_PER_S = 2.0e6
 EXPLAIN_REQUESTS_PER_S = 1000.0
+#: Process start, imports and reading the trace, before the first request is explained.
+EXPLAIN_STARTUP_S = 5.0
 #: What a run holds at its peak (module docstring): the chain index's 12 bytes a distinct block chain (at most
 #: one a prompt block), an attribution row a request, the trace's tokens (int32) and ids, and the interpreter
 #: with its libraries.
@@ -840,7 +842,7 @@ _BASE_BYTES = 250 * 2**20
 #: Share of the available memory an explain may plan to use.
 EXPLAIN_MEMORY_SHARE = 0.8
 #: Below this many estimated seconds no estimate is printed.
-ESTIMATE_ABOVE_S = 10.0
+ESTIMATE_ABOVE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -875,7 +877,7 @@ def explain_estimate(trace: Any, block_size: int) -> ExplainEstimate:
     prompt = int(trace.requests["prompt_tokens"].sum()) if n else 0
     chains = prompt // max(1, block_size) + n
     peak = _BASE_BYTES + 2 * int(trace.seg_tokens.nbytes) + _BYTES_PER_CHAIN * chains + _BYTES_PER_ROW * n
-    seconds = max(prompt / EXPLAIN_PROMPT_TOKENS_PER_S, n / EXPLAIN_REQUESTS_PER_S)
+    seconds = EXPLAIN_STARTUP_S + max(prompt / EXPLAIN_PROMPT_TOKENS_PER_S, n / EXPLAIN_REQUESTS_PER_S)
     return ExplainEstimate(n, prompt, block_size, seconds, peak)
 
 
