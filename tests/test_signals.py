@@ -142,6 +142,38 @@ def test_watchdog_ends_a_stopped_group_with_sigterm_not_its_late_sigkill():
             group.wait()
 
 
+INTERRUPTED_IN_A_CALLBACK = textwrap.dedent("""
+    import asyncio, sys
+    from kvscope.harness.replay.runner import run_event_loop
+
+    class Protocol(asyncio.Protocol):
+        def data_received(self, data):  # where a second SIGTERM's KeyboardInterrupt lands mid-replay
+            raise KeyboardInterrupt
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: w.write(b"x"), "127.0.0.1", 0)
+        await asyncio.get_running_loop().create_connection(Protocol, "127.0.0.1", server.sockets[0].getsockname()[1])
+        await asyncio.sleep(30)
+        print("ran to the end")
+
+    try:
+        run_event_loop(main(), sys.argv[1])
+    except KeyboardInterrupt:
+        print("kvscope: interrupted", file=sys.stderr)
+""")
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_an_interrupt_inside_a_transport_callback_stops_the_run_without_a_traceback(loop):
+    """Issue 40, item 8: SIGTERM during a resumed replay printed uvloop's "Fatal error on transport" and a
+    KeyboardInterrupt traceback (raised by signals.py's forwarding handler inside a transport callback) before
+    "kvscope: interrupted". The loop's exception handler takes it quietly and stops the run."""
+    pytest.importorskip(loop)
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_A_CALLBACK, loop], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stderr == "kvscope: interrupted\n" and r.stdout == "", r.stderr
+
+
 def test_released_watchdog_exits_without_killing():
     owner = subprocess.Popen([sys.executable, "-c", OWNER, "release"], stdout=subprocess.PIPE, text=True)
     _, dog_pid, other_pid = map(int, owner.stdout.readline().split())
