@@ -191,6 +191,16 @@ class Backend(ABC):
         """The key requests must carry, from the environment variable named by `api_key_env`."""
         return resolve_api_key(self._api_key_env)
 
+    @property
+    def url_credentials(self) -> dict[str, str]:
+        """The header the endpoint URL's credentials became (none: it had none); a backend rebuilt elsewhere
+        from the clean endpoint (a Ray worker) is given it back by assigning this."""
+        return dict(self._url_auth)
+
+    @url_credentials.setter
+    def url_credentials(self, headers: Mapping[str, str]) -> None:
+        self._url_auth = dict(headers)
+
     def auth_headers(self) -> dict[str, str]:
         """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts (the
         key of `api_key_env` wins over credentials that came in the endpoint URL)."""
