@@ -48,7 +48,7 @@ def generate(work: Path, name: str, preset: str, extra: list[str], tokenizer: st
 def timed(args: list[str]) -> tuple[float, float, str]:
     """(wall s, peak RSS GB, stdout) of one command under /usr/bin/time -v."""
     t = time.perf_counter()
-    r = subprocess.run(["/usr/bin/time", "-v", *args], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(["/usr/bin/time", "-v", *args], capture_output=True, text=True, cwd=REPO, check=False)
     wall = time.perf_counter() - t
     if r.returncode:
         raise SystemExit(f"{' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}")
@@ -65,8 +65,11 @@ def trace_size(trace: Path) -> tuple[int, int]:
 
 
 def main() -> int:
-    from kvscope.harness.analysis.explain import (EXPLAIN_PROMPT_TOKENS_PER_S, EXPLAIN_REQUESTS_PER_S,
-                                                  EXPLAIN_STARTUP_S)
+    from kvscope.harness.analysis.explain import (
+        EXPLAIN_PROMPT_TOKENS_PER_S,
+        EXPLAIN_REQUESTS_PER_S,
+        EXPLAIN_STARTUP_S,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default="models/tiny")

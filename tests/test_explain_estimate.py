@@ -22,7 +22,6 @@ def trace_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 def test_a_trace_too_large_for_the_memory_is_refused_naming_the_block_size(trace_dir, monkeypatch, capsys):
     import psutil
-
     from kvscope.harness.cli.main import main
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=100 * 2**20))
@@ -49,8 +48,11 @@ def test_the_estimate_and_progress_are_whole_lines_on_a_pipe(trace_dir, monkeypa
 def test_the_estimate_grows_with_the_trace_and_shrinks_with_the_block_size():
     import numpy as np
     import pandas as pd
-
-    from kvscope.harness.analysis.explain import EXPLAIN_PROMPT_TOKENS_PER_S, EXPLAIN_STARTUP_S, explain_estimate
+    from kvscope.harness.analysis.explain import (
+        EXPLAIN_PROMPT_TOKENS_PER_S,
+        EXPLAIN_STARTUP_S,
+        explain_estimate,
+    )
 
     def trace(n: int, prompt: int):
         return SimpleNamespace(num_requests=n, requests=pd.DataFrame({"prompt_tokens": [prompt] * n}),

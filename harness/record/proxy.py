@@ -43,8 +43,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
-from kvscope.harness.common.secrets import (CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields,
-                                            split_url_credentials)
+from kvscope.harness.common.secrets import (
+    CREDENTIAL_KEY_IN_JSON_RE,
+    redact_credential_fields,
+    split_url_credentials,
+)
 from kvscope.harness.results.records import RecordWriter
 from kvscope.harness.serving.sse import SseLineSplitter
 

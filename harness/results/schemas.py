@@ -417,7 +417,7 @@ class CalibrationCost(_FiniteBlock):
     per_prefill_pair_s: float = Field(ge=0, le=MAX_STEP_COST_S)
 
     @model_validator(mode="after")
-    def _a_step_takes_time(self) -> "CalibrationCost":
+    def _a_step_takes_time(self) -> CalibrationCost:
         one_step_s = (self.base_s + self.per_token_s + self.per_seq_s + self.per_context_token_s
                       + self.per_prefill_pair_s)
         if not one_step_s >= MIN_STEP_S:
