@@ -98,3 +98,23 @@ def test_a_server_that_never_becomes_ready_times_out_with_its_log(tmp_path):
         server.start()
     assert "did not become ready within 3 s" in str(e.value) and "loading weights forever" in str(e.value)
     assert server.process is None  # stopped and reaped
+
+
+# ---- a full disk names the path (issue 40, item 8): /dev/full fails every write with ENOSPC, as a full disk does
+
+
+def test_a_full_disk_under_workload_generate_names_the_trace_directory(tiny_model_dir, tmp_path):
+    """Probe: "kvscope: error: Error writing bytes to file. Detail: [errno 28] No space left on device", no path."""
+    out = tmp_path / "trace"
+    out.mkdir()
+    (out / "segments.parquet").symlink_to("/dev/full")
+    r = _kvscope("workload", "generate", "chat", "--tokenizer", str(tiny_model_dir), "--out", str(out),
+                 "--scale", "0.01", "--sessions", "1", "--no-progress")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"kvscope: error: {out}: " in r.stderr and "No space left on device" in r.stderr
+
+
+def test_a_full_disk_under_explain_json_names_the_file(trace_dir):
+    """Probe: "kvscope: error: No space left on device", no path."""
+    r = _kvscope("explain", str(trace_dir), "--json", "/dev/full", "--no-progress")
+    assert r.returncode == 2 and r.stderr.strip() == "kvscope: error: /dev/full: No space left on device", r.stderr

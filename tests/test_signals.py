@@ -117,6 +117,63 @@ def test_watchdog_kills_the_group_when_its_owner_is_sigkilled():
     other.kill()
 
 
+def test_watchdog_ends_a_stopped_group_with_sigterm_not_its_late_sigkill():
+    """Issue 40, item 7: a configuration paused by `idle_servers: pause` is SIGSTOPped; the watchdog's SIGTERM
+    stays pending on a stopped process, so only its SIGKILL after the grace period ended the server (5-25 s of
+    a 1.5 GB vLLM left). It continues the group after the SIGTERM: the stand-in ends by that SIGTERM (the
+    grace period here is 10 minutes, so a SIGKILL cannot be what ends it within the wait)."""
+    import os
+    import signal
+
+    from kvscope.harness.serving.lifecycle import ParentDeathWatchdog
+
+    group = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        os.killpg(group.pid, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(group.pid).status() == psutil.STATUS_STOPPED, 10, "the stand-in to stop")
+        dog = ParentDeathWatchdog(group.pid, grace_s=600.0)
+        os.close(dog._write_fd)  # what the kernel does when kvscope dies without release()
+        dog._write_fd = -1
+        assert group.wait(timeout=GONE_WITHIN_S) == -signal.SIGTERM
+        dog.process.wait(timeout=30)
+    finally:
+        if group.poll() is None:
+            os.killpg(group.pid, signal.SIGKILL)
+            group.wait()
+
+
+INTERRUPTED_IN_A_CALLBACK = textwrap.dedent("""
+    import asyncio, sys
+    from kvscope.harness.replay.runner import run_event_loop
+
+    class Protocol(asyncio.Protocol):
+        def data_received(self, data):  # where a second SIGTERM's KeyboardInterrupt lands mid-replay
+            raise KeyboardInterrupt
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: w.write(b"x"), "127.0.0.1", 0)
+        await asyncio.get_running_loop().create_connection(Protocol, "127.0.0.1", server.sockets[0].getsockname()[1])
+        await asyncio.sleep(30)
+        print("ran to the end")
+
+    try:
+        run_event_loop(main(), sys.argv[1])
+    except KeyboardInterrupt:
+        print("kvscope: interrupted", file=sys.stderr)
+""")
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_an_interrupt_inside_a_transport_callback_stops_the_run_without_a_traceback(loop):
+    """Issue 40, item 8: SIGTERM during a resumed replay printed uvloop's "Fatal error on transport" and a
+    KeyboardInterrupt traceback (raised by signals.py's forwarding handler inside a transport callback) before
+    "kvscope: interrupted". The loop's exception handler takes it quietly and stops the run."""
+    pytest.importorskip(loop)
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_A_CALLBACK, loop], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.stderr == "kvscope: interrupted\n" and r.stdout == "", r.stderr
+
+
 def test_released_watchdog_exits_without_killing():
     owner = subprocess.Popen([sys.executable, "-c", OWNER, "release"], stdout=subprocess.PIPE, text=True)
     _, dog_pid, other_pid = map(int, owner.stdout.readline().split())

@@ -211,7 +211,14 @@ class Trace:
 
     # ------------------------------------------------------------------ io
     def write(self, path: str | Path) -> Path:
+        """Write the trace directory; an OSError (a full disk included) names it."""
+        from kvscope.workloads.versioned_file import naming_write_errors
+
         out = Path(path)
+        with naming_write_errors(out):
+            return self._write(out)
+
+    def _write(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         lengths = self.segment_lengths()
         offsets32 = self.seg_offsets.astype(np.int64)

@@ -15,7 +15,10 @@ would mean guessing what each missing field meant. Regenerate them (re-run the r
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -113,6 +116,30 @@ def write_versioned(path: str | Path, model: VersionedFile, sort_keys: bool = Fa
     else:
         text = model.model_dump_json(indent=2)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    with naming_write_errors(path):
+        try:
+            tmp.write_text(text + "\n")
+            tmp.replace(path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
+
+
+@contextmanager
+def naming_write_errors(path: str | Path) -> Iterator[None]:
+    """Re-raise an OSError met while writing ``path`` (a file or a directory of files) with ``path`` as its
+    file name: a full disk fails a ``write`` with no file name (pyarrow's and ``json.dump``'s errors read
+    "No space left on device" alone), and a temporary file's name is not what the user gave. A missing
+    parent directory is named as such."""
+    try:
+        yield
+    except OSError as exc:
+        p = Path(path)
+        if isinstance(exc, FileNotFoundError) and not p.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "no such directory to write into", str(p.parent)) from None
+        own_temp = exc.filename is not None and Path(exc.filename).name.startswith(f".{p.name}.")
+        if exc.filename is None or own_temp:
+            detail = exc.strerror or str(exc) or type(exc).__name__
+            raise OSError(exc.errno, detail, str(p)) from None
+        raise

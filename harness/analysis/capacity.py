@@ -47,32 +47,41 @@ _ABSOLUTE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:ms)?\s*$")
 
 @dataclass(frozen=True)
 class TtftSlo:
-    """A TTFT p90 objective: ``ms`` (absolute) or ``unloaded_factor`` times the lowest level's TTFT p90."""
+    """A TTFT p90 objective: ``ms`` (absolute) or ``unloaded_factor`` times the lowest level's TTFT p90.
+    ``number`` is the figure as the user wrote it, so the objective prints as given (``1.0000001x_unloaded``,
+    not ``%g``'s ``1x``, which is refused)."""
 
     ms: float | None = None
     unloaded_factor: float | None = None
+    number: str | None = field(default=None, compare=False)
 
     @property
     def text(self) -> str:
-        return f"{self.unloaded_factor:g}x_unloaded" if self.unloaded_factor is not None else f"{self.ms:g}ms"
+        if self.unloaded_factor is not None:
+            return f"{self.number or f'{self.unloaded_factor:g}'}x_unloaded"
+        return f"{self.number or f'{self.ms:g}'}ms"
 
 
 def parse_ttft_slo(value: str | float) -> TtftSlo:
     """``250``, ``"250ms"`` (absolute) or ``"3x_unloaded"`` (3 times the unloaded TTFT p90); ValueError, one
-    line, on anything else."""
+    line, on anything else (an infinite figure included: 400 nines resolved to ``inf ms``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not value > 0:
-            raise ValueError(f"TTFT p90 SLO {value!r} must be > 0 ms")
+        if not value > 0 or not math.isfinite(value):
+            raise ValueError(f"TTFT p90 SLO {value!r} must be a finite number of ms > 0")
         return TtftSlo(ms=float(value))
     text = str(value)
     if m := _RELATIVE_RE.match(text):
         factor = float(m.group(1))
+        if not math.isfinite(factor):
+            raise ValueError(f"TTFT p90 SLO {text[:40]!r}...: the factor is not a finite number")
         if not factor > 1:
             raise ValueError(f"TTFT p90 SLO {text!r}: the factor must be above 1 (at 1x the unloaded level itself "
                              "fails on noise)")
-        return TtftSlo(unloaded_factor=factor)
+        return TtftSlo(unloaded_factor=factor, number=m.group(1))
     if (m := _ABSOLUTE_RE.match(text)) and float(m.group(1)) > 0:
-        return TtftSlo(ms=float(m.group(1)))
+        if not math.isfinite(float(m.group(1))):
+            raise ValueError(f"TTFT p90 SLO {text[:40]!r}...: the figure is not a finite number of ms")
+        return TtftSlo(ms=float(m.group(1)), number=m.group(1))
     raise ValueError(f"TTFT p90 SLO {text!r} is neither milliseconds (250, '250ms') nor a multiple of the "
                      "server's unloaded TTFT p90 ('3x_unloaded')")
 

@@ -579,6 +579,41 @@ def _apply_patches(views: Sequence[RequestView],
     return (index.apply(rid, prompt) for rid, prompt in enumerate(_prompts(views)))
 
 
+# ------------------------------------------------------------------------------------------ progress
+
+#: Seconds between two progress lines when stderr is not a terminal (a log, a pipe, CI).
+PROGRESS_LINE_INTERVAL_S = 30.0
+
+
+class _Lines:
+    """A file for tqdm that turns its carriage-return redraws into whole lines on stderr: in a log file or a
+    pipe, ``\r`` redraws are one endless line that no one sees until the run ends."""
+
+    def write(self, text: str) -> None:
+        import sys
+
+        line = text.replace("\r", "").strip()
+        if line:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    def flush(self) -> None:
+        pass
+
+
+def progress_bar(items: Iterable | None, *, total: int, desc: str, unit: str, enabled: bool) -> Any:
+    """tqdm on stderr: redrawn in place on a terminal, a whole line every ``PROGRESS_LINE_INTERVAL_S`` (with
+    the rate and time left) elsewhere; silent unless ``enabled``."""
+    import sys
+
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(items, total=total, desc=desc, unit=unit, disable=not enabled, leave=False,
+                file=None if tty else _Lines(), mininterval=0.1 if tty else PROGRESS_LINE_INTERVAL_S,
+                ascii=None if tty else True)
+
+
 # ------------------------------------------------------------------------------------------ main entry
 
 
@@ -592,9 +627,7 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     (the run's KV pool, where known) adds each what-if at that pool size, in the run's send / finish ``order``
     (:func:`event_order`) where given, caching what the server ``generated`` (:func:`generated_outputs`) where
     given. ``progress``: a progress bar on
-    stderr per pass over the trace."""
-    from tqdm import tqdm
-
+    stderr per pass over the trace (:func:`progress_bar`)."""
     B = block_size
     n = len(views)
     # One pass: the infinite-cache simulation of each request (its hit needs only earlier requests) and its
@@ -606,7 +639,7 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     rows: list[Attribution] = []
     patches: dict[str, _PatchList] = {}
     split: dict[str, int] = {}
-    for v in tqdm(views, total=n, desc="explain: attribute", unit="req", disable=not progress, leave=False):
+    for v in progress_bar(views, total=n, desc="explain: attribute", unit="req", enabled=progress):
         P = len(v.prompt)
         all_hashes = _hashes(v.prompt, v.output, B, hasher, v.session_id)
         in_cache = index.cached_blocks(all_hashes)  # the infinite-cache simulation, as InfiniteCacheStream
@@ -659,8 +692,6 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
             obs: list[int], prompt_tokens: int, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
             generated: Sequence[np.ndarray | None] | None = None) -> list[CauseTotal]:
-    from tqdm import tqdm
-
     total = sum(split.values())
     shortfall = sum(o - b for o, b in zip(obs, base))  # <= 0: evictions
     out = []
@@ -670,8 +701,8 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
             rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, prompt_tokens)
         else:
             lengths: list[int] = []
-            bar = tqdm(total=len(views), desc=f"explain: what-if {cause}", unit="req", disable=not progress,
-                       leave=False)
+            bar = progress_bar(None, total=len(views), desc=f"explain: what-if {cause}", unit="req",
+                               enabled=progress)
             cached = _simulate(_counted(_apply_patches(views, patches.get(cause, [])), bar, lengths),
                                _outputs(views), _sessions(views), B)
             bar.close()
@@ -798,8 +829,83 @@ def _generated_messages(messages: list[dict]) -> bool:
     return bool(messages) and isinstance(messages[0], dict) and "n_tokens" in messages[0]
 
 
+# ------------------------------------------------------------------------------------------ size estimate
+
+#: The throughput `kvscope explain` states and `benchmarks/explain_speculate_scale.py` checks: prompt tokens
+#: per second (hashing each block and looking its chain up is the work; a 5,000-session timestamped trace,
+#: 776 M prompt tokens, took 253 s on the shared 2-core host: 3.1 M/s) and, as a floor for traces of short
+#: prompts, requests per second.
+EXPLAIN_PROMPT_TOKENS_PER_S = 2.0e6
+EXPLAIN_REQUESTS_PER_S = 1000.0
+#: Process start, imports and reading the trace, before the first request is explained.
+EXPLAIN_STARTUP_S = 5.0
+#: What a run holds at its peak (module docstring): the chain index's 12 bytes a distinct block chain (at most
+#: one a prompt block), an attribution row a request, the trace's tokens (int32) and ids, and the interpreter
+#: with its libraries.
+_BYTES_PER_CHAIN = 12
+_BYTES_PER_ROW = 400
+_BASE_BYTES = 250 * 2**20
+#: Share of the available memory an explain may plan to use.
+EXPLAIN_MEMORY_SHARE = 0.8
+#: Below this many estimated seconds no estimate is printed.
+ESTIMATE_ABOVE_S = 15.0
+
+
+@dataclass(frozen=True)
+class ExplainEstimate:
+    """What explaining a trace will take, from its size alone, before any work (a 142 k-request trace of 16 B
+    prompt tokens ran > 7 minutes at 4.8 GB with no word of how long it would go on)."""
+
+    requests: int
+    prompt_tokens: int
+    block_size: int
+    seconds: float
+    peak_bytes: int
+
+    def line(self) -> str:
+        return (f"explain: {self.requests:,} requests, {self.prompt_tokens / 1e6:,.1f} M prompt tokens: about "
+                f"{_duration(self.seconds)} and {self.peak_bytes / 1e9:.1f} GB at the stated "
+                f"{EXPLAIN_PROMPT_TOKENS_PER_S / 1e6:g} M tokens/s")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def explain_estimate(trace: Any, block_size: int) -> ExplainEstimate:
+    """:class:`ExplainEstimate` of ``trace`` at ``block_size`` (an upper bound on memory: every prompt block
+    counted as a distinct chain, as in a trace where every request breaks the cache)."""
+    n = int(trace.num_requests)
+    prompt = int(trace.requests["prompt_tokens"].sum()) if n else 0
+    chains = prompt // max(1, block_size) + n
+    peak = _BASE_BYTES + 2 * int(trace.seg_tokens.nbytes) + _BYTES_PER_CHAIN * chains + _BYTES_PER_ROW * n
+    seconds = EXPLAIN_STARTUP_S + max(prompt / EXPLAIN_PROMPT_TOKENS_PER_S, n / EXPLAIN_REQUESTS_PER_S)
+    return ExplainEstimate(n, prompt, block_size, seconds, peak)
+
+
+def check_explain_fits(est: ExplainEstimate, available_bytes: int) -> None:
+    """KvscopeError, one line naming --block-size (the knob that sizes the chain index), when the estimate
+    exceeds the share of ``available_bytes`` an explain may use."""
+    from kvscope.harness.common.errors import KvscopeError
+
+    budget = int(available_bytes * EXPLAIN_MEMORY_SHARE)
+    if est.peak_bytes <= budget:
+        return
+    larger = next((b for b in (32, 64, 128, 256, 512, 1024) if b > est.block_size and est.peak_bytes
+                   - _BYTES_PER_CHAIN * (est.prompt_tokens // est.block_size - est.prompt_tokens // b) <= budget),
+                  None)
+    hint = f"--block-size {larger} fits" if larger else "no --block-size fits; explain a part of the trace"
+    raise KvscopeError(f"explain: {est.requests:,} requests of {est.prompt_tokens / 1e6:,.0f} M prompt tokens need "
+                       f"about {est.peak_bytes / 1e9:.1f} GB at --block-size {est.block_size} (12 bytes a block "
+                       f"chain) and {available_bytes / 1e9:.1f} GB is available; {hint}")
+
+
 def explain_path(path: str, block_size: int | None = None, provider_preset: str | None = None,
-                 progress: bool = False) -> Explanation:
+                 progress: bool = False, available_bytes: int | None = None) -> Explanation:
     """``kvscope explain TRACE|RUN_DIR``: a trace (observed cache reads from its exchanges, if recorded) or a
     replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
     from pathlib import Path
@@ -814,19 +920,23 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
         if not (trace_dir / "trace.json").is_file():
             raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
         return explain_trace(trace_dir, block_size, provider_preset, observed_records=read_records(p),
-                             progress=progress)
+                             progress=progress, estimate=True, available_bytes=available_bytes)
     if not (p / "trace.json").is_file():
         raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
-    return explain_trace(p, block_size, provider_preset, progress=progress)
+    return explain_trace(p, block_size, provider_preset, progress=progress, estimate=True,
+                         available_bytes=available_bytes)
 
 
 def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset: str | None = None,
                   observed_records: Any = None, progress: bool = False,
-                  num_gpu_blocks: int | None = None) -> Explanation:
+                  num_gpu_blocks: int | None = None, estimate: bool = False,
+                  available_bytes: int | None = None) -> Explanation:
     """Explain one trace directory. ``observed_records`` (a replay run's records frame) gives the server's
     cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
     infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
-    ``observed_*`` columns) is put beside the provider cache model's prediction either way."""
+    ``observed_*`` columns) is put beside the provider cache model's prediction either way. ``estimate``
+    (the CLI): before any work, refuse a trace whose estimated peak exceeds the memory available
+    (``available_bytes``, default this machine's) and print the time and memory estimate of a long one."""
     from kvscope.harness.results.exchanges import read_exchanges
     from kvscope.workloads.trace import Trace
 
@@ -847,6 +957,17 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     if observed_records is not None and extras is not None:
         provider = None  # a recorded trace's reads were the upstream server's, not a provider's: the run replaces them
     B = int(block_size or trace.meta.get("block_size_hint") or DEFAULT_BLOCK_SIZE)
+    if estimate:
+        est = explain_estimate(trace, B)
+        if available_bytes is None:
+            import psutil
+
+            available_bytes = int(psutil.virtual_memory().available)
+        check_explain_fits(est, available_bytes)
+        if est.seconds >= ESTIMATE_ABOVE_S:
+            import sys
+
+            print(est.line(), file=sys.stderr, flush=True)
     views = views_from_trace(trace, extras)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None

@@ -149,6 +149,22 @@ def _run_as_trace(run_dir: Path) -> Trace:
     return b.build({"name": f"run {run_dir.name}"})
 
 
+def recorded_output_lengths(trace: Trace) -> np.ndarray:
+    """Recorded output tokens per request (0 where the trace knows only the output length)."""
+    out_ids = trace.requests["output_segment_id"].to_numpy(np.int64)
+    lengths = np.zeros(len(out_ids), np.int64)
+    has = out_ids >= 0
+    lengths[has] = trace.segment_lengths()[out_ids[has]]
+    return lengths
+
+
+def longest_sequence_tokens(trace: Trace) -> int:
+    """The most tokens one request's context reaches (its prompt and its recorded output)."""
+    if not trace.num_requests:
+        return 0
+    return int((trace.requests["prompt_tokens"].to_numpy(np.int64) + recorded_output_lengths(trace)).max())
+
+
 def predict_methods(trace: Trace, configs: Sequence[SpecConfig], *, source: str, max_model_len: int | None = None,
                     calibration: str | Path | None = None, progress: bool = False) -> SpeculationFile:
     """Every config over ``trace``; with a calibration, predicted TPOT and throughput from its step costs."""

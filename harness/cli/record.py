@@ -216,7 +216,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             json.dump(ex.to_json(), sys.stdout, indent=2)
             print()
             return 0
-        with open(args.json, "w") as f:
+        from kvscope.workloads.versioned_file import naming_write_errors
+
+        with naming_write_errors(args.json), open(args.json, "w") as f:  # a full disk names the file
             json.dump(ex.to_json(), f, indent=2)
             f.write("\n")
     print(format_explanation(ex, every=args.all))

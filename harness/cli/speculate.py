@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
@@ -51,11 +52,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="TRACE|RUN")
     p.add_argument("--method", default="ngram,suffix,oracle",
                    help="comma list of ngram, suffix, oracle (default all three)")
-    p.add_argument("--k", type=_ints, default=[4], metavar="K[,K...]",
+    p.add_argument("--k", type=_ints, default=[_DEFAULT_K], metavar="K[,K...]",
                    help="num_speculative_tokens of ngram and oracle, a comma list (default 4)")
     p.add_argument("--lookup", type=_windows, default=[(2, 4), (1, 3)], metavar="MIN-MAX[,...]",
                    help="n-gram prompt_lookup_min-prompt_lookup_max windows (default 2-4,1-3)")
-    p.add_argument("--suffix-depth", type=argtypes.positive_int, default=24,
+    p.add_argument("--suffix-depth", type=argtypes.positive_int, default=_DEFAULT_DEPTH,
                    help="suffix_decoding_max_tree_depth (default 24, vLLM's)")
     p.add_argument("--suffix-k", type=argtypes.positive_int, default=None,
                    help="suffix num_speculative_tokens (default: the tree depth, as vLLM)")
@@ -101,16 +102,55 @@ def _fmt(v, spec: str) -> str:
     return format(v, spec)
 
 
+#: The defaults of the size knobs: always accepted, however short the trace's outputs.
+_DEFAULT_K, _DEFAULT_LOOKUP_MAX, _DEFAULT_DEPTH = 4, 4, 24
+
+
+def _check_sizes(a: argparse.Namespace, trace) -> None:
+    """Bound every size knob by what it can mean on this trace, before any work (``--suffix-depth
+    1000000000`` on a 67-request trace grew to 20.6 GB: the model's per-request arrays are sized by the
+    depth and the draft length). A draft longer than the longest recorded output is never checked in full,
+    a match or an n-gram longer than the longest context never found; one line names the knob and its bound.
+    A trace whose outputs have no decode step (one token or none) has nothing to predict."""
+    from kvscope.harness.analysis.speculative import longest_sequence_tokens, recorded_output_lengths
+    from kvscope.harness.common.errors import ConfigError, KvscopeError
+
+    longest_output = int(recorded_output_lengths(trace).max(initial=0))
+    if longest_output < 2:
+        raise KvscopeError(f"{a.path}: nothing to predict: no request has a decode step to draft for (the longest "
+                           f"recorded output is {longest_output} token(s)); give a trace or run with generated "
+                           "outputs")
+    longest_context = longest_sequence_tokens(trace)
+
+    def bound(flag: str, value: int, default: int, limit: int, what: str) -> None:
+        top = max(limit, default)
+        if value > top:
+            raise ConfigError(f"{flag} {value}: longer than {what} ({limit:,} tokens) in {a.path}, so it cannot "
+                              f"change the prediction; give at most {top:,}")
+
+    output_what = "the longest recorded output"
+    for k in a.k:
+        bound("--k", k, _DEFAULT_K, longest_output, output_what)
+    if a.suffix_k is not None:
+        bound("--suffix-k", a.suffix_k, _DEFAULT_DEPTH, longest_output, output_what)
+    bound("--suffix-depth", a.suffix_depth, _DEFAULT_DEPTH, longest_context, "the longest request (prompt and output)")
+    for _, hi in a.lookup:
+        bound("--lookup", hi, _DEFAULT_LOOKUP_MAX, longest_context, "the longest request (prompt and output)")
+
+
 def _cmd_speculate(a: argparse.Namespace) -> int:
     from kvscope.harness.analysis.speculative import load_speculation_input, predict_methods
     from kvscope.harness.common.errors import KvscopeError
     from kvscope.harness.results.speculation_file import write_speculation_file
 
     configs = _configs(a)
+    if a.json and not Path(a.json).resolve().parent.is_dir():  # before the work, not after it
+        raise KvscopeError(f"--json {a.json}: no such directory {Path(a.json).parent}")
     trace = load_speculation_input(a.path)
     if (trace.requests["output_segment_id"] < 0).all():
         raise KvscopeError(f"{a.path}: no request has recorded output tokens (the trace knows only output "
                            "lengths); replay it and give the run directory, whose records keep the generated tokens")
+    _check_sizes(a, trace)
     res = predict_methods(trace, configs, source=a.path, max_model_len=a.max_model_len, calibration=a.calibration,
                           progress=not a.no_progress and sys.stderr.isatty())
     n_req = res.methods[0].requests if res.methods else 0

@@ -12,12 +12,20 @@ pass config-shaped data through `redact_config`, which walks any JSON-like struc
   `--token`, `--password`, …; vLLM's `--api-key` takes several values, all are replaced).
 The name rule applies only inside environment mappings: elsewhere in a config `max_num_batched_tokens` or
 `tokenizer` are not secrets. `redact_text` scrubs known secret values out of free text (logs).
+
+Endpoint URLs carry credentials two ways: userinfo (`http://bob:PW@host`) and a query parameter
+(`?api_key=sk-…`). `split_url_credentials` is the one function that takes them out: every place an endpoint
+enters kvscope (a backend's endpoint, `record --upstream`) keeps the clean URL, which is all that is ever
+stored or printed, and sends the credentials as an `Authorization` header; `redact_config` also cleans any
+URL-looking string it walks, so a config that carries an endpoint is written clean.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
 
@@ -66,8 +74,8 @@ def secret_argv_values(argv: Sequence[str]) -> list[str]:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A command line with the value(s) of every secret-looking flag replaced."""
-    return [kept + REDACTED if secret is not None else kept for kept, secret in _split_secret_args(argv)]
+    """A command line with the value(s) of every secret-looking flag replaced (and URLs' credentials dropped)."""
+    return [kept + REDACTED if secret is not None else redact_url(kept) for kept, secret in _split_secret_args(argv)]
 
 
 def _is_number(s: str) -> bool:
@@ -92,6 +100,8 @@ def redact_config(data: Any) -> Any:
         if data and all(isinstance(x, str) for x in data):
             return redact_argv(data)
         return [redact_config(x) for x in data]
+    if isinstance(data, str):
+        return redact_url(data)
     return data
 
 
@@ -123,3 +133,51 @@ def redact_credential_fields(data: Any) -> Any:
     if isinstance(data, list):
         return [redact_credential_fields(x) for x in data]
     return data
+
+
+# ------------------------------------------------------------------------------------------ endpoint URLs
+
+
+def split_url_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """(the URL without its credentials, the ``Authorization`` header they stand for, or {}).
+
+    ``user:password@`` is HTTP basic auth; a lone token in the userinfo (``http://sk-…@host`` or
+    ``http://:sk-…@host``) and a credential-named query parameter (``api_key``, ``token``, ``access_token``,
+    … by :data:`CREDENTIAL_FIELD_RE`) are a bearer token, as OpenAI-compatible servers expect. The rest of the
+    URL is kept as written; userinfo wins over a query token when both are given."""
+    if "://" not in url:
+        return url, {}
+    parts = urlsplit(url)
+    headers: dict[str, str] = {}
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        user, password = unquote(user), unquote(password)
+        if user and colon:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        elif user or password:
+            headers["Authorization"] = f"Bearer {user or password}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        kept = [(k, v) for k, v in pairs if not CREDENTIAL_FIELD_RE.match(k)]
+        if len(kept) < len(pairs):
+            token = next((v for k, v in pairs if CREDENTIAL_FIELD_RE.match(k) and v), None)
+            if token and "Authorization" not in headers:
+                headers["Authorization"] = f"Bearer {token}"
+            query = urlencode(kept)
+    if not headers and netloc == parts.netloc and query == parts.query:
+        return url, {}
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)), headers
+
+
+def redact_url(text: str) -> str:
+    """``text`` without URL credentials when it is an http(s) URL (:func:`split_url_credentials`); other text
+    as is."""
+    if not text.startswith(("http://", "https://")):
+        return text
+    try:
+        return split_url_credentials(text)[0]
+    except ValueError:  # not parseable as a URL (a bad port, a bracket): nothing a URL parser could send
+        return text

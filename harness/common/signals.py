@@ -43,3 +43,37 @@ def handle_termination_like_sigint() -> None:
 def exit_code_for_interrupt() -> int:
     """130 for Ctrl-C, 128 + N for a forwarded signal N (143 for SIGTERM), as shells report them."""
     return 128 + received[0] if received else 130
+
+
+#: KeyboardInterrupts (and SystemExits) that reached an event loop's exception handler: raised by a signal
+#: handler inside a transport callback, they are logged there, not propagated (uvloop).
+callback_interrupts: list[BaseException] = []
+
+
+def _quiet_interrupt_handler(loop, context: dict) -> None:
+    """A loop exception handler: an interrupt raised inside a callback (the second SIGTERM of a replay lands in
+    a transport's ``data_received``) is not an error to log (uvloop printed "Fatal error on transport" and a
+    KeyboardInterrupt traceback from ``_forward_to_sigint`` before "kvscope: interrupted"): it is noted in
+    :data:`callback_interrupts` and every task is cancelled, so the run stops and its caller raises
+    KeyboardInterrupt. Everything else goes to the default handler."""
+    exc = context.get("exception")
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        import asyncio
+
+        callback_interrupts.append(exc)
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        return
+    loop.default_exception_handler(context)
+
+
+def quiet_interrupts(loop_factory):
+    """``loop_factory`` whose loops handle an interrupt raised inside a callback quietly
+    (:func:`_quiet_interrupt_handler`)."""
+
+    def factory():
+        loop = loop_factory()
+        loop.set_exception_handler(_quiet_interrupt_handler)
+        return loop
+
+    return factory

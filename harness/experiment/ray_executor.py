@@ -190,7 +190,7 @@ class _WorkerRun(RunContext):
         from kvscope.harness.replay.runner import ReplayOutcome
 
         endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
-        attach = (backend.name, backend.config, endpoint, backend.api_key_env)
+        attach = (backend.name, backend.config, endpoint, backend.api_key_env, backend.url_credentials)
         trace = trace_dir.relative_to(self.run_dir).as_posix()
         # The calibration's path is this node's: the client node's replay keeps the sequential prediction.
         options = options.model_copy(update={"calibration": None})
@@ -335,13 +335,15 @@ class ReplayClient:
         assigned = ray.get_runtime_context().get_assigned_resources()
         return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "resources": dict(assigned)}
 
-    def replay(self, trace: str, cell: str, options: Any, attach: tuple[str, Any, str, str | None]) -> Event:
+    def replay(self, trace: str, cell: str, options: Any,
+               attach: tuple[str, Any, str, str | None, dict[str, str]]) -> Event:
         """Replay `trace` (relative to the run directory) against the attached endpoint into a cell directory."""
         from kvscope.harness.replay.runner import replay
         from kvscope.harness.serving.backend import Backend
 
-        name, config, endpoint, api_key_env = attach
+        name, config, endpoint, api_key_env, url_credentials = attach
         backend = Backend.create(name, config, endpoint=endpoint, api_key_env=api_key_env)
+        backend.url_credentials = url_credentials  # the endpoint's own credentials, taken out of its URL
         out = safe_child(self.scratch, "cells", cell)
         shutil.rmtree(out, ignore_errors=True)
         try:

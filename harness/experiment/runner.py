@@ -614,7 +614,7 @@ def _slo_plan_text(sweep: Any) -> str:
     slo = sweep.ttft_slo
     if slo.unloaded_factor is None:
         return f"{slo.ms:g} ms"
-    return f"{slo.unloaded_factor:g}x the lowest level's TTFT p90"
+    return f"{slo.text.removesuffix('_unloaded')} the lowest level's TTFT p90"
 
 
 def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: Any

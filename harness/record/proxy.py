@@ -37,7 +37,6 @@ written stay readable (:class:`RecordWriter` cuts a torn write back).
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import sys
 import time
@@ -46,11 +45,15 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
-from kvscope.harness.common.secrets import CREDENTIAL_KEY_IN_JSON_RE, redact_credential_fields
+from kvscope.harness.common.secrets import (
+    CREDENTIAL_KEY_IN_JSON_RE,
+    redact_credential_fields,
+    split_url_credentials,
+)
 from kvscope.harness.results.records import DiskFullError, RecordWriter
 from kvscope.harness.serving.sse import SseLineSplitter
 
@@ -83,17 +86,6 @@ def redact_url(url: str) -> str:
         host = f"[{host}]"
     netloc = host + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def split_url_credentials(url: str) -> tuple[str, dict[str, str]]:
-    """(the URL without ``user:password@``, the ``Authorization: Basic`` header they stand for, or {})."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url, {}
-    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-    clean = urlunsplit((parts.scheme, redact_url(url).split("//", 1)[1].split("/", 1)[0], parts.path, parts.query,
-                        parts.fragment))
-    return clean, {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
 
 
 def repair_torn_log(path: Path) -> int:
@@ -346,8 +338,8 @@ class RecordingProxy:
 
     def __init__(self, upstream: str, out_dir: str | Path, timeouts: ProxyTimeouts | None = None,
                  upstream_headers: dict[str, str] | None = None) -> None:
-        clean, url_auth = split_url_credentials(upstream.rstrip("/"))
-        self.upstream = clean
+        clean, url_auth = split_url_credentials(upstream)
+        self.upstream = clean.rstrip("/")
         #: headers every upstream request carries (credentials from the URL); they replace the client's
         self.upstream_headers = {**url_auth, **(upstream_headers or {})}
         self.timeouts = timeouts or ProxyTimeouts()

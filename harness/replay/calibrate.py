@@ -137,10 +137,14 @@ def calibrate_server(backend: Backend, out_path: str | Path, *, seed: int = 0,
     if not facts.block_size:
         raise KvscopeError(f"{endpoint}: the server does not report its KV block size and block count")
     limits = backend.scheduler_limits()
-    server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=facts.block_size,
-                               num_gpu_blocks=facts.num_blocks, max_num_seqs=limits.max_num_seqs or 128,
-                               max_num_batched_tokens=limits.max_num_batched_tokens or 2048,
-                               max_model_len=facts.max_model_len)
+
+    def whole(n: float | None) -> int | None:  # the file is strict: counts are integers, never 16.0
+        return None if n is None else int(n)
+
+    server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=whole(facts.block_size),
+                               num_gpu_blocks=whole(facts.num_blocks), max_num_seqs=int(limits.max_num_seqs or 128),
+                               max_num_batched_tokens=int(limits.max_num_batched_tokens or 2048),
+                               max_model_len=whole(facts.max_model_len))
     load = os.getloadavg()[0]
     # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
     # this host's wake-up delays (replay/priority.py).

@@ -226,9 +226,14 @@ def run_event_loop(coro, kind: str = "auto"):
     here even when the coroutine returned normally: the signal cancels the main task, and a task that absorbs
     the cancellation (a request's watchdog uncancels it) would otherwise make the run look finished, so the
     caller would go on to the next cell and exit 0 (seen in CI as SIGTERM giving exit code 0)."""
-    seen = len(signals.received)
-    result = _run_event_loop(coro, kind)
-    if len(signals.received) > seen:
+    seen, seen_in_callbacks = len(signals.received), len(signals.callback_interrupts)
+    try:
+        result = _run_event_loop(coro, kind)
+    except asyncio.CancelledError:  # an interrupt inside a callback cancelled the run (signals.quiet_interrupts)
+        if len(signals.callback_interrupts) > seen_in_callbacks:
+            raise KeyboardInterrupt from None
+        raise
+    if len(signals.received) > seen or len(signals.callback_interrupts) > seen_in_callbacks:
         raise KeyboardInterrupt
     return result
 
@@ -241,6 +246,7 @@ def _run_event_loop(coro, kind: str):
             if kind == "uvloop":
                 raise KvscopeError("--event-loop uvloop: uvloop is not installed") from None
         else:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            with asyncio.Runner(loop_factory=signals.quiet_interrupts(uvloop.new_event_loop)) as runner:
                 return runner.run(coro)
-    return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=signals.quiet_interrupts(asyncio.new_event_loop)) as runner:
+        return runner.run(coro)

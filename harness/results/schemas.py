@@ -372,9 +372,23 @@ class ReportFile(VersionedFile):
 
 
 class _FiniteBlock(_Block):
-    """Calibration numbers are finite: an ``Infinity`` step cost predicted "capacity below 1" without a word."""
+    """Calibration numbers are finite numbers, written as numbers: an ``Infinity`` step cost predicted "capacity
+    below 1" without a word, and ``"base_s": "1"`` (a string) was read as one second (strict: no coercion)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+#: Bounds of a server a calibration can describe: far above any served configuration, low enough that the
+#: scheduler model's per-sequence and per-block state fits in memory (a ``max_num_seqs`` of 1e12 was accepted).
+MAX_BLOCK_SIZE = 4096
+MAX_GPU_BLOCKS = 1 << 27
+MAX_NUM_SEQS = 1 << 16
+MAX_BATCHED_TOKENS = 1 << 24
+MAX_MODEL_LEN = 1 << 27
+#: A step cost above a minute (per step, token, sequence or request) is no server's: a corrupt calibration.
+MAX_STEP_COST_S = 60.0
+#: The least a one-token step of one sequence can cost: zero costs predicted "capacity 32 at 0 ms".
+MIN_STEP_S = 1e-6
 
 
 class CalibrationServer(_FiniteBlock):
@@ -382,24 +396,34 @@ class CalibrationServer(_FiniteBlock):
 
     endpoint: str | None = None
     model: str | None = None
-    block_size: int = Field(gt=0)
-    num_gpu_blocks: int | None = Field(None, gt=1)  # null block included; None = unknown / infinite
-    max_num_seqs: int = Field(128, gt=0)
-    max_num_batched_tokens: int = Field(2048, gt=0)
-    max_model_len: int | None = Field(None, gt=0)
+    block_size: int = Field(gt=0, le=MAX_BLOCK_SIZE)
+    num_gpu_blocks: int | None = Field(None, gt=1, le=MAX_GPU_BLOCKS)  # null block included; None = unknown
+    max_num_seqs: int = Field(128, gt=0, le=MAX_NUM_SEQS)
+    max_num_batched_tokens: int = Field(2048, gt=0, le=MAX_BATCHED_TOKENS)
+    max_model_len: int | None = Field(None, gt=0, le=MAX_MODEL_LEN)
     enable_chunked_prefill: bool = True
 
 
 class CalibrationCost(_FiniteBlock):
     """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
-    + per_prefill_pair_s*prefill_pairs`` (`cachemodel.calibration.StepCostModel`)."""
+    + per_prefill_pair_s*prefill_pairs`` (`cachemodel.calibration.StepCostModel`).  Each cost is bounded
+    (`MAX_STEP_COST_S`) and a step of one token for one sequence must take time (`MIN_STEP_S`)."""
 
-    base_s: float = Field(ge=0)
-    per_token_s: float = Field(ge=0)
-    per_seq_s: float = Field(ge=0)
-    per_context_token_s: float = Field(ge=0)
-    request_overhead_s: float = Field(0.0, ge=0)
-    per_prefill_pair_s: float = Field(ge=0)
+    base_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+    per_token_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+    per_seq_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+    per_context_token_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+    request_overhead_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
+    per_prefill_pair_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+
+    @model_validator(mode="after")
+    def _a_step_takes_time(self) -> CalibrationCost:
+        one_step_s = (self.base_s + self.per_token_s + self.per_seq_s + self.per_context_token_s
+                      + self.per_prefill_pair_s)
+        if not one_step_s >= MIN_STEP_S:
+            raise ValueError(f"a step of one token for one sequence costs {one_step_s:g} s by these coefficients; "
+                             f"a server takes at least {MIN_STEP_S:g} s (calibrate again)")
+        return self
 
 
 class CalibrationSample(_FiniteBlock):
@@ -418,7 +442,7 @@ class CalibrationSample(_FiniteBlock):
 class CalibrationFile(VersionedFile):
     """A step-cost calibration of one server (`kvscope.harness.replay.calibrate`), read by `kvscope capacity`."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     FORMAT = "kvscope-calibration"
     #: Version 2 split attention into decode context and prefill (query, key) pairs: a version-1 cost model

@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Mapping
 from pydantic import BaseModel, ValidationError
 
 from kvscope.harness.common.errors import ConfigError, ServerError, format_validation_error, load_yaml_mapping
-from kvscope.harness.common.secrets import redact_config
+from kvscope.harness.common.secrets import redact_config, split_url_credentials
 from kvscope.harness.results.summary import ServerFacts  # noqa: F401 - defined with the result files that record it
 from kvscope.harness.serving.metrics import MetricsDelta, MetricsSnapshot, metrics_delta, parse_metrics
 from kvscope.harness.serving.tls import tls_context
@@ -88,6 +88,16 @@ class Backend(ABC):
 
     def __init__(self, config: BaseModel | None = None, endpoint: str | None = None,
                  api_key_env: str | None = None) -> None:
+        # Credentials in an endpoint URL (userinfo, ?api_key=) leave it here, the one edge every endpoint
+        # passes: the clean URL is all that is stored or printed, and they travel as this header.
+        self._url_auth: dict[str, str] = {}
+        if isinstance(getattr(config, "endpoint", None), str):
+            clean, self._url_auth = split_url_credentials(config.endpoint)  # type: ignore[union-attr]
+            if self._url_auth:
+                config = config.model_copy(update={"endpoint": clean})  # type: ignore[union-attr]
+        if endpoint:
+            endpoint, url_auth = split_url_credentials(endpoint)
+            self._url_auth = url_auth or self._url_auth
         self.config = config
         self._endpoint = endpoint.rstrip("/") if endpoint else None
         self._api_key_env = api_key_env or getattr(config, "api_key_env", None)
@@ -210,9 +220,20 @@ class Backend(ABC):
         """The key requests must carry, from the environment variable named by `api_key_env`."""
         return resolve_api_key(self._api_key_env)
 
+    @property
+    def url_credentials(self) -> dict[str, str]:
+        """The header the endpoint URL's credentials became (none: it had none); a backend rebuilt elsewhere
+        from the clean endpoint (a Ray worker) is given it back by assigning this."""
+        return dict(self._url_auth)
+
+    @url_credentials.setter
+    def url_credentials(self, headers: Mapping[str, str]) -> None:
+        self._url_auth = dict(headers)
+
     def auth_headers(self) -> dict[str, str]:
-        """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts."""
-        return bearer_headers(self.api_key())
+        """Headers for every request kvscope sends this server: warm-up, replay, scraping, reset, facts (the
+        key of `api_key_env` wins over credentials that came in the endpoint URL)."""
+        return {**self._url_auth, **bearer_headers(self.api_key())}
 
 
     @abstractmethod
@@ -263,7 +284,12 @@ class Backend(ABC):
     def secret_values(self) -> list[str]:
         """Every secret value this backend knows, for scrubbing free text (logs, error messages)."""
         key = self.api_key() if self._api_key_env else None
-        return [key] if key else []
+        url_secrets = [v.split(" ", 1)[-1] for v in self._url_auth.values()]
+        if self._url_auth.get("Authorization", "").startswith("Basic "):
+            import base64
+
+            url_secrets += base64.b64decode(url_secrets[0]).decode(errors="replace").split(":", 1)
+        return ([key] if key else []) + url_secrets
 
 
 def backend_names() -> list[str]:

@@ -8,8 +8,10 @@ Two guards, because each alone has a hole:
   API server only: vLLM's own children (EngineCore, workers) are not its children.
 * ``ParentDeathWatchdog`` is a tiny ``python -c`` process in its own session that blocks reading a pipe whose
   write end only kvscope holds. When kvscope ends in any way (SIGKILL included) the kernel closes that end, the
-  read returns EOF and the watchdog kills the server's whole process group (SIGTERM, then SIGKILL after a
-  grace period), which reaches EngineCore and the workers. A normal ``stop()`` writes ``q`` first, so the
+  read returns EOF and the watchdog kills the server's whole process group (SIGTERM and SIGCONT, then SIGKILL
+  after a grace period), which reaches EngineCore and the workers. The SIGCONT is for a group paused by
+  ``idle_servers: pause``: a stopped process holds SIGTERM pending, so without it only the late SIGKILL
+  ended a paused server. A normal ``stop()`` writes ``q`` first, so the
   watchdog exits without touching a process group whose id might be reused.
 
 A watchdog pipe was chosen over a reaper thread inside kvscope because a thread dies with SIGKILL too.
@@ -48,6 +50,10 @@ def alive():
 if not alive():
     sys.exit(0)
 os.killpg(pgid, signal.SIGTERM)
+try:  # a paused (SIGSTOPped) group holds the SIGTERM pending until it runs again
+    os.killpg(pgid, signal.SIGCONT)
+except (ProcessLookupError, PermissionError):
+    pass
 deadline = time.monotonic() + grace_s
 while time.monotonic() < deadline and alive():
     time.sleep(0.2)

@@ -92,6 +92,9 @@ class FaultConfig:
     text: str | None = None  # generated text of the first token (e.g. markup, to test report escaping)
     noise: "LatencyNoise | None" = None  # random and fixed multipliers on ttft_s / itl_s (calibration tests)
     dev_mode: bool = True  # False: POST /reset_prefix_cache answers 404, as vLLM without VLLM_SERVER_DEV_MODE=1
+    #: Every request but `/health` without exactly this `Authorization` header (or with a query string)
+    #: answers 401, as a server behind an API key does; counted in `stats.unauthorized` (None: no auth).
+    require_authorization: str | None = None
 
     def __post_init__(self) -> None:
         for mode in [*self.schedule.values(), *self.token_faults.values(), *self.fault_rates]:
@@ -176,6 +179,7 @@ class _Stats:
         self.generation_tokens = 0
         self.running = 0
         self.connections = 0
+        self.unauthorized = 0  # requests refused by `require_authorization`
 
 
 _HDR_SSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -302,6 +306,7 @@ class _Conn(asyncio.Protocol):
             length = 0
             fault = None
             close = False
+            authorization = None
             for h in head[1:]:
                 name, _, value = h.partition(b":")
                 name = name.strip().lower()
@@ -311,12 +316,19 @@ class _Conn(asyncio.Protocol):
                     fault = value.strip().decode()
                 elif name == b"connection" and value.strip().lower() == b"close":
                     close = True
+                elif name == b"authorization":
+                    authorization = value.strip().decode()
             end = i + 4 + length
             if len(buf) < end:
                 return
             body = buf[i + 4:end]
             self.buf = buf[end:]
             self.last_active = time.monotonic()
+            required = self.srv.config.require_authorization
+            if required is not None and path != b"/health" and (authorization != required or b"?" in path):
+                self.srv.stats.unauthorized += 1
+                self.transport.write(_simple_response(401, b'{"error":"unauthorized"}', close=close))
+                continue
             self.srv._handle(self, method, path.partition(b"?")[0], body, fault, close)
 
 
