@@ -84,7 +84,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                       "arrival times (open loop)")
     load.add_argument("--levels", type=_levels, default=None,
                       help="load curve: concurrency levels (closed loop, default 1,2,4,...,256 up to the "
-                      "sessions) or, open loop, multiples of the trace's request rate (default 0.25,0.5,1,2,4)")
+                      "sessions) or, open loop, multiples of the trace's request rate (default 0.25,0.5,1,2,4); "
+                      "the default levels stop past the SLO capacity and the eviction cliff")
     load.add_argument("--time-scale", type=argtypes.non_negative_float, default=1.0,
                       help="multiplies think times and tool latencies, as in replay (default 1)")
     load.add_argument("--mode", choices=["recorded", "live"], default="live",
@@ -98,6 +99,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     slo.add_argument("--gpu-hour-usd", type=argtypes.positive_float, default=None,
                      help="price per GPU-hour (default: the GPU's first preset in pricing/gpu_prices.yaml)")
     slo.add_argument("--provider", default=None, help="which provider's GPU-hour price preset to use")
+    p.add_argument("--jobs", type=argtypes.positive_int, default=1,
+                   help="load levels simulated in parallel processes (default 1)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the prediction (prediction.json format)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_predict)
@@ -117,6 +120,20 @@ def _list() -> int:
         print(f"{name:<16} {m.params_total / 1e9:>7.2f}B {m.params_active / 1e9:>7.2f}B {m.num_layers:>6} "
               f"{m.num_attention_heads:>5} {m.num_kv_heads:>3} {m.head_dim:>4} {m.vocab_size:>7}")
     return 0
+
+
+_RUN_AT = None  # the level runner a forked worker calls (set just before the pool forks)
+
+
+def _timed(fn, level: float):
+    import time
+
+    t0 = time.process_time()
+    return fn(level), time.process_time() - t0
+
+
+def _timed_level(level: float):
+    return _timed(_RUN_AT, level)
 
 
 def _nan_none(v: float) -> float | None:
@@ -255,30 +272,65 @@ def _predict(a: argparse.Namespace, t_start: float) -> int:
         return gp.predict_run(requests, config, cost, time_scale=a.time_scale / load)
 
     main_load = float(a.concurrency) if closed else 1.0
-    todo = sorted(set(levels) | {main_load})
-    it = todo
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(todo, desc="predict", unit="load level")
     runs: dict[float, gp.WorkloadPrediction] = {}
-    for level in it:
-        runs[level] = run_at(level)
-    main = runs[main_load]
-    curve = []
-    for level in levels:
-        w = runs[level]
+    points: dict[float, pf.LoadPoint] = {}
+
+    def point(level: float, w: gp.WorkloadPrediction, secs: float) -> pf.LoadPoint:
         share, _ = w.goodput(ttft_slo, tpot_slo)
         p90, tpot50 = w.percentile("ttft_s", 90), w.percentile("tpot_s", 50)
         meets = (not math.isnan(p90) and p90 <= ttft_slo and (math.isnan(tpot50) or tpot50 <= tpot_slo)
                  and w.preemptions == 0)
-        curve.append(pf.LoadPoint(load=level, token_hit_rate=w.token_hit_rate, ttft_p50_s=_nan_none(w.percentile("ttft_s", 50)),
-                                  ttft_p90_s=_nan_none(p90), tpot_p50_s=_nan_none(tpot50),
-                                  e2e_p50_s=_nan_none(w.percentile("e2e_s", 50)),
-                                  output_tokens_per_s=w.output_tokens_per_s, goodput_share=share,
-                                  preemptions=w.preemptions, kv_usage_max=w.kv_usage_max, meets_slo=meets))
-    cliff = next((pt.load for pt in curve[1:] if (curve[0].token_hit_rate - pt.token_hit_rate) * 100 > a.cliff_drop_pp),
-                 None)
+        return pf.LoadPoint(load=level, token_hit_rate=w.token_hit_rate, ttft_p50_s=_nan_none(w.percentile("ttft_s", 50)),
+                            ttft_p90_s=_nan_none(p90), tpot_p50_s=_nan_none(tpot50),
+                            e2e_p50_s=_nan_none(w.percentile("e2e_s", 50)), output_tokens_per_s=w.output_tokens_per_s,
+                            goodput_share=share, preemptions=w.preemptions, kv_usage_max=w.kv_usage_max,
+                            meets_slo=meets, simulate_s=secs)
+
+    def cliff_of(curve: list) -> float | None:
+        return next((pt.load for pt in curve[1:]
+                     if (curve[0].token_hit_rate - pt.token_hit_rate) * 100 > a.cliff_drop_pp), None)
+
+    # Default levels stop once the curve has shown what it is for: a load past the SLO capacity and the
+    # eviction cliff (the loads beyond both are the slowest to simulate and answer nothing new).
+    adaptive = a.levels is None
+    pending = sorted(set(levels) | {main_load})
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pending), desc="predict", unit="load level")
+    jobs = min(a.jobs, len(pending))
+    pool = None
+    if jobs > 1:  # forked workers inherit the requests; each returns one level's prediction
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        global _RUN_AT
+        _RUN_AT = run_at
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+    try:
+        while pending:
+            batch, pending = pending[:max(jobs, 1)], pending[max(jobs, 1):]
+            done = pool.map(_timed_level, batch) if pool is not None else (_timed(run_at, x) for x in batch)
+            for level, (w, secs) in zip(batch, done):
+                runs[level] = w
+                points[level] = point(level, w, secs)
+                if bar is not None:
+                    bar.update()
+            curve_so_far = [points[x] for x in sorted(points) if x in levels]
+            if adaptive and curve_so_far and not curve_so_far[-1].meets_slo and cliff_of(curve_so_far) is not None:
+                skipped = [x for x in pending if x != main_load]
+                pending = [x for x in pending if x == main_load]
+                if bar is not None:
+                    bar.total -= len(skipped)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if bar is not None:
+            bar.close()
+    main = runs[main_load]
+    curve = [points[x] for x in sorted(points) if x in levels]
+    cliff = cliff_of(curve)
     capacity = None
     for pt in curve:
         if not pt.meets_slo:
@@ -389,11 +441,11 @@ def _print(p, spec_summary: dict | None, load_s: float) -> None:
           f"({r.goodput_requests_per_s:.3g} req/s), preemptions {r.preemptions}, KV max {r.kv_usage_max:.0%}")
     unit = "conc" if p.load_kind == "concurrency" else "rate x"
     print(f"{unit:>7} {'hit':>6} {'ttft p50':>9} {'ttft p90':>9} {'tpot p50':>9} {'out tok/s':>10} {'good':>5} "
-          f"{'preempt':>7} {'kv max':>6} slo")
+          f"{'preempt':>7} {'kv max':>6} {'slo':>3} {'cpu s':>6}")
     for pt in p.load_curve:
         print(f"{pt.load:>7g} {pt.token_hit_rate:>6.1%} {_ms(pt.ttft_p50_s):>9} {_ms(pt.ttft_p90_s):>9} "
               f"{_ms(pt.tpot_p50_s):>9} {pt.output_tokens_per_s:>10,.0f} {pt.goodput_share:>5.0%} {pt.preemptions:>7} "
-              f"{pt.kv_usage_max:>6.0%} {'yes' if pt.meets_slo else 'no'}")
+              f"{pt.kv_usage_max:>6.0%} {'yes' if pt.meets_slo else 'no':>3} {pt.simulate_s:>6.1f}")
     print(f"eviction cliff (hit rate > {p.cliff_drop_pp:g} pp below the lowest load): "
           + (f"at {p.eviction_cliff_load:g}" if p.eviction_cliff_load is not None else "none within the loads"))
     print(f"SLO capacity (TTFT p90 <= {p.slo.ttft_ms:g} ms, TPOT p50 <= {p.slo.tpot_ms:g} ms, no preemption): "

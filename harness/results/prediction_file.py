@@ -91,6 +91,8 @@ class LoadPoint(_Strict):
     preemptions: int
     kv_usage_max: float
     meets_slo: bool
+    #: CPU seconds the scheduler model took for this load.
+    simulate_s: float
 
 
 class Deployment(_Strict):

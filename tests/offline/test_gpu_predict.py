@@ -233,6 +233,14 @@ def test_predict_cli_writes_a_typed_prediction(tmp_path, capsys):
     assert p.cost is not None and p.cost.usd_per_1000_sessions > 0
     assert p.run.token_hit_rate > 0.5  # append-only sessions reuse their prefix
     assert json.loads(out.read_text())["format"] == "kvscope-prediction"
+    # levels simulated in parallel processes give the same curve
+    out2 = tmp_path / "parallel.json"
+    assert main(["predict", str(trace), "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--concurrency", "2",
+                 "--out", str(out2), "--no-progress", "--jobs", "2"]) == 0
+    p2 = load_prediction_file(out2)
+    drop = {"simulate_s"}
+    assert [pt.model_dump(exclude=drop) for pt in p2.load_curve] == [pt.model_dump(exclude=drop) for pt in p.load_curve]
+    assert p2.requests == p.requests
 
 
 def test_predict_cli_speculative_ngram_lowers_tpot(tmp_path, capsys):
@@ -267,3 +275,32 @@ def test_predict_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, messag
     assert main(["predict", str(trace), *args, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_predict_with_a_cpu_calibration_is_the_scheduler_model_of_that_server(tmp_path):
+    """The CPU path: --calibration's step costs and server settings, run through the same scheduler model
+    `kvscope capacity` uses; the per-request cached tokens are that model's."""
+    import time
+
+    from kvscope.harness.cachemodel.trace_io import load_trace
+    from kvscope.harness.results.prediction_file import load_prediction_file
+    from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+    from kvscope.workloads.versioned_file import write_versioned
+
+    trace = _write_trace(tmp_path / "trace", sessions=4, steps=5)
+    cal = CalibrationFile(created_at=time.time(), fit_r2=0.99, fit_median_rel_error=0.03,
+                          server=CalibrationServer(block_size=32, num_gpu_blocks=40, max_num_seqs=8,
+                                                   max_num_batched_tokens=512),
+                          cost=CalibrationCost(base_s=0.004, per_token_s=2e-5, per_seq_s=3e-4,
+                                               per_context_token_s=1e-7, request_overhead_s=0.01,
+                                               per_prefill_pair_s=1e-9))
+    write_versioned(tmp_path / "cal.json", cal)
+    out = tmp_path / "p.json"
+    assert main(["predict", str(trace), "--calibration", str(tmp_path / "cal.json"), "--concurrency", "3",
+                 "--levels", "1,3", "--out", str(out), "--no-progress"]) == 0
+    p = load_prediction_file(out)
+    assert p.step_model.kind == "calibration" and p.deployment.block_size == 32 and p.cost is None
+    reqs = load_trace(trace, 32).requests
+    run = run_scheduler(reqs, cal.scheduler_config(), cal.cost_model(), SessionTiming(concurrency=3))
+    assert [r.cached_tokens for r in p.requests] == run.cached_tokens
+    assert p.run.preemptions == run.preemptions
