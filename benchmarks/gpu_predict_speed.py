@@ -42,6 +42,7 @@ def main() -> int:
         trace = str(out_dir / "agent-coding-100")
         subprocess.run([kvscope, "workload", "generate", "agent-coding", "--tokenizer", args.tokenizer,
                         "--sessions", "100", "--out", trace, "--no-progress"], check=True)
+    results = []
     for case in args.cases.split(","):
         cmd = [kvscope, "predict", trace, *CASES[case], "--concurrency", str(args.concurrency), "--no-progress",
                "--out", str(out_dir / f"{case}.json")]
@@ -54,6 +55,14 @@ def main() -> int:
         print(out.stdout.strip())
         print(f"==> {' '.join(cmd[1:])}: {wall:.1f} s process start to exit, {cpu:.1f} s CPU (target < 60 s)\n",
               flush=True)
+        results.append({"case": case, "command": cmd[1:], "wall_s": wall, "cpu_s": cpu})
+    import json
+    import os
+
+    out = REPO / "benchmarks" / "results" / "gpu_predict_speed.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"load_average": os.getloadavg(), "runs": results}, indent=1))
+    print(f"wrote {out}")
     return 0
 
 

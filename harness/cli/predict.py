@@ -458,4 +458,7 @@ def _print(p, spec_summary: dict | None, load_s: float) -> None:
               f"{usd(c.total_usd)}; per 1M input tokens {usd(c.usd_per_mtok_input)}, per 1M output tokens "
               f"{usd(c.usd_per_mtok_output)} (input share of GPU time {c.input_time_share:.0%}), per 1,000 sessions "
               f"{usd(c.usd_per_1000_sessions)}")
+        print(f"  GPU busy {c.utilization:.1%} of the time; charging the busy time only (idle filled by other "
+              f"traffic): per 1M input {usd(c.busy_usd_per_mtok_input)}, per 1M output "
+              f"{usd(c.busy_usd_per_mtok_output)}, per 1,000 sessions {usd(c.busy_usd_per_1000_sessions)}")
     print(f"predicted in {p.predict_s:.1f} s (trace read in {load_s:.1f} s)")

@@ -54,6 +54,13 @@ class ServingCost(BaseModel):
     usd_per_mtok_output: float | None
     usd_per_mtok_blended: float | None
     usd_per_1000_sessions: float | None
+    #: Share of the makespan the engine was stepping.  A closed loop of agents that think for minutes leaves
+    #: a GPU mostly idle; the ``busy_`` figures charge only the busy time (what the same traffic costs on a
+    #: GPU whose idle time other traffic fills), by the same split.
+    utilization: float
+    busy_usd_per_mtok_input: float | None
+    busy_usd_per_mtok_output: float | None
+    busy_usd_per_1000_sessions: float | None
 
 
 def serving_cost(*, usd_per_gpu_hour: float, price_source: str, num_gpus: int, makespan_s: float,
@@ -68,9 +75,14 @@ def serving_cost(*, usd_per_gpu_hour: float, price_source: str, num_gpus: int, m
     def per(x: float, tokens: int) -> float | None:
         return x / tokens * 1e6 if tokens else None
 
+    util = min(busy_s / makespan_s, 1.0) if makespan_s > 0 else 0.0
+    busy = total * util
     return ServingCost(usd_per_gpu_hour=usd_per_gpu_hour, price_source=price_source, num_gpus=num_gpus,
                        gpu_hours=hours, total_usd=total, input_time_share=share,
                        usd_per_mtok_input=per(total * share, input_tokens),
                        usd_per_mtok_output=per(total * (1 - share), output_tokens),
                        usd_per_mtok_blended=per(total, input_tokens + output_tokens),
-                       usd_per_1000_sessions=total / sessions * 1000 if sessions else None)
+                       usd_per_1000_sessions=total / sessions * 1000 if sessions else None,
+                       utilization=util, busy_usd_per_mtok_input=per(busy * share, input_tokens),
+                       busy_usd_per_mtok_output=per(busy * (1 - share), output_tokens),
+                       busy_usd_per_1000_sessions=busy / sessions * 1000 if sessions else None)

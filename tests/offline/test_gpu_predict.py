@@ -304,3 +304,18 @@ def test_predict_with_a_cpu_calibration_is_the_scheduler_model_of_that_server(tm
     run = run_scheduler(reqs, cal.scheduler_config(), cal.cost_model(), SessionTiming(concurrency=3))
     assert [r.cached_tokens for r in p.requests] == run.cached_tokens
     assert p.run.preemptions == run.preemptions
+
+
+def test_serving_cost_splits_the_hour_by_prefill_time_and_charges_idle_time():
+    from kvscope.harness.pricing.gpu_cost import gpu_hour_price, serving_cost
+
+    price = gpu_hour_price("h100-sxm")
+    assert price is not None and price.source and price.as_of
+    c = serving_cost(usd_per_gpu_hour=3.6, price_source="t", num_gpus=2, makespan_s=1000.0, prefill_s=100.0,
+                     busy_s=400.0, input_tokens=1_000_000, output_tokens=100_000, sessions=10)
+    assert c.total_usd == pytest.approx(2 * 3.6 * 1000 / 3600)  # $2 for 2 GPUs x 1000 s
+    assert c.input_time_share == pytest.approx(0.25) and c.utilization == pytest.approx(0.4)
+    assert c.usd_per_mtok_input == pytest.approx(2.0 * 0.25)
+    assert c.usd_per_mtok_output == pytest.approx(2.0 * 0.75 / 0.1)
+    assert c.usd_per_1000_sessions == pytest.approx(200.0)
+    assert c.busy_usd_per_1000_sessions == pytest.approx(80.0)
