@@ -319,3 +319,21 @@ def test_serving_cost_splits_the_hour_by_prefill_time_and_charges_idle_time():
     assert c.usd_per_mtok_output == pytest.approx(2.0 * 0.75 / 0.1)
     assert c.usd_per_1000_sessions == pytest.approx(200.0)
     assert c.busy_usd_per_1000_sessions == pytest.approx(80.0)
+
+
+def test_a_lone_speculative_request_has_the_offline_models_tpot():
+    """One request alone: the scheduler model's speculative steps are the offline model's steps, so its TPOT is
+    `speculative.predicted_tpot_s` (each step costs `step_s(1 + drafts, 1, context)`)."""
+    from kvscope.harness.cachemodel.speculative import NgramConfig, predicted_tpot_s, simulate_request
+
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 40, 200).tolist()
+    output = (prompt[50:70] * 4)[:61]
+    sim = simulate_request(prompt, output, NgramConfig(4, 2, 4))
+    assert sim.accepted_tokens > 10
+    cost = StepCostModel(0.004, 1e-4, 3e-4, 2e-6, 0.0, 1e-8)
+    [r] = gp.synthetic_requests([len(prompt)], [len(output)], block_size=16)
+    r.spec_drafted, r.spec_accepted = sim.drafted.tolist(), sim.accepted.tolist()
+    run = run_scheduler([r], SchedulerConfig(block_size=16, num_gpu_blocks=None), cost, SessionTiming(concurrency=1))
+    pred = gp._from_run([r], run, 1).requests[0]
+    assert pred.tpot_s == pytest.approx(predicted_tpot_s(sim, cost), rel=1e-9)
