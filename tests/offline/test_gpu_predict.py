@@ -337,3 +337,17 @@ def test_a_lone_speculative_request_has_the_offline_models_tpot():
     run = run_scheduler([r], SchedulerConfig(block_size=16, num_gpu_blocks=None), cost, SessionTiming(concurrency=1))
     pred = gp._from_run([r], run, 1).requests[0]
     assert pred.tpot_s == pytest.approx(predicted_tpot_s(sim, cost), rel=1e-9)
+
+
+def test_kv_memory_presets_agree_with_the_bundled_configs():
+    """`kv_memory.PRESETS` (the capacity-planning table's shapes) and the bundled config.json files describe
+    the same models: they must not drift apart."""
+    from kvscope.harness.cachemodel.kv_memory import PRESETS
+
+    shared = set(PRESETS) & set(bundled_models())
+    assert {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"} <= shared
+    for name in shared:
+        preset, cfg = PRESETS[name], load_model_config(name)
+        assert (preset.num_layers, preset.num_kv_heads, preset.head_dim) == \
+            (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), name
+        assert preset.params == pytest.approx(cfg.params_total, rel=0.002), name
