@@ -351,3 +351,24 @@ def test_kv_memory_presets_agree_with_the_bundled_configs():
         assert (preset.num_layers, preset.num_kv_heads, preset.head_dim) == \
             (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), name
         assert preset.params == pytest.approx(cfg.params_total, rel=0.002), name
+
+
+def test_predict_open_loop_curve_and_a_draft_model(tmp_path, capsys):
+    """Without --concurrency the trace's own arrivals are replayed and the curve is over rate multiples; a
+    draft model with a given acceptance emits more tokens a step, and its own passes cost time."""
+    from kvscope.harness.results.prediction_file import load_prediction_file
+
+    trace = _write_trace(tmp_path / "trace")
+    runs = {}
+    for name, extra in {"plain": [], "draft": ["--speculative", "draft:k=3,acceptance=0.8"],
+                        "draft-cost": ["--speculative", "draft:k=3,acceptance=0.8,draft_model=llama-2-7b"]}.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["predict", str(trace), "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "2",
+                     "--out", str(out), "--no-progress", *extra]) == 0
+        runs[name] = load_prediction_file(out)
+    plain = runs["plain"]
+    assert plain.load_kind == "rate_multiplier" and plain.run.concurrency is None
+    assert [pt.load for pt in plain.load_curve] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert runs["draft"].run.tpot_mean_s < 0.5 * plain.run.tpot_mean_s  # 1 + 0.8 + 0.64 + 0.51 tokens a step
+    assert runs["draft"].run.tpot_mean_s < runs["draft-cost"].run.tpot_mean_s
+    assert runs["draft"].speculative == "draft:k=3,acceptance=0.8"
