@@ -30,14 +30,14 @@ API (what ``kvscope predict`` and the published-measurement validation call)::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 from kvscope.harness.cachemodel.gpus import Efficiency, GpuPreset, get_gpu
 from kvscope.harness.cachemodel.kv_memory import GiB, dtype_bytes, kv_bytes_per_token
 from kvscope.harness.cachemodel.model_config import ModelConfig, load_model_config
 from kvscope.harness.cachemodel.roofline import RooflineStepCost, roofline_step_cost
-from kvscope.harness.cachemodel.scheduler import (ScheduleRun, SchedulerConfig, SessionTiming, run_scheduler)
+from kvscope.harness.cachemodel.scheduler import SchedulerConfig, ScheduleRun, SessionTiming, run_scheduler
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.step_cost import StepCost
 
@@ -333,6 +333,19 @@ def prefill_seconds(requests: Sequence[RequestPrediction], cost: StepCost, max_n
     return total
 
 
-__all__ = ["ServerSettings", "Deployment", "DoesNotFit", "plan_deployment", "synthetic_requests",
-           "attach_speculation", "RequestPrediction", "WorkloadPrediction", "predict_run", "predict_workload",
-           "prefill_seconds", "activation_bytes", "GPU_BLOCK_SIZE", "RooflineStepCost"]
+__all__ = [
+    "GPU_BLOCK_SIZE",
+    "Deployment",
+    "DoesNotFit",
+    "RequestPrediction",
+    "RooflineStepCost",
+    "ServerSettings",
+    "WorkloadPrediction",
+    "activation_bytes",
+    "attach_speculation",
+    "plan_deployment",
+    "predict_run",
+    "predict_workload",
+    "prefill_seconds",
+    "synthetic_requests",
+]

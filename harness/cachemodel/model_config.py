@@ -22,9 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from kvscope.harness.cachemodel.kv_memory import ModelShape, dtype_bytes, shape_from_hf_config
+from pydantic import BaseModel, Field
 
 MODEL_CONFIGS_DIR = Path(__file__).with_name("model_configs")
 
@@ -171,7 +170,7 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable config.json ({exc})") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: a config.json holds a JSON object, got {type(cfg).__name__}")
+        raise ValueError(f"{path}: a config.json holds a JSON object, got {type(cfg).__name__}")  # noqa: TRY004 (user input, exit 2)
     name = path.parent.name if path.name == "config.json" else path.stem
     return model_config_from_hf(cfg, name or "model", str(path))
 
@@ -184,5 +183,11 @@ def moe_expert_share_read(cfg: ModelConfig, tokens: int) -> float:
     return 1.0 - (1.0 - cfg.experts_per_token / cfg.num_experts) ** max(tokens, 1)
 
 
-__all__ = ["ModelConfig", "MODEL_CONFIGS_DIR", "bundled_models", "load_model_config", "model_config_from_hf",
-           "moe_expert_share_read"]
+__all__ = [
+    "MODEL_CONFIGS_DIR",
+    "ModelConfig",
+    "bundled_models",
+    "load_model_config",
+    "model_config_from_hf",
+    "moe_expert_share_read",
+]

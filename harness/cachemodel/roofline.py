@@ -131,7 +131,7 @@ class RooflineStepCost:
         body = _sum_of_max(A, a, B, b, steps)
         return self.factor * (body + steps * (self.step_overhead_s + self.comm_s(m)))
 
-    def scaled(self, factor: float) -> "RooflineStepCost":
+    def scaled(self, factor: float) -> RooflineStepCost:
         return replace(self, factor=self.factor * factor)
 
     def decode_tokens_per_s(self, batch: int = 1, context_tokens: float = 0.0) -> float:
@@ -194,5 +194,12 @@ def roofline_step_cost(gpu: GpuPreset, model: ModelConfig, *, tp: int = 1, weigh
     )
 
 
-__all__ = ["RooflineStepCost", "roofline_step_cost", "decode_tokens_per_s_upper_bound",
-           "decode_arithmetic_intensity", "prefill_flops", "request_latency_s", "moe_expert_share_read"]
+__all__ = [
+    "RooflineStepCost",
+    "decode_arithmetic_intensity",
+    "decode_tokens_per_s_upper_bound",
+    "moe_expert_share_read",
+    "prefill_flops",
+    "request_latency_s",
+    "roofline_step_cost",
+]

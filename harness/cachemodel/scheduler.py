@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from kvscope.harness.cachemodel.block_pool import FreeOrder
-from kvscope.harness.cachemodel.calibration import StepCostModel, prefill_pairs
+from kvscope.harness.cachemodel.calibration import prefill_pairs
 from kvscope.harness.cachemodel.pool import Pool
 from kvscope.harness.cachemodel.pool import make_pool as _make_pool
 from kvscope.harness.cachemodel.sim_types import SimRequest

@@ -15,8 +15,9 @@ min_prob=0.1,factor=1.0]``, ``oracle[:k=4]``, ``draft:k=4,acceptance=0.7[,draft_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.step_cost import StepCost
@@ -103,7 +104,7 @@ def draft_acceptance_pattern(k: int, acceptance: float, steps: int) -> list[int]
     return [min(k, int((j + 1) * expected) - int(j * expected)) for j in range(steps)]
 
 
-def with_speculation(requests: Sequence[SimRequest], spec: SpeculativeSpec, trace: "Trace | None" = None,
+def with_speculation(requests: Sequence[SimRequest], spec: SpeculativeSpec, trace: Trace | None = None,
                      max_model_len: int | None = None) -> tuple[list[SimRequest], dict]:
     """The requests carrying their drafts and accepted counts per decode step, and a summary (tokens per
     step, acceptance).  ``trace`` (a kvscope trace with recorded outputs) is needed for the token-based
@@ -156,5 +157,5 @@ class DraftStepCost:
         return (self.target.decode_run_s(seqs, context_tokens, steps)
                 + self.k * self.draft.decode_run_s(seqs, context_tokens, steps))
 
-    def scaled(self, factor: float) -> "DraftStepCost":
+    def scaled(self, factor: float) -> DraftStepCost:
         return DraftStepCost(self.target.scaled(factor), self.draft.scaled(factor), self.k)

@@ -31,6 +31,6 @@ class StepCost(Protocol):
         fast-forward asks this, so it must be cheap (closed form)."""
         ...
 
-    def scaled(self, factor: float) -> "StepCost":
+    def scaled(self, factor: float) -> StepCost:
         """Every per-step cost times ``factor`` (the per-request overhead unchanged)."""
         ...

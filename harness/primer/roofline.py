@@ -6,8 +6,16 @@ and the cache model is the lower layer); the primer keeps its names.
 
 from __future__ import annotations
 
-from kvscope.harness.cachemodel.roofline import (decode_arithmetic_intensity, decode_tokens_per_s_upper_bound,
-                                                 prefill_flops, request_latency_s)
+from kvscope.harness.cachemodel.roofline import (
+                                                 decode_arithmetic_intensity,
+                                                 decode_tokens_per_s_upper_bound,
+                                                 prefill_flops,
+                                                 request_latency_s,
+)
 
-__all__ = ["decode_tokens_per_s_upper_bound", "decode_arithmetic_intensity", "prefill_flops",
-           "request_latency_s"]
+__all__ = [
+                                                 "decode_arithmetic_intensity",
+                                                 "decode_tokens_per_s_upper_bound",
+                                                 "prefill_flops",
+                                                 "request_latency_s",
+]

@@ -17,11 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.pricing.gpu_cost import ServingCost
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, write_versioned
+from pydantic import BaseModel, ConfigDict
 
 PREDICTION_NAME = "prediction.json"
 

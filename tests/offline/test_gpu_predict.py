@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import numpy as np
 import pytest
-
 from kvscope.harness.cachemodel import gpu_predict as gp
 from kvscope.harness.cachemodel.calibration import StepCostModel
 from kvscope.harness.cachemodel.gpus import Efficiency, get_gpu, load_gpus
