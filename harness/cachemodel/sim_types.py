@@ -34,6 +34,10 @@ class SimRequest:
     tail_id: int | None = None
     #: Explicit provider cache breakpoints (token positions), for the provider prompt-cache model.
     breakpoints: list[int] | None = None
+    #: Speculative decoding (offline model, ``speculative.py``): draft tokens scheduled and accepted at each of
+    #: the request's decode steps; None = no speculation (one token a decode step).
+    spec_drafted: list[int] | None = None
+    spec_accepted: list[int] | None = None
 
     def hit_cap_blocks(self, block_size: int) -> int:
         """The most leading blocks a lookup may hit: ``(P-1)//B``, since vLLM always recomputes the last prompt
