@@ -62,6 +62,11 @@ class StepCostModel:
         return (self.base_s + self.per_token_s * tokens + self.per_seq_s * seqs
                 + self.per_context_token_s * context_tokens + self.per_prefill_pair_s * prefill_pairs)
 
+    def decode_run_s(self, seqs: int, context_tokens: float, steps: int) -> float:
+        """``steps`` decode steps after one at ``context_tokens`` (:class:`~.step_cost.StepCost`): step j costs
+        ``step_s(seqs, seqs, context_tokens) + per_context_token_s * seqs * j``."""
+        return steps * self.step_s(seqs, seqs, context_tokens) + self.per_context_token_s * seqs * steps * (steps + 1) / 2
+
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 

@@ -20,11 +20,17 @@ blocks survive depends on what the scheduler does step by step, so this module r
   request admitted later in the same step can hit them; finished requests free their blocks in reverse order;
 * ``cached_tokens`` is fixed the first time a request is scheduled (``num_cached_tokens``), as vLLM reports it.
 
-Time advances by a per-step cost (:class:`~.calibration.StepCostModel`: tokens, sequences, the context read
-by decodes and the (query, key) pairs of prefill chunks), optionally jittered (:class:`TimingNoise`: one
+Time advances by a per-step cost (a :class:`~.step_cost.StepCost`: the calibrated
+:class:`~.calibration.StepCostModel` or a GPU's :class:`~.roofline.RooflineStepCost`; tokens, sequences, the
+context read by decodes and the (query, key) pairs of prefill chunks), optionally jittered (:class:`TimingNoise`: one
 member of an ensemble, ``capacity_model``).  Long runs of identical decode steps
 (no arrival, no admission possible, no new block, no finish) are advanced in one go: that is what keeps a
 620 M-token trace within seconds, and it is exact because nothing the cache sees changes in between.
+
+With speculative decoding (a request's ``spec_drafted``/``spec_accepted`` from the offline model), a decoding
+request is scheduled for ``1 + drafts`` tokens (they count against the token budget and get slots), and after
+the step its computed tokens fall back by the rejected drafts: it emits ``1 + accepted`` tokens, as vLLM's
+``update_from_output`` does.  Such steps are taken one at a time (no fast-forward).
 
 Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
 when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
@@ -48,6 +54,7 @@ from kvscope.harness.cachemodel.calibration import StepCostModel, prefill_pairs
 from kvscope.harness.cachemodel.pool import Pool
 from kvscope.harness.cachemodel.pool import make_pool as _make_pool
 from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.harness.cachemodel.step_cost import StepCost
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
@@ -146,6 +153,8 @@ class ScheduleRun:
     kv_usage_mean: float = 0.0
     kv_usage_max: float = 0.0
     max_running: int = 0
+    #: Seconds the engine was stepping (the makespan less the idle waits for arrivals).
+    busy_s: float = 0.0
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -156,7 +165,7 @@ class _Seq:
     """A request inside the scheduler: vLLM's ``Request`` fields that matter here."""
 
     __slots__ = ("idx", "req", "hashes", "num_tokens", "num_computed", "blocks", "n_hashed", "generated",
-                 "res", "first_scheduled")
+                 "res", "first_scheduled", "spec_step", "spec_accept")
 
     def __init__(self, idx: int, req: SimRequest, res: ScheduledResult, B: int) -> None:
         self.idx = idx
@@ -171,6 +180,21 @@ class _Seq:
         self.generated = 0
         self.res = res
         self.first_scheduled = False
+        #: Speculation: the request's next decode step (index into its drafts) and, for a step in flight, the
+        #: drafts it will accept (-1: none in flight).
+        self.spec_step = 0
+        self.spec_accept = -1
+
+    def spec_tokens(self, budget: int) -> int:
+        """Draft tokens scheduled with this decode step (0 without speculation), capped by the budget; records
+        how many of them will be accepted."""
+        drafted = self.req.spec_drafted
+        if drafted is None or self.spec_step >= len(drafted) or budget <= 1:
+            return 0
+        d = min(int(drafted[self.spec_step]), budget - 1)
+        self.spec_accept = min(int(self.req.spec_accepted[self.spec_step]), d)  # type: ignore[index]
+        self.spec_step += 1
+        return d
 
 
 def make_pool(config: "SchedulerConfig", reference: bool = False) -> Pool:
@@ -181,7 +205,7 @@ def make_pool(config: "SchedulerConfig", reference: bool = False) -> Pool:
 class SchedulerModel:
     """Runs requests through one modelled vLLM instance; see the module docstring for the semantics."""
 
-    def __init__(self, config: SchedulerConfig, cost: StepCostModel, *, reference_pool: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, cost: StepCost, *, reference_pool: bool = False) -> None:
         self.cfg = config
         self.cost = cost
         self.pool: Pool = make_pool(config, reference_pool)
@@ -213,6 +237,9 @@ class SchedulerModel:
         s.blocks = []
         s.n_hashed = 0
         s.num_computed = 0
+        if s.spec_accept >= 0:  # preempted before its verifying step ran: the drafts are proposed again
+            s.spec_step -= 1
+            s.spec_accept = -1
         s.res.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(s)
@@ -257,6 +284,8 @@ class SchedulerModel:
                 i += 1
                 continue
             n = min(s.num_tokens - s.num_computed, budget)
+            if s.generated and n == 1 and s.req.spec_drafted is not None:
+                n += s.spec_tokens(budget)
             ok = self._grow(s, n)
             while not ok:
                 victim = running.pop()  # FCFS: the last running request (never one already scheduled)
@@ -343,7 +372,7 @@ def _first_arrivals(reqs: list[SimRequest], timing: SessionTiming, send
     return successor, session_queue, session_last
 
 
-def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCostModel,
+def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost,
                   timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True,
                   reference_pool: bool = False, noise: TimingNoise | None = None) -> ScheduleRun:
     """Simulate the requests through one vLLM instance step by step; results are in input order.
@@ -421,6 +450,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
         run.max_running = max(run.max_running, len(model.running))
         run.steps += k_steps
+        run.busy_s += dt
         now += dt
         for s, n in batch:
             _after_step(model, s, n, k_steps, now, on_done, pinned)
@@ -433,7 +463,7 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
     return run
 
 
-def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCostModel, now: float,
+def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCost, now: float,
              next_arrival_s: float, steady: bool, scale: float = 1.0) -> tuple[int, float]:
     """(steps, seconds) to advance: 1 step, or a run of decode steps that ends at the first finish, at the
     step that sees the next arrival, or before the step whose new blocks would not fit.
@@ -448,7 +478,7 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     pairs = 0.0
     for s, n in batch:
         tokens += n
-        if n == 1 and s.num_computed + 1 >= s.num_tokens:  # a decode: reads its whole context
+        if s.num_computed + 1 >= s.num_tokens:  # a decode (with any drafts): reads its whole context
             ctx += s.num_computed + 1
         else:
             pairs += prefill_pairs(n, s.num_computed)
@@ -458,11 +488,8 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
     if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
         return 1, dt
-    c0 = cost.step_s(m, m, ctx) * scale  # step j (j >= 1) costs c0 + c1*j: its context grows by m a step
-    c1 = cost.per_context_token_s * m * scale
-
-    def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1
-        return dt + (k - 1) * c0 + c1 * (k - 1) * k / 2
+    def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1 (step j attends ctx + m*j)
+        return dt + cost.decode_run_s(m, ctx, k - 1) * scale
 
     k = k_max
     if now + elapsed(k_max - 1) >= next_arrival_s:  # stop at the first step that ends at/after the arrival
@@ -500,8 +527,13 @@ def _after_step(model: SchedulerModel, s: _Seq, n: int, k_steps: int, now: float
     s.num_computed += n * k_steps
     if s.num_computed < s.num_tokens:
         return  # a prefill chunk: no token sampled
-    s.generated += k_steps
-    s.num_tokens += k_steps
+    emitted = k_steps
+    if s.spec_accept >= 0:  # a verifying step: the rejected drafts are computed again
+        s.num_computed -= n - 1 - s.spec_accept
+        emitted = 1 + s.spec_accept
+        s.spec_accept = -1
+    s.generated += emitted
+    s.num_tokens += emitted
     if k_steps > 1:
         model._hash_full(s, s.num_computed)
     res = s.res

@@ -34,6 +34,10 @@ class SimRequest:
     tail_id: int | None = None
     #: Explicit provider cache breakpoints (token positions), for the provider prompt-cache model.
     breakpoints: list[int] | None = None
+    #: Speculative decoding (offline model, ``speculative.py``): draft tokens scheduled and accepted at each of
+    #: the request's decode steps; None = no speculation (one token a decode step).
+    spec_drafted: list[int] | None = None
+    spec_accepted: list[int] | None = None
 
     def full_hashes(self, n_full: int) -> list[int]:
         """The hashes of the first ``n_full`` blocks, missing ones (unknown output) unique so they never hit."""
