@@ -7,7 +7,7 @@ mean / median / p90 / p99, E2E mean / median, output throughput, per point, and 
 percentage error per metric, separately for the calibration and the validation set (``points/split.yaml``,
 fixed before any comparison).
 
-Efficiency factors: ``--factors defaults`` uses the documented defaults of the step-cost model;
+Efficiency factors: ``--factors defaults`` uses (writes ``gpu_validation_defaults.*`` beside)  the documented defaults of the step-cost model;
 ``--factors calibrated`` (the default) fits them on the calibration points only (per GPU: achieved share of peak
 FLOPs and of bandwidth; shared: per-step overhead and the frontend's per-request time) and applies them to the
 validation points unchanged; the H200 has no calibration point and takes the H100's factors.
@@ -38,7 +38,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,54 +50,18 @@ REPO = HERE.parents[1]
 POINTS = HERE / "points"
 RESULTS = REPO / "benchmarks" / "results"
 
-from kvscope.harness.cachemodel.scheduler import SchedulerConfig, SessionTiming, run_scheduler  # noqa: E402
-from kvscope.harness.cachemodel.sim_types import SimRequest  # noqa: E402
+from kvscope.harness.cachemodel.gpu_predict import (Deployment, ServerSettings, plan_deployment,  # noqa: E402
+                                                     synthetic_requests)
+from kvscope.harness.cachemodel.gpus import Efficiency  # noqa: E402
+from kvscope.harness.cachemodel.scheduler import SessionTiming, run_scheduler  # noqa: E402
 
 BLOCK = 16
-GiB = 2**30
 
 # --------------------------------------------------------------------------------------------------------------
-# Hardware and models.  Figures as in shared/docs/gpu-prediction.md (datasheets, dense): used only until the
-# step-cost model of kvscope (branch gpu) provides them; see ``step_cost_for``.
+# Hardware, models and the step cost: kvscope's own (gpus.yaml, model_configs/, roofline.RooflineStepCost).
 # --------------------------------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Gpu:
-    key: str
-    bf16_tflops: float
-    bandwidth_gb_s: float
-    memory_gib: float
-    interconnect_gb_s: float
-
-
-GPUS = {
-    "h100-sxm": Gpu("h100-sxm", 989.5, 3350, 80, 450),
-    "h200-sxm": Gpu("h200-sxm", 989.5, 4800, 141, 450),
-    "a100-80gb-sxm": Gpu("a100-80gb-sxm", 312, 2039, 80, 300),
-}
-
-
-@dataclass(frozen=True)
-class Model:
-    key: str
-    total_params: float
-    active_params: float
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-
-
-MODELS = {
-    "llama-3-8b": Model("llama-3-8b", 8.03e9, 8.03e9, 32, 32, 8, 128, 4096),
-    "mistral-7b": Model("mistral-7b", 7.25e9, 7.25e9, 32, 32, 8, 128, 4096),
-    "llama-3-70b": Model("llama-3-70b", 70.55e9, 70.55e9, 80, 64, 8, 128, 8192),
-    "mixtral-8x7b": Model("mixtral-8x7b", 46.70e9, 12.88e9, 32, 32, 8, 128, 4096),
-}
-
-
+#: Published model id -> bundled config (Llama-3-8B/70B have Llama-3.1's shapes; only the RoPE scaling differs).
 def model_key(model_id: str) -> str:
     m = model_id.lower()
     if "mixtral-8x7b" in m:
@@ -105,78 +69,20 @@ def model_key(model_id: str) -> str:
     if "mistral-7b" in m:
         return "mistral-7b"
     if "70b" in m:
-        return "llama-3-70b"
+        return "llama-3.1-70b"
     if "8b" in m:
-        return "llama-3-8b"
-    raise ValueError(f"no model shape for {model_id!r}")
+        return "llama-3.1-8b"
+    raise ValueError(f"no bundled model config for {model_id!r}")
 
 
-@dataclass(frozen=True)
-class Factors:
-    """Efficiency factors of one GPU (names as in the step-cost model's ``Efficiency``) plus the frontend."""
-
-    mfu: float = 0.5
-    bandwidth_efficiency: float = 0.8
-    step_overhead_ms: float = 2.0
-    allreduce_latency_us: float = 8.0
-    #: Frontend time per request (HTTP, tokenization, queueing on the engine's loop); 0 offline.
-    frontend_ms: float = 0.0
+DEFAULT_FACTORS = Efficiency()
 
 
-DEFAULT_FACTORS = Factors()
-
-
-class RooflineStepCost:
-    """One engine step: ``max(compute, memory) + TP all-reduces + overhead``.
-
-    compute: 2 x active params per scheduled token plus attention, 4 x heads x head_dim per (query, key) pair
-    per layer (prefill pairs and the decodes' context), at ``mfu`` of the dense peak; memory: the weights once
-    per step (all experts of a MoE: a batch of any size touches nearly all of them) plus the decodes' KV read,
-    at ``bandwidth_efficiency`` of the datasheet bandwidth; all-reduce: two per layer over ``hidden`` values of
-    every token, ring traffic 2 (tp-1)/tp, plus a fixed latency each.  Duck-types
-    :class:`~kvscope.harness.cachemodel.calibration.StepCostModel` for the scheduler model.
-    """
-
-    request_overhead_s = 0.0
-
-    def __init__(self, gpu: Gpu, model: Model, tp: int, f: Factors) -> None:
-        self.gpu, self.model, self.tp, self.f = gpu, model, tp, f
-        self.flops = gpu.bf16_tflops * 1e12 * f.mfu
-        self.bw = gpu.bandwidth_gb_s * 1e9 * f.bandwidth_efficiency
-        self.weight_bytes = 2 * model.total_params / tp
-        self.flops_per_token = 2 * model.active_params / tp
-        heads = model.heads / tp
-        self.attn_flops_per_pair = 4 * heads * model.head_dim * model.layers
-        kv_heads = max(1, math.ceil(model.kv_heads / tp))
-        self.kv_bytes_per_token = 2 * model.layers * kv_heads * model.head_dim * 2
-        self.per_context_token_s = self.kv_bytes_per_token / self.bw
-        self.overhead_s = f.step_overhead_ms / 1e3
-        if tp > 1:
-            self.ar_bytes_per_token = 2 * model.layers * model.hidden * 2 * 2 * (tp - 1) / tp
-            self.ar_fixed_s = 2 * model.layers * f.allreduce_latency_us / 1e6
-        else:
-            self.ar_bytes_per_token = 0.0
-            self.ar_fixed_s = 0.0
-        self.link = gpu.interconnect_gb_s * 1e9
-
-    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
-        compute = (self.flops_per_token * tokens + self.attn_flops_per_pair * (prefill_pairs + context_tokens)) / self.flops
-        memory = (self.weight_bytes + self.kv_bytes_per_token * context_tokens) / self.bw
-        allreduce = self.ar_fixed_s + self.ar_bytes_per_token * tokens / self.link
-        return max(compute, memory) + allreduce + self.overhead_s
-
-
-def step_cost_for(gpu: str, model: str, tp: int, f: Factors) -> RooflineStepCost:
-    return RooflineStepCost(GPUS[gpu], MODELS[model], tp, f)
-
-
-def num_gpu_blocks(gpu: str, model: str, tp: int, util: float, non_kv_gib: float = 2.0) -> int:
-    """vLLM's KV pool: what ``util`` of the memory leaves after the weights and activations (``non_kv_gib``)."""
-    g, m = GPUS[gpu], MODELS[model]
-    free = g.memory_gib * GiB * util - 2 * m.total_params / tp - non_kv_gib * GiB
-    kv_heads = max(1, math.ceil(m.kv_heads / tp))
-    per_tok = 2 * m.layers * kv_heads * m.head_dim * 2
-    return max(int(free // (BLOCK * per_tok)), 1)
+def deployment(p: "Point", f: Efficiency) -> Deployment:
+    """The point's model on its GPUs with its server flags; the frontend time is queued by
+    :func:`frontend_release`, so the step cost itself gets none (no double counting)."""
+    eff = f.model_copy(update={"request_overhead_ms": 0.0})
+    return plan_deployment(p.gpu, p.model, tp=p.tp, settings=p.settings, efficiency=eff)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -197,7 +103,7 @@ class Point:
     send_s: list[float]
     #: Requests that count with TTFT 0 in the published mean (published output 0).
     empty: list[bool]
-    config: SchedulerConfig
+    settings: ServerSettings
     http: bool
     published: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
@@ -210,9 +116,8 @@ def _lambdalabs() -> list[Point]:
         pub = p["published"]
         model = model_key(p["model_id"])
         mbt = max(p["max_model_len"], 2048)
-        cfg = SchedulerConfig(block_size=BLOCK, max_num_seqs=1024, max_num_batched_tokens=mbt,
-                              enable_chunked_prefill=False,
-                              num_gpu_blocks=num_gpu_blocks(p["gpu"], model, p["tp"], 0.95))
+        cfg = ServerSettings(max_num_seqs=1024, max_num_batched_tokens=mbt, block_size=BLOCK,
+                             gpu_memory_utilization=0.95, enable_chunked_prefill=False)
         n = len(p["input_lens"])
         measured = {
             "ttft_mean_ms": pub["mean_ttft_ms"], "ttft_median_ms": pub["median_ttft_ms"],
@@ -254,9 +159,8 @@ def _sglang() -> list[Point]:
         else:
             send = np.cumsum(rng.exponential(1.0 / float(rate), n)).tolist()
         model = model_key(p["model_id"])
-        cfg = SchedulerConfig(block_size=BLOCK, max_num_seqs=256, max_num_batched_tokens=4096,
-                              enable_chunked_prefill=False,
-                              num_gpu_blocks=num_gpu_blocks(p["gpu"], model, p["tp"], 0.9))
+        cfg = ServerSettings(max_num_seqs=256, max_num_batched_tokens=4096, block_size=BLOCK,
+                             gpu_memory_utilization=0.9, enable_chunked_prefill=False)
         pub = p["published"]
         measured = {}
         for k_pub, k in [("median_e2e_ms", "e2e_median_ms"), ("median_ttft_ms", "ttft_median_ms"),
@@ -274,9 +178,9 @@ def _vllm_latency() -> list[Point]:
     out = []
     for p in doc["points"]:
         b = p["batch_size"]
-        model = "llama-3-8b"
-        cfg = SchedulerConfig(block_size=BLOCK, max_num_seqs=256, max_num_batched_tokens=8192,
-                              num_gpu_blocks=num_gpu_blocks(p["gpu"], model, p["tp"], 0.9))
+        model = "llama-3.1-8b"
+        cfg = ServerSettings(max_num_seqs=256, max_num_batched_tokens=8192, block_size=BLOCK,
+                             gpu_memory_utilization=0.9)
         out.append(Point(p["id"], "vllm-latency", p["gpu"], p["tp"], model, [p["input_len"]] * b,
                          [p["output_len"]] * b, [0.0] * b, [False] * b, cfg, False,
                          {"batch_latency_ms": float(p["published"]["mean_latency_ms"])}))
@@ -320,26 +224,16 @@ def frontend_release(send_s: Sequence[float], frontend_s: float) -> list[float]:
     return release
 
 
-def _requests(p: Point, release: Sequence[float]) -> list[SimRequest]:
-    rng = np.random.default_rng(7)
-    reqs = []
-    for i, (n_in, n_out) in enumerate(zip(p.inputs, p.outputs)):
-        n_blocks = n_in // BLOCK
-        hashes = [int(h) for h in rng.integers(1, 2**62, n_blocks)]  # unique: no prefix shared between prompts
-        reqs.append(SimRequest(i, n_in, n_out, hashes, BLOCK, session_id=f"r{i}", arrival_s=release[i]))
-    return reqs
-
-
 def _pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, float), q)) if len(values) else math.nan
 
 
-def predict_point(p: Point, f: Factors) -> dict[str, float]:
-    cost = step_cost_for(p.gpu, p.model, p.tp, f)
-    release = frontend_release(p.send_s, f.frontend_ms / 1e3 if p.http else 0.0)
-    reqs = _requests(p, release)
-    timing = SessionTiming(arrivals_s=release)
-    run = run_scheduler(reqs, p.config, cost, timing)
+def predict_point(p: Point, f: Efficiency) -> dict[str, float]:
+    dep = deployment(p, f)
+    release = frontend_release(p.send_s, f.request_overhead_ms / 1e3 if p.http else 0.0)
+    reqs = synthetic_requests(p.inputs, p.outputs, release, block_size=BLOCK,
+                              session_ids=[f"r{i}" for i in range(len(p.inputs))])
+    run = run_scheduler(reqs, dep.scheduler_config, dep.cost, SessionTiming(arrivals_s=release))
     ttft, e2e, tpot = [], [], []
     for r, sent, empty in zip(run.results, p.send_s, p.empty):
         t_first = r.first_token_s - sent
@@ -373,7 +267,7 @@ def predict_point(p: Point, f: Factors) -> dict[str, float]:
 METRICS = ["ttft_mean_ms", "ttft_median_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_median_ms",
            "tpot_median_ms", "output_throughput", "request_throughput", "batch_latency_ms"]
 #: The metrics the fit minimises (log error) on the calibration points.
-FIT_METRICS = ["ttft_mean_ms", "e2e_mean_ms", "output_throughput"]
+FIT_METRICS = ["ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_median_ms", "output_throughput"]
 
 
 def errors(p: Point, pred: dict[str, float]) -> dict[str, float]:
@@ -387,18 +281,19 @@ def errors(p: Point, pred: dict[str, float]) -> dict[str, float]:
 _FIT_GPUS = ("h100-sxm", "a100-80gb-sxm")
 
 
-def _unpack(x: Sequence[float]) -> dict[str, Factors]:
+def _unpack(x: Sequence[float]) -> dict[str, Efficiency]:
     """x (log space): per fitted GPU (mfu, bandwidth efficiency), then shared step overhead and frontend."""
     lim = lambda v: min(max(v, 0.01), 1.0)  # noqa: E731
     overhead, frontend = math.exp(x[-2]), math.exp(x[-1])
     out = {}
     for k, g in enumerate(_FIT_GPUS):
-        out[g] = Factors(lim(math.exp(x[2 * k])), lim(math.exp(x[2 * k + 1])), overhead,
-                         DEFAULT_FACTORS.allreduce_latency_us, frontend)
+        out[g] = Efficiency(mfu=lim(math.exp(x[2 * k])), bandwidth_efficiency=lim(math.exp(x[2 * k + 1])),
+                            step_overhead_ms=overhead, allreduce_latency_us=DEFAULT_FACTORS.allreduce_latency_us,
+                            request_overhead_ms=frontend, source="fitted on the calibration split")
     return out
 
 
-def factors_for(gpu: str, table: dict[str, Factors]) -> Factors:
+def factors_for(gpu: str, table: dict[str, Efficiency]) -> Efficiency:
     if gpu in table:
         return table[gpu]
     if gpu == "h200-sxm" and "h100-sxm" in table:  # same Hopper generation; no H200 calibration point
@@ -406,25 +301,29 @@ def factors_for(gpu: str, table: dict[str, Factors]) -> Factors:
     return DEFAULT_FACTORS
 
 
-def calibrate(points: Sequence[Point]) -> tuple[dict[str, Factors], dict[str, Any]]:
-    from scipy.optimize import minimize
+def calibrate(points: Sequence[Point]) -> tuple[dict[str, Efficiency], dict[str, Any]]:
+    """Least squares on log(predicted / measured) over :data:`FIT_METRICS` of the calibration points, in log
+    parameters (finite differences of 5 %: the scheduler model is piecewise constant in its inputs below that)."""
+    from scipy.optimize import least_squares
 
-    def loss(x: Sequence[float]) -> float:
+    def residuals(x: Sequence[float]) -> list[float]:
         table = _unpack(x)
-        total = 0.0
+        out = []
         for p in points:
             pred = predict_point(p, factors_for(p.gpu, table))
-            for m in FIT_METRICS:
-                if m in p.published and pred[m] > 0:
-                    total += math.log(pred[m] / p.published[m]) ** 2
-        return total
+            out += [math.log(max(pred[m], 1e-9) / p.published[m]) for m in FIT_METRICS if m in p.published]
+        return out
 
-    x0 = [math.log(DEFAULT_FACTORS.mfu), math.log(DEFAULT_FACTORS.bandwidth_efficiency)] * len(_FIT_GPUS)
-    x0 += [math.log(DEFAULT_FACTORS.step_overhead_ms), math.log(3.0)]
+    d = DEFAULT_FACTORS
+    x0 = [math.log(d.mfu), math.log(d.bandwidth_efficiency)] * len(_FIT_GPUS)
+    x0 += [math.log(d.step_overhead_ms), math.log(d.request_overhead_ms)]
+    lo = [math.log(0.05), math.log(0.2)] * len(_FIT_GPUS) + [math.log(0.01), math.log(0.01)]
+    hi = [0.0, 0.0] * len(_FIT_GPUS) + [math.log(50.0), math.log(50.0)]
     t0 = time.perf_counter()
-    res = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-5})
-    return _unpack(res.x), {"loss": float(res.fun), "iterations": int(res.nit), "fit_s": time.perf_counter() - t0,
-                            "points": [p.id for p in points], "metrics": FIT_METRICS}
+    res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=120)
+    return _unpack(res.x), {"cost": float(res.cost), "evaluations": int(res.nfev),
+                            "fit_s": round(time.perf_counter() - t0, 1), "points": [p.id for p in points],
+                            "metrics": FIT_METRICS, "method": "scipy least_squares on log errors"}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -491,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.factors == "calibrated":
         table, fit_info = calibrate(calib)
     else:
-        table = {g: DEFAULT_FACTORS for g in GPUS}
+        table = {}
     rows = []
     for p in points:
         f = factors_for(p.gpu, table)
@@ -499,9 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"id": p.id, "set": split[p.id], "source": p.source, "gpu": p.gpu, "tp": p.tp,
                      "model": p.model, "requests": len(p.inputs), "measured": p.published,
                      "predicted": {k: round(v, 3) for k, v in pred.items()}, "error": errors(p, pred),
-                     "factors": asdict(f)})
+                     "factors": f.model_dump()})
     summary = summarize(rows)
-    factors_out = {g: asdict(f) for g, f in table.items()}
+    factors_out = {g: f.model_dump() for g, f in table.items()}
     doc = {"kind": "gpu_validation", "version": 1, "factors_mode": args.factors, "factors": factors_out,
            "fit": fit_info, "summary": summary, "points": rows,
            "targets": {"validation_e2e_mean_median_abs_pct": 10, "validation_ttft_mean_median_abs_pct": 20}}
