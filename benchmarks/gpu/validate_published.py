@@ -7,8 +7,8 @@ mean / median / p90 / p99, E2E mean / median, output throughput, per point, and 
 percentage error per metric, separately for the calibration and the validation set (``points/split.yaml``,
 fixed before any comparison).
 
-Efficiency factors: ``--factors defaults`` uses (writes ``gpu_validation_defaults.*`` beside)  the documented defaults of the step-cost model;
-``--factors calibrated`` (the default) fits them on the calibration points only (per GPU: achieved share of peak
+Efficiency factors: ``--factors defaults`` uses the documented defaults of the step-cost model (gpus.yaml;
+results in ``benchmarks/results/gpu_validation_defaults.*``); ``--factors calibrated`` (the default) fits them on the calibration points only (per GPU: achieved share of peak
 FLOPs and of bandwidth; shared: per-step overhead and the frontend's per-request time) and applies them to the
 validation points unchanged; the H200 has no calibration point and takes the H100's factors.
 
@@ -21,6 +21,10 @@ Workloads:
   ShareGPT sample, outputs rescaled to the runs' mean output (194.3 tokens), Poisson arrivals at the stated rate
   (seed 1) or all at t=0;
 * vLLM's latency benchmark: 8 requests of 32 input and 128 output tokens at t=0, no HTTP frontend.
+
+The step cost, the KV pool and the request lists are kvscope's own (``gpu_predict.plan_deployment``,
+``roofline.roofline_step_cost``, ``gpu_predict.synthetic_requests``); this script adds the workloads and the
+frontend queue below.
 
 Frontend: vLLM's API server tokenizes and queues requests on the engine's event loop, so a burst of N requests
 reaches the scheduler only after about N times a per-request frontend time (the first TTFT of a 320-request
@@ -375,9 +379,12 @@ def markdown(rows: Sequence[dict[str, Any]], summary: dict[str, Any], factors: d
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", choices=["calibrated", "defaults"], default="calibrated")
-    ap.add_argument("--out-json", type=Path, default=RESULTS / "gpu_validation.json")
-    ap.add_argument("--out-md", type=Path, default=RESULTS / "gpu_validation.md")
+    ap.add_argument("--out-json", type=Path, help="default: benchmarks/results/gpu_validation[_defaults].json")
+    ap.add_argument("--out-md", type=Path, help="default: beside --out-json, .md")
     args = ap.parse_args(argv)
+    stem = "gpu_validation" + ("_defaults" if args.factors == "defaults" else "")
+    args.out_json = args.out_json or RESULTS / f"{stem}.json"
+    args.out_md = args.out_md or args.out_json.with_suffix(".md")
 
     points = load_points()
     split = load_split()
