@@ -214,12 +214,22 @@ def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | No
         config = SchedulerConfig(block_size=facts.block_size, num_gpu_blocks=facts.num_blocks,
                                  max_num_seqs=256 if device == "gpu" else 128,
                                  max_num_batched_tokens=8192 if device == "gpu" else 2048)
-        trace_dir = out / "trace"
-        generate_from_file("agent-coding", model_dir, seed=5, scale=scale, sessions=sessions,
-                           max_context=max_model_len - 200, output_scale=0.1).write(trace_dir)
+        traces: dict[int, Path] = {}
+
+        def trace_for(c: int) -> Path:
+            """The trace a level replays: ``sessions`` sessions, or (0) two per concurrency slot, so every level
+            runs a similar time (the agent-coding preset at scale 0.02 has ~70 requests a session)."""
+            n = sessions or max(2, 2 * c)
+            if n not in traces:
+                traces[n] = out / ("trace" if sessions else f"trace-{n}")
+                generate_from_file("agent-coding", model_dir, seed=5, scale=scale, sessions=n,
+                                   max_context=max_model_len - 200, output_scale=0.1).write(traces[n])
+            return traces[n]
+
         results = []
         for c in levels:
             t = time.perf_counter()
+            trace_dir = trace_for(c)
             df, preempted, load = measure_level(trace_dir, endpoint, c, out / f"run-c{c}", client_priority_mode="auto")
             level = compare_level(trace_dir, df, config, cost, c)
             level.update(preemptions_measured=preempted, load_average=round(load, 2),
@@ -235,7 +245,7 @@ def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | No
     doc = {"kind": "gpu_check", "version": 1, "device": device, "gpu": gpu, "endpoint_started": server is not None,
            "model_dir": str(model_dir), "server": {"block_size": facts.block_size, "num_gpu_blocks": facts.num_blocks,
                                                    "max_model_len": facts.max_model_len},
-           "cost": cost_info, "trace": {"preset": "agent-coding", "sessions": sessions, "scale": scale},
+           "cost": cost_info, "trace": {"preset": "agent-coding", "sessions": sessions or "2 per concurrency slot", "scale": scale},
            "levels": results, "timings_s": {k: round(v, 1) for k, v in timings.items()},
            "total_s": round(time.perf_counter() - t0, 1)}
     (out / "gpu_check.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -251,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gpu", help="GPU preset id (default: detected with nvidia-smi)")
     ap.add_argument("--factors", type=Path, help="efficiency factors (JSON of gpus.yaml's efficiency fields)")
     ap.add_argument("--levels", help="comma-separated concurrency levels")
-    ap.add_argument("--sessions", type=int, help="agent sessions in the trace")
+    ap.add_argument("--sessions", type=int, help="agent sessions in every level's trace (default: GPU two per "
+                    "concurrency slot, CPU 4)")
     ap.add_argument("--scale", type=float, default=0.02, help="trace length scale (agent-coding preset)")
     ap.add_argument("--calibration-rounds", type=int, default=3, help="CPU path: rounds of each timed shape")
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -262,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpu_mode = args.device == "gpu"
     levels = [int(x) for x in args.levels.split(",")] if args.levels else list(GPU_LEVELS if gpu_mode else CPU_LEVELS)
-    sessions = args.sessions or (64 if gpu_mode else 4)
+    sessions = args.sessions or (0 if gpu_mode else 4)
     max_len = args.max_model_len or (8192 if gpu_mode else 2048)
     try:
         if any(c < 1 for c in levels):

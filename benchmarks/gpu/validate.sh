@@ -13,12 +13,18 @@ PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
-if ! "$PY" -c "import kvscope" 2>/dev/null; then
-  "$PY" -m pip install -q -e . >/dev/null
+# A machine without network (the lent device machines) needs wheels: WHEELS=dir with kvscope's dependencies
+# and a vLLM CUDA build matching its torch (pip install --no-index --find-links "$WHEELS").
+pipi() {
+  if [[ -n "${WHEELS:-}" ]]; then "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$@"
+  else "$PY" -m pip install -q "$@"; fi
+}
+if ! "$PY" -c "import kvscope" 2>/dev/null && ! pipi -e . >/dev/null 2>&1; then
+  echo "error: kvscope is not importable and 'pip install -e .' failed (no network? set WHEELS=dir)" >&2; exit 2
 fi
-if ! "$PY" -c "import vllm" 2>/dev/null; then
-  echo "vLLM missing: installing it (GPU build)" >&2
-  "$PY" -m pip install -q vllm >/dev/null
+if ! "$PY" -c "import vllm" 2>/dev/null && ! pipi vllm >/dev/null 2>&1; then
+  echo "error: vLLM is not installed and 'pip install vllm' failed (no network? set WHEELS=dir with a vLLM wheel)" >&2
+  exit 2
 fi
 mkdir -p "$OUT"
 start=$(date +%s)
