@@ -33,8 +33,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 #: Replay levels and trace size: sized so the GPU path (server start included) stays well under 8 minutes.
 GPU_LEVELS = (1, 4, 16, 64)
@@ -268,7 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=None)
     args = ap.parse_args(argv)
     import httpx
-
     from kvscope.harness.common.errors import KvscopeError
 
     gpu_mode = args.device == "gpu"

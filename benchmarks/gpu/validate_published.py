@@ -42,9 +42,10 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import yaml
@@ -54,10 +55,14 @@ REPO = HERE.parents[1]
 POINTS = HERE / "points"
 RESULTS = REPO / "benchmarks" / "results"
 
-from kvscope.harness.cachemodel.gpu_predict import (Deployment, ServerSettings, plan_deployment,  # noqa: E402
-                                                     synthetic_requests)
-from kvscope.harness.cachemodel.gpus import Efficiency  # noqa: E402
-from kvscope.harness.cachemodel.scheduler import SessionTiming, run_scheduler  # noqa: E402
+from kvscope.harness.cachemodel.gpu_predict import (
+    Deployment,
+    ServerSettings,
+    plan_deployment,
+    synthetic_requests,
+)
+from kvscope.harness.cachemodel.gpus import Efficiency
+from kvscope.harness.cachemodel.scheduler import SessionTiming, run_scheduler
 
 BLOCK = 16
 
@@ -82,7 +87,7 @@ def model_key(model_id: str) -> str:
 DEFAULT_FACTORS = Efficiency()
 
 
-def deployment(p: "Point", f: Efficiency) -> Deployment:
+def deployment(p: Point, f: Efficiency) -> Deployment:
     """The point's model on its GPUs with its server flags; the frontend time is queued by
     :func:`frontend_release`, so the step cost itself gets none (no double counting)."""
     eff = f.model_copy(update={"request_overhead_ms": 0.0})
@@ -287,7 +292,7 @@ _FIT_GPUS = ("h100-sxm", "a100-80gb-sxm")
 
 def _unpack(x: Sequence[float]) -> dict[str, Efficiency]:
     """x (log space): per fitted GPU (mfu, bandwidth efficiency), then shared step overhead and frontend."""
-    lim = lambda v: min(max(v, 0.01), 1.0)  # noqa: E731
+    lim = lambda v: min(max(v, 0.01), 1.0)
     overhead, frontend = math.exp(x[-2]), math.exp(x[-1])
     out = {}
     for k, g in enumerate(_FIT_GPUS):
