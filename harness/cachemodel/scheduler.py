@@ -486,8 +486,8 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     if not steady or tokens != m or now + dt >= next_arrival_s:
         return 1, dt
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
-    if k_max <= 1 or any(s.generated == 0 for s, _ in batch):
-        return 1, dt
+    if k_max <= 1 or any(s.generated == 0 or s.req.spec_drafted is not None for s, _ in batch):
+        return 1, dt  # (a speculative request emits 1 + accepted tokens a step: stepped one at a time)
     def elapsed(k: int) -> float:  # seconds of steps 0 .. k-1 (step j attends ctx + m*j)
         return dt + cost.decode_run_s(m, ctx, k - 1) * scale
 

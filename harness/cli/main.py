@@ -36,7 +36,8 @@ Run `kvscope COMMAND --help` for the options of each command.
 
 # Subcommand groups contributed by other packages: module with `add_subcommands(subparsers)`.
 PLUGIN_MODULES = ("kvscope.harness.cli.workload", "kvscope.harness.cli.offline", "kvscope.harness.cli.replay", "kvscope.harness.cli.experiment",
-                  "kvscope.harness.cli.record", "kvscope.harness.cli.capacity", "kvscope.harness.cli.speculate")
+                  "kvscope.harness.cli.record", "kvscope.harness.cli.capacity", "kvscope.harness.cli.speculate",
+                  "kvscope.harness.cli.predict")
 
 
 
