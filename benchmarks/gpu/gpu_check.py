@@ -174,13 +174,15 @@ def compare_level(trace_dir: Path, df, config, cost, concurrency: int) -> dict[s
 
 def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | None, levels: Sequence[int],
               sessions: int, scale: float, factors: Path | None, gpu: str | None, calibration_rounds: int,
-              max_model_len: int) -> dict[str, Any]:
+              max_model_len: int, budget_s: float | None = None) -> dict[str, Any]:
     from kvscope.harness.cachemodel.scheduler import SchedulerConfig
     from kvscope.harness.replay.validation import measure_level
     from kvscope.harness.serving.backend import endpoint_facts
     from kvscope.workloads.generate import generate_from_file
 
     out.mkdir(parents=True, exist_ok=True)
+    if device == "gpu":
+        gpu = gpu or detect_gpu()  # before any build: no GPU is a one-line error at once
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     if model_dir is None:
@@ -194,8 +196,6 @@ def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | No
 
             build_tiny_model(model_dir, seed=0)
     timings["model_s"] = time.perf_counter() - t0
-    if device == "gpu":
-        gpu = gpu or detect_gpu()
     server = None
     try:
         if endpoint is None:
@@ -227,8 +227,29 @@ def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | No
                                    max_context=max_model_len - 200, output_scale=0.1).write(traces[n])
             return traces[n]
 
-        results = []
+        results: list[dict[str, Any]] = []
+        skipped: list[int] = []
+
+        def save() -> dict[str, Any]:
+            """gpu_check.json as it stands: written after every level, so a run stopped by its time limit
+            still leaves the levels it finished."""
+            doc = {"kind": "gpu_check", "version": 1, "device": device, "gpu": gpu,
+                   "endpoint_started": server is not None, "model_dir": str(model_dir),
+                   "server": {"block_size": facts.block_size, "num_gpu_blocks": facts.num_blocks,
+                              "max_model_len": facts.max_model_len},
+                   "cost": cost_info,
+                   "trace": {"preset": "agent-coding", "sessions": sessions or "2 per concurrency slot",
+                             "scale": scale},
+                   "levels": results, "levels_skipped_for_time": skipped,
+                   "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                   "total_s": round(time.perf_counter() - t0, 1)}
+            (out / "gpu_check.json").write_text(json.dumps(doc, indent=1) + "\n")
+            return doc
+
         for c in levels:
+            if budget_s and results and time.perf_counter() - t0 > budget_s:
+                skipped.append(c)  # past the time budget: the levels done are the result
+                continue
             t = time.perf_counter()
             trace_dir = trace_for(c)
             df, preempted, load = measure_level(trace_dir, endpoint, c, out / f"run-c{c}", client_priority_mode="auto")
@@ -236,20 +257,15 @@ def run_check(out: Path, device: str, endpoint: str | None, model_dir: Path | No
             level.update(preemptions_measured=preempted, load_average=round(load, 2),
                          wall_s=round(time.perf_counter() - t, 1))
             results.append(level)
+            save()
             print(f"c={c}: {level['requests']} requests, TTFT median |err| {level['ttft_median_abs_pct']}%, "
                   f"E2E median |err| {level['e2e_median_abs_pct']}%, cached exact {level['cached_exact_share']:.1%}, "
                   f"mean TTFT pred/meas {level['ttft_mean_s']}, mean E2E {level['e2e_mean_s']}, "
                   f"tok/s {level['output_tokens_per_s']}", flush=True)
+        doc = save()
     finally:
         if server is not None:
             server.stop()
-    doc = {"kind": "gpu_check", "version": 1, "device": device, "gpu": gpu, "endpoint_started": server is not None,
-           "model_dir": str(model_dir), "server": {"block_size": facts.block_size, "num_gpu_blocks": facts.num_blocks,
-                                                   "max_model_len": facts.max_model_len},
-           "cost": cost_info, "trace": {"preset": "agent-coding", "sessions": sessions or "2 per concurrency slot", "scale": scale},
-           "levels": results, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-           "total_s": round(time.perf_counter() - t0, 1)}
-    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 
@@ -267,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=0.02, help="trace length scale (agent-coding preset)")
     ap.add_argument("--calibration-rounds", type=int, default=3, help="CPU path: rounds of each timed shape")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no further level after this many seconds (default: GPU 330, CPU none)")
     args = ap.parse_args(argv)
     import httpx
     from kvscope.harness.common.errors import KvscopeError
@@ -279,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(c < 1 for c in levels):
             raise CheckError(f"--levels {args.levels}: concurrency levels must be positive integers")
         run_check(args.out, args.device, args.endpoint, args.model_dir, levels, sessions, args.scale, args.factors,
-                  args.gpu, args.calibration_rounds, max_len)
+                  args.gpu, args.calibration_rounds, max_len,
+                  args.budget_s if args.budget_s is not None else (330.0 if gpu_mode else None))
     except (CheckError, KvscopeError, httpx.HTTPError, ValueError, OSError) as exc:
         # bad input, a dead or refused server: one line; what was measured so far stays under --out
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
