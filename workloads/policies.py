@@ -12,22 +12,20 @@ a preset keeps its shape when it is shrunk to run on a CPU.
 Adding a policy is one registration: ``@history_policy("name")`` on a :class:`HistoryPolicy` subclass. The
 decorator gives the class its ``kind: Literal["name"]`` tag and records it in one registry, from which the spec's
 discriminated union (:data:`Policy`), the allowed kinds (:func:`policy_kinds`) and the tag → model map used by
-the spec's error messages (:func:`policy_models`) are all derived. The union is validated through a lazily built
-``TypeAdapter`` rather than a static ``Union[...]`` so that a policy registered after ``workloads.spec`` was
-imported (a plug-in, a test) is accepted by the spec models without rebuilding them; pydantic's own
-``union_tag_invalid`` errors (and their locations) are kept.
+the spec's error messages (:func:`policy_models`) are all derived (``workloads/tagged_registry.py`` says how,
+and why the union is built lazily).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, TypeVar, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, create_model
-
 from kvscope.workloads.prefix import Transition
+from kvscope.workloads.tagged_registry import TaggedRegistry
 from kvscope.workloads.trace_schema import SegmentKind
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvscope.workloads.generate import SessionState
@@ -58,50 +56,14 @@ class HistoryPolicy(BaseModel):
         raise NotImplementedError
 
 
-_P = TypeVar("_P", bound=type[HistoryPolicy])
-_REGISTRY: dict[str, type[HistoryPolicy]] = {}
-_adapter: TypeAdapter | None = None
+_REGISTRY: TaggedRegistry[HistoryPolicy] = TaggedRegistry(HistoryPolicy, "history policy")
+history_policy = _REGISTRY.register
+"""Register a policy model under the spec tag ``kind``; returns the tagged model (a subclass of the decorated
+class with ``kind: Literal[kind]``, so ``isinstance`` checks against the module name hold)."""
+policy_kinds = _REGISTRY.kinds
+policy_models = _REGISTRY.models
 
-
-def history_policy(kind: str) -> Callable[[_P], _P]:
-    """Register a policy model under the spec tag ``kind``; returns the tagged model (a subclass of the
-    decorated class with ``kind: Literal[kind]``, so ``isinstance`` checks against the module name hold)."""
-
-    def register(cls: _P) -> _P:
-        global _adapter
-        if kind in _REGISTRY:
-            raise ValueError(f"history policy {kind!r} is already registered by {_REGISTRY[kind].__name__}")
-        tagged = create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
-                              kind=(Literal[kind], Field(default=kind)))  # type: ignore[call-overload]
-        tagged.__qualname__ = cls.__qualname__
-        _REGISTRY[kind] = tagged
-        _adapter = None
-        return tagged  # type: ignore[return-value]
-
-    return register
-
-
-def policy_kinds() -> tuple[str, ...]:
-    """The registered spec tags, in registration order (the order error messages list them in)."""
-    return tuple(_REGISTRY)
-
-
-def policy_models() -> dict[str, type[HistoryPolicy]]:
-    """Spec tag → policy model."""
-    return dict(_REGISTRY)
-
-
-def _validate_policy(value: Any) -> HistoryPolicy:
-    global _adapter
-    if isinstance(value, HistoryPolicy) and _REGISTRY.get(value.kind) is type(value):
-        return value
-    if _adapter is None:
-        members = tuple(_REGISTRY.values())
-        _adapter = TypeAdapter(Annotated[Union[members], Field(discriminator="kind")])  # type: ignore[valid-type]
-    return _adapter.validate_python(value)
-
-
-Policy = Annotated[SerializeAsAny[HistoryPolicy], PlainValidator(_validate_policy)]
+Policy = _REGISTRY.annotated
 """One entry of ``sessions.policies``: any registered policy, chosen by its ``kind``."""
 
 

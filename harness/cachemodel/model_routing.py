@@ -34,22 +34,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Any, Literal
 
 import numpy as np
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.simulator import Replica, SimConfig
 from kvscope.harness.common.errors import ConfigError
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.workloads.tagged_registry import TaggedRegistry
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PlainValidator,
-    SerializeAsAny,
-    TypeAdapter,
     ValidationError,
-    create_model,
     model_validator,
 )
 
@@ -107,43 +104,12 @@ class ModelRoutingPolicy(BaseModel):
         raise NotImplementedError
 
 
-_P = TypeVar("_P", bound=type[ModelRoutingPolicy])
-_REGISTRY: dict[str, type[ModelRoutingPolicy]] = {}
-_adapter: TypeAdapter | None = None
+_REGISTRY: TaggedRegistry[ModelRoutingPolicy] = TaggedRegistry(ModelRoutingPolicy, "model routing policy")
+model_routing_policy = _REGISTRY.register
+"""Register a policy model under the spec tag ``kind`` (the class gets ``kind: Literal[kind]``)."""
+policy_kinds = _REGISTRY.kinds
 
-
-def model_routing_policy(kind: str) -> Callable[[_P], _P]:
-    """Register a policy model under the spec tag ``kind`` (the class gets ``kind: Literal[kind]``)."""
-
-    def register(cls: _P) -> _P:
-        global _adapter
-        if kind in _REGISTRY:
-            raise ValueError(f"model routing policy {kind!r} is already registered by {_REGISTRY[kind].__name__}")
-        tagged = create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
-                              kind=(Literal[kind], Field(default=kind)))  # type: ignore[call-overload]
-        tagged.__qualname__ = cls.__qualname__
-        _REGISTRY[kind] = tagged
-        _adapter = None
-        return tagged  # type: ignore[return-value]
-
-    return register
-
-
-def policy_kinds() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
-
-
-def _validate_policy(value: Any) -> ModelRoutingPolicy:
-    global _adapter
-    if isinstance(value, ModelRoutingPolicy) and _REGISTRY.get(value.kind) is type(value):
-        return value
-    if _adapter is None:
-        members = tuple(_REGISTRY.values())
-        _adapter = TypeAdapter(Annotated[Union[members], Field(discriminator="kind")])  # type: ignore[valid-type]  # noqa: UP007
-    return _adapter.validate_python(value)
-
-
-Policy = Annotated[SerializeAsAny[ModelRoutingPolicy], PlainValidator(_validate_policy)]
+Policy = _REGISTRY.annotated
 
 
 @model_routing_policy("all-small")
