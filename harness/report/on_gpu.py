@@ -100,7 +100,7 @@ def on_gpu_html(res: Any) -> str:
             cells = [_fits(p), _ms(at.ttft_p90_s if at else None), _ms(at.tpot_p50_s if at else None), cliff,
                      _usd(c.usd_per_mtok_input if c else None), _usd(c.usd_per_mtok_output if c else None),
                      _usd(c.usd_per_1000_sessions if c else None), f"{c.utilization:.0%}" if c else "–"]
-            parts.append("<tr><td>" + e(ep.workload) + "</td>" + "".join(f"<td>{e(x)}{PRED}</td>" for x in cells)
+            parts.append("<tr><td>" + e(ep.workload) + "</td>" + "".join(f"<td>{e(x)} {PRED}</td>" for x in cells)
                          + f"<td>{e(_measured(res, ep.workload))}</td></tr>")
         parts.append("</table>")
         priced = next((r.prediction.cost for r in rows if r.prediction.cost is not None), None)
