@@ -33,7 +33,7 @@ def _fits(p: Any) -> str:
         return "none (the lowest load misses the SLO)"
     top = p.load_curve[-1].load if p.load_curve else cap
     if cap == top:
-        return f"≥ {cap:g} (every load the trace drives; it has {cap:g} sessions)"
+        return f"≥ {cap:g} (all the trace's sessions)"
     return f"{cap:g}"
 
 
@@ -85,11 +85,12 @@ def on_gpu_html(res: Any) -> str:
             factors = f"step costs from the calibration {e(s.source)}"
         parts.append(
             f"<p>Efficiency factors used: {factors}. Memory plan: weights {d.weight_gib_per_gpu:.1f} GiB/GPU, KV pool "
-            f"{d.kv_cache_tokens:,} tokens ({e(d.kv_cache_dtype)}), max_num_seqs {d.max_num_seqs}, "
+            f"{d.kv_cache_tokens:,} tokens ({e(d.kv_cache_dtype)}) in blocks of {d.block_size} (finer than a CPU server's, "
+            f"so more of each shared prefix hits), max_num_seqs {d.max_num_seqs}, "
             f"max_num_batched_tokens {d.max_num_batched_tokens}. SLO: TTFT p90 ≤ {first.slo.ttft_ms:g} ms, TPOT p50 ≤ "
             f"{first.slo.tpot_ms:g} ms, no preemption; load = agent sessions at once (closed loop).</p>")
-        parts.append("<table><tr><th>workload</th><th>sessions that fit under the SLO</th><th>TTFT p90 at that load"
-                     "</th><th>TPOT p50 at that load</th><th>eviction cliff</th><th>$/Mtok in</th><th>$/Mtok out</th>"
+        parts.append("<table><tr><th>workload</th><th>sessions that fit under the SLO</th><th>hit rate at that load</th>"
+                     "<th>TTFT p90 at that load</th><th>TPOT p50 at that load</th><th>eviction cliff</th><th>$/Mtok in</th><th>$/Mtok out</th>"
                      "<th>$/1,000 sessions</th><th>GPU busy</th><th>measured on this CPU</th></tr>")
         for ep in rows:
             p = ep.prediction
@@ -97,7 +98,7 @@ def on_gpu_html(res: Any) -> str:
             cliff = ("none within the loads" if p.eviction_cliff_load is None
                      else f"at {p.eviction_cliff_load:g} sessions")
             c = p.cost
-            cells = [_fits(p), _ms(at.ttft_p90_s if at else None), _ms(at.tpot_p50_s if at else None), cliff,
+            cells = [_fits(p), f"{at.token_hit_rate:.1%}" if at else "–", _ms(at.ttft_p90_s if at else None), _ms(at.tpot_p50_s if at else None), cliff,
                      _usd(c.usd_per_mtok_input if c else None), _usd(c.usd_per_mtok_output if c else None),
                      _usd(c.usd_per_1000_sessions if c else None), f"{c.utilization:.0%}" if c else "–"]
             parts.append("<tr><td>" + e(ep.workload) + "</td>" + "".join(f"<td>{e(x)} {PRED}</td>" for x in cells)
