@@ -58,6 +58,9 @@ def predict_configurations(spec: ExperimentSpec, run_dir: Path, traces: dict[str
             except (ValueError, KvscopeError) as exc:
                 lines.append(f"predicted {cname} x {wname}: skipped: {exc}")
                 continue
+            except Exception as exc:  # noqa: BLE001 -- a prediction never costs the run its live results
+                lines.append(f"predicted {cname} x {wname}: failed: {type(exc).__name__}: {exc}")
+                continue
             out = run_dir / PREDICTIONS_DIR / cname / wname  # names checked by the spec (no separators)
             out.mkdir(parents=True, exist_ok=True)
             write_prediction_file(out / PREDICTION_NAME, done.prediction)
