@@ -9,10 +9,10 @@ The live configuration is an attached OpenAI-compatible endpoint on the in-proce
 from __future__ import annotations
 
 import pytest
-
 from kvscope.harness.cli.main import main
 from kvscope.harness.experiment.runner import run_experiment
 from kvscope.harness.results.loaders import load_experiment_file, load_experiment_predictions, load_results
+
 from tests.doubles.faultserver import FaultConfig, FaultServer
 
 
@@ -20,7 +20,7 @@ def _spec(tmp_path, predicted: str, server: str = "good: {backend: openai, endpo
                                                   "block_size: 16}", model: str = "{source: tiny}") -> str:
     p = tmp_path / "spec.yaml"
     p.write_text(f"""\
-name: onpgu
+name: ongpu
 model: {model}
 servers:
   {server}
@@ -51,6 +51,7 @@ def test_an_unknown_gpu_or_model_stops_the_run_before_anything_starts(tmp_path, 
 def test_the_runner_predicts_each_deployment_on_each_workload_and_the_index_shows_them(
         tmp_path, tiny_model_dir, capsys):
     from kvscope.harness.report.render import write_index
+
     from tests.test_report_browser import require_chromium
 
     with FaultServer(FaultConfig(output_len=4)) as srv:
