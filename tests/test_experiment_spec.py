@@ -18,8 +18,16 @@ def test_shipped_specs_validate_and_plan_in_stated_order():
     assert {c.split("__")[0] for c in cells} == {"baseline", "no-prefix-cache", "ngram-k4"}
     assert spec.sweep is not None and len(spec.sweep.levels) >= 5
     assert spec.sweep.ttft_slo.unloaded_factor == 3  # relative: a capacity on slow and fast machines alike
+    assert spec.predicted is not None and spec.predicted_workloads() == [
+        "agent-coding", "agent-coding-timestamped", "agent-coding-compaction"]  # the grid's: sweep_only left out
+    assert {(c.gpu, c.model, c.tp) for c in spec.predicted.configs.values()} == {
+        ("h100-sxm", "llama-3.1-8b", 1), ("h200-sxm", "llama-3.1-70b", 4)}
+    assert spec.predicted_slo_ttft_p90_ms() == 2000  # the sweep's SLO is relative to the CPU: the stated default
     gpu, _ = load_experiment_spec(REPO / "experiments" / "gpu-llama31-8b.yaml")
     assert gpu.model.source == "hf" and "eagle3" in gpu.servers
+
+
+_PRED = "name: x\nservers: {a: {}}\nworkloads: {w: {spec: chat}}\npredicted:\n"
 
 
 @pytest.mark.parametrize("body,needles", [
@@ -31,6 +39,18 @@ def test_shipped_specs_validate_and_plan_in_stated_order():
     ("name: x\nservers: {a: {prefix_cache: false}}\nworkloads: {w: {spec: chat}}\n",
      ["servers.a", "prefix_cache", "enable_prefix_caching"]),
     ("name: x\nworkloads: {w: {spec: chat}}\n", ["servers", "required"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxmm, model: llama-3.1-8b}}\n",
+     ["predicted.configs.g", "unknown GPU 'h100-sxmm'", "h200-sxm"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-9}}\n",
+     ["predicted.configs.g", "unknown model 'llama-9'", "llama-3.1-8b"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-70b}}\n",
+     ["predicted.configs.g", "does not fit on h100-sxm with tp 1"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b, tp: 3}}\n",
+     ["predicted.configs.g", "tensor parallel size 3 does not divide"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b, kv_cache_dtype: fp7}}\n", ["fp7"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b, gpus: 2}}\n", ["predicted.configs.g.gpus", "unknown field"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b}}\n  workloads: [v]\n",
+     ["predicted.workloads: unknown v", "known: w"]),
 ])
 def test_spec_errors_name_file_field_and_allowed(tmp_path, body, needles):
     p = tmp_path / "bad.yaml"

@@ -9,6 +9,7 @@ Layout of one run (`results/<experiment>/<run-id>/`):
     cells/<server>__<workload>__<load>__r<k>/   a replay run directory (requests.parquet, summary.json, …)
     cells/<server>__<workload>__sweep-c<n>__r0/ a sweep level's cell
     calibrations/<server>.json a swept configuration's step-cost calibration (sweep.predict)
+    predictions/<config>/<workload>/prediction.json   a predicted GPU deployment (spec `predicted:`)
 
 Each server configuration is a serving backend (kvscope.harness.serving.backend): vLLM, launched by kvscope,
 or an OpenAI-compatible endpoint it only attaches to. Cells run repeat-major (see `plan_cells`); with
@@ -318,7 +319,15 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
 
 
 def finish_run(run: RunContext) -> None:
-    """Stamp completion and the failed cells (every cell not ok, whichever executor ran it)."""
+    """Predict the spec's GPU deployments (``predicted:``) on the run's traces, then stamp completion and the
+    failed cells (every cell not ok, whichever executor ran it)."""
+    if run.spec.predicted is not None:
+        from kvscope.harness.experiment.predicted import predict_configurations
+
+        t0 = time.perf_counter()
+        for line in predict_configurations(run.spec, run.run_dir, run.manifest.traces):
+            print(line, flush=True)
+        run.timed("predict", t0)
     run.manifest.completed_at = time.time()
     run.manifest.failed_cells = [n for n, c in run.manifest.cells.items() if c.status not in ("ok", "skipped")]
     run.save()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_serializer, model_validator
 
@@ -18,9 +18,13 @@ from kvscope.harness.common.errors import ConfigError, format_validation_error, 
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
 
-__all__ = ["CostSpec", "ExecutorSpec", "ExperimentSpec", "LoadLevel", "ModelSpec", "ReplaySettings", "RepeatsSpec",
-           "SloSpec", "SweepSpec",
-           "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources", "sweep_level"]
+if TYPE_CHECKING:
+    from kvscope.harness.cachemodel.gpu_predict import ServerSettings
+
+__all__ = ["PREDICTED_SLO_TPOT_P50_MS", "PREDICTED_SLO_TTFT_P90_MS", "CostSpec", "ExecutorSpec", "ExperimentSpec",
+           "LoadLevel", "ModelSpec", "PredictedConfig", "PredictedSpec", "RepeatsSpec", "ReplaySettings", "SloSpec",
+           "SweepSpec", "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources",
+           "sweep_level"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -144,6 +148,88 @@ class SweepSpec(BaseModel):
         if self.slo_ttft_p90 is not None:
             return parse_ttft_slo(self.slo_ttft_p90)
         return TtftSlo(ms=self.slo_ttft_p90_ms)
+
+
+#: The "On your GPU" SLO where neither ``predicted:`` nor an absolute sweep SLO gives one: an interactive
+#: agent's first token within 2 s at p90, and 10 tokens/s per stream (TPOT p50 <= 100 ms).
+PREDICTED_SLO_TTFT_P90_MS = 2000.0
+PREDICTED_SLO_TPOT_P50_MS = 100.0
+
+
+class PredictedConfig(BaseModel):
+    """One predicted deployment: a GPU preset x a model (bundled name or config.json) x vLLM's server settings
+    (`kvscope predict`'s flags of the same names; unset: vLLM's GPU defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str = Field(description="GPU preset id or alias (kvscope predict --list), e.g. h100-sxm")
+    model: str = Field(description="bundled model name (e.g. llama-3.1-8b) or a local config.json path")
+    tp: int = Field(1, gt=0, description="tensor-parallel size")
+    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    gpu_hour_usd: float | None = Field(None, gt=0, description="price per GPU-hour (default: the GPU's first "
+                                                               "preset in pricing/gpu_prices.yaml)")
+    provider: str | None = Field(None, description="which provider's GPU-hour price preset to use")
+
+    @model_validator(mode="after")
+    def _known(self) -> "PredictedConfig":
+        """Unknown GPU, model, dtype, price or a TP that does not divide the heads or fit: refused at spec
+        load, before any server starts (the plan is the same arithmetic the prediction runs)."""
+        from kvscope.harness.cachemodel.gpu_predict import plan_deployment
+        from kvscope.harness.cachemodel.kv_memory import dtype_bytes
+        from kvscope.harness.pricing.gpu_cost import gpu_hour_price
+
+        if self.kv_cache_dtype != "auto":
+            dtype_bytes(self.kv_cache_dtype)
+        dep = plan_deployment(self.gpu, self.model, tp=self.tp, settings=self.settings())
+        if self.provider and self.gpu_hour_usd is None and gpu_hour_price(dep.gpu.key, self.provider) is None:
+            raise ValueError(f"provider {self.provider!r}: no GPU-hour price for {dep.gpu.key} in "
+                             "pricing/gpu_prices.yaml")
+        return self
+
+    def settings(self) -> "ServerSettings":
+        from kvscope.harness.cachemodel.gpu_predict import ServerSettings
+
+        base = ServerSettings()
+        return ServerSettings(max_num_seqs=self.max_num_seqs or base.max_num_seqs,
+                              max_num_batched_tokens=self.max_num_batched_tokens or base.max_num_batched_tokens,
+                              kv_cache_dtype=self.kv_cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization)
+
+
+class PredictedSpec(BaseModel):
+    """Deployments predicted (not measured) on each workload's trace after the live phases, for the report's
+    "On your GPU" section beside the CPU measurements. Closed loop: the load curve runs over concurrency (the
+    number of agent sessions at once) up to the trace's sessions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    configs: dict[str, PredictedConfig] = Field(description="named deployments, e.g. {h100-8b: {gpu: h100-sxm, "
+                                                            "model: llama-3.1-8b}}")
+    workloads: list[str] | None = Field(None, description="workloads to predict (default: the grid's, i.e. every "
+                                                          "workload that is not sweep_only)")
+    levels: list[int] | None = Field(None, description="concurrency levels of the load curve (default 1, 2, 4, "
+                                                       "... up to the trace's sessions)")
+    slo_ttft_p90_ms: float | None = Field(None, gt=0, description="default: the sweep's absolute SLO, else "
+                                                                  f"{PREDICTED_SLO_TTFT_P90_MS:g} ms")
+    slo_tpot_p50_ms: float = Field(PREDICTED_SLO_TPOT_P50_MS, gt=0)
+
+    @field_validator("configs")
+    @classmethod
+    def _configs(cls, v: dict[str, PredictedConfig]) -> dict[str, PredictedConfig]:
+        if not v:
+            raise ValueError("at least one predicted configuration is needed")
+        for k in v:
+            check_name(k, "predicted configuration name")
+        return v
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(x <= 0 for x in v) or sorted(set(v)) != v):
+            raise ValueError(f"levels: give increasing positive concurrencies, e.g. [1, 2, 4, 8]; got {v}")
+        return v
 
 
 class ExecutorSpec(BaseModel):
@@ -346,6 +432,8 @@ class ExperimentSpec(ExperimentSpecCore):
                            "pause SIGSTOPs their process groups while another configuration's cell runs and "
                            "SIGCONTs them before their own (kvscope-launched servers only)")
     sweep: SweepSpec | None = None
+    predicted: PredictedSpec | None = Field(None, description="GPU deployments predicted on the workloads' traces "
+                                                               "after the live phases (the report's On your GPU)")
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
 
@@ -401,7 +489,25 @@ class ExperimentSpec(ExperimentSpecCore):
         sweep_only = [n for n, ref in self.workloads.items() if ref.sweep_only]
         if sweep_only and (self.sweep is None or any(n not in (self.sweep.workloads or []) for n in sweep_only)):
             raise ValueError(f"workloads {', '.join(sweep_only)} are sweep_only: name them in sweep.workloads")
+        if self.predicted is not None:
+            unknown = [n for n in self.predicted.workloads or [] if n not in self.workloads]
+            if unknown:
+                raise ValueError(f"predicted.workloads: unknown {', '.join(unknown)}; known: {', '.join(self.workloads)}")
         return self
+
+    def predicted_workloads(self) -> list[str]:
+        """The workloads ``predicted:`` runs on: its own list, else the grid's."""
+        if self.predicted is None:
+            return []
+        return list(self.predicted.workloads or [n for n, ref in self.workloads.items() if not ref.sweep_only])
+
+    def predicted_slo_ttft_p90_ms(self) -> float:
+        """``predicted.slo_ttft_p90_ms``, else the sweep's absolute SLO, else the stated default."""
+        if self.predicted is not None and self.predicted.slo_ttft_p90_ms is not None:
+            return self.predicted.slo_ttft_p90_ms
+        if self.sweep is not None and self.sweep.slo_ttft_p90_ms is not None:
+            return self.sweep.slo_ttft_p90_ms
+        return PREDICTED_SLO_TTFT_P90_MS
 
 
 def load_experiment_spec(path: str | Path) -> tuple[ExperimentSpec, dict]:

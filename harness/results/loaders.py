@@ -45,6 +45,8 @@ SUMMARY_NAME = "summary.json"
 MANIFEST_NAME = "manifest.json"
 EXPERIMENT_NAME = "experiment.json"
 REPORT_NAME = "report.json"
+#: An experiment's predicted deployments: ``predictions/<config>/<workload>/prediction.json`` (spec ``predicted:``).
+PREDICTIONS_DIR = "predictions"
 
 FileT = TypeVar("FileT", bound=VersionedFile)
 SpecT = TypeVar("SpecT", bound=ExperimentSpecCore)
@@ -73,6 +75,30 @@ def load_experiment_file(path: str | Path, spec_model: type[SpecT] = ExperimentS
 def load_calibration(path: str | Path) -> CalibrationFile:
     """A server's step-cost `calibration.json` (`kvscope capacity --server`, an experiment's sweep)."""
     return read_versioned(Path(path), CalibrationFile, KvscopeError)
+
+
+@dataclass(frozen=True)
+class ExperimentPrediction:
+    """One predicted deployment on one workload's trace, found under an experiment's ``predictions/``."""
+
+    config: str
+    workload: str
+    path: Path
+    prediction: Any  # PredictionFile
+
+
+def load_experiment_predictions(root: str | Path) -> list[ExperimentPrediction]:
+    """Every ``predictions/<config>/<workload>/prediction.json`` of an experiment run directory, sorted by
+    configuration then workload (none: an empty list). Found by layout, not listed in experiment.json, so
+    experiment.json's format is unchanged and a run predicted again simply replaces the files."""
+    from kvscope.harness.results.prediction_file import PREDICTION_NAME, load_prediction_file
+
+    base = Path(root) / PREDICTIONS_DIR
+    out = []
+    for f in sorted(base.glob(f"*/*/{PREDICTION_NAME}")):
+        out.append(ExperimentPrediction(config=f.parent.parent.name, workload=f.parent.name, path=f,
+                                        prediction=load_prediction_file(f)))
+    return out
 
 
 def load_report_file(path: str | Path) -> ReportFile:

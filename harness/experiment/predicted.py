@@ -1,0 +1,111 @@
+"""The experiment's ``predicted:`` phase: each predicted GPU deployment on each workload's trace.
+
+Why after the live phases and from the run's own traces: the report then sets "measured on this CPU" and
+"predicted on an H100" side by side for the very same sessions (the prefix reuse is the trace's, the hardware
+the deployment's). The prediction is the one ``kvscope predict`` makes
+(:func:`kvscope.harness.results.gpu_prediction.predict_trace`), closed loop over concurrency, with the live
+cells' replay mode and time scale; each lands as a typed ``prediction.json`` under
+``predictions/<config>/<workload>/`` (found by :func:`~kvscope.harness.results.loaders.load_experiment_predictions`).
+A deployment that cannot serve a trace (e.g. a request longer than its KV pool) is reported in one line and
+skipped: the live results are never lost to a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvscope.harness.experiment.spec import ExperimentSpec
+from kvscope.harness.results.loaders import PREDICTIONS_DIR
+
+
+def predict_configurations(spec: ExperimentSpec, run_dir: Path, traces: dict[str, str]) -> list[str]:
+    """Write every predicted configuration x workload's ``prediction.json`` under ``run_dir`` (``traces``:
+    workload -> trace directory relative to it, as experiment.json lists them); returns one line per
+    prediction (printed by the runner)."""
+    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace
+    from kvscope.harness.results.prediction_file import PREDICTION_NAME, write_prediction_file
+
+    if spec.predicted is None:
+        return []
+    lines = []
+    slo_ttft_ms = spec.predicted_slo_ttft_p90_ms()
+    for wname in spec.predicted_workloads():
+        trace_rel = traces.get(wname)
+        if trace_rel is None:
+            lines.append(f"predicted {wname}: no trace (not generated in this run)")
+            continue
+        trace_dir = run_dir / trace_rel
+        sessions = _sessions(trace_dir)
+        levels = [float(x) for x in spec.predicted.levels] if spec.predicted.levels else _default_levels(sessions)
+        for cname, cfg in spec.predicted.configs.items():
+            opts = PredictOptions(
+                trace=str(trace_dir), gpu=cfg.gpu, model=cfg.model, tp=cfg.tp, max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens, kv_cache_dtype=cfg.kv_cache_dtype,
+                gpu_memory_utilization=cfg.gpu_memory_utilization, gpu_hour_usd=cfg.gpu_hour_usd,
+                provider=cfg.provider, concurrency=int(levels[-1]), levels=levels, mode=spec.replay.mode,
+                time_scale=spec.replay.time_scale, slo_ttft_ms=slo_ttft_ms,
+                slo_tpot_ms=spec.predicted.slo_tpot_p50_ms, progress=False)
+            try:
+                done = predict_trace(opts)
+                capacity = done.prediction.slo_capacity_load
+                if capacity is not None and capacity != levels[-1]:  # the cost at the load that fits the SLO
+                    from dataclasses import replace
+
+                    done = predict_trace(replace(opts, concurrency=int(capacity)))
+            except (ValueError, KvscopeError) as exc:
+                lines.append(f"predicted {cname} x {wname}: skipped: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 -- a prediction never costs the run its live results
+                lines.append(f"predicted {cname} x {wname}: failed: {type(exc).__name__}: {exc}")
+                continue
+            out = run_dir / PREDICTIONS_DIR / cname / wname  # names checked by the spec (no separators)
+            out.mkdir(parents=True, exist_ok=True)
+            write_prediction_file(out / PREDICTION_NAME, done.prediction)
+            lines.append(summary_line(cname, wname, done.prediction))
+    return lines
+
+
+def _sessions(trace_dir: Path) -> int:
+    """The trace's session count (trace.json's ``num_sessions``)."""
+    return int(json.loads((trace_dir / "trace.json").read_text())["num_sessions"])
+
+
+def _default_levels(sessions: int) -> list[float]:
+    """1, 2, 4, ... up to the trace's sessions (a closed loop cannot drive more sessions than it has)."""
+    top = max(1, min(sessions, 256))
+    out, c = [], 1
+    while c < top:
+        out.append(float(c))
+        c *= 2
+    return out + [float(top)]
+
+
+def summary_line(config: str, workload: str, p: Any) -> str:
+    """``predicted h100-8b x agent-coding (H100 SXM, llama-3.1-8b tp 1): ≥4 sessions under TTFT p90 <= 2000 ms …``"""
+    d = p.deployment
+    top = p.load_curve[-1].load if p.load_curve else None
+    cap = p.slo_capacity_load
+    if cap is None:
+        fits = "no load meets the SLO"
+    else:
+        fits = f"{'>=' if cap == top else ''}{cap:g} sessions fit"
+    at = next((pt for pt in p.load_curve if pt.load == cap), None)
+    lat = "" if at is None else (f" (TTFT p90 {_ms(at.ttft_p90_s)}, TPOT p50 {_ms(at.tpot_p50_s)})")
+    cliff = "none" if p.eviction_cliff_load is None else f"at {p.eviction_cliff_load:g}"
+    cost = ""
+    if p.cost is not None:
+        cost = (f"; ${_usd(p.cost.usd_per_mtok_input)}/Mtok in, ${_usd(p.cost.usd_per_mtok_output)}/Mtok out, "
+                f"${_usd(p.cost.usd_per_1000_sessions)}/1,000 sessions")
+    return (f"predicted {config} x {workload} ({d.gpu}, {d.model}, tp {d.tp}): {fits} under TTFT p90 <= "
+            f"{p.slo.ttft_ms:g} ms{lat}; eviction cliff {cliff}{cost}")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f} ms"
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.3f}"
