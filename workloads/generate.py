@@ -20,7 +20,7 @@ import numpy as np
 from kvscope.workloads.arrivals import arrival_offsets_s
 from kvscope.workloads.policies import Item, VolatilePrefix
 from kvscope.workloads.prefix import Transition, classify_transition, common_prefix_len
-from kvscope.workloads.spec import WorkloadSpec, spec_to_dict
+from kvscope.workloads.spec import WorkloadSpec, spec_to_dict, load_spec
 from kvscope.workloads.text import ROLE, TextMode
 from kvscope.workloads.tokens import TokenSource
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
@@ -348,7 +348,7 @@ def generate(spec: WorkloadSpec, source: TokenSource, seed: int | None = None, s
     truncated = 0
     it: Iterable[int] = range(n_sessions)
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
         it = tqdm(it, desc=f"generating {spec.name}", unit="session")
     for si in it:
@@ -485,8 +485,6 @@ def generate_from_file(spec_path: str | Path, tokenizer: str | Path | None, seed
                        output_scale: float | None = None, max_tokens: int | None = None,
                        budget_hint: str = "") -> Trace:
     """Load a spec file (or preset name) and generate it with the tokenizer in ``tokenizer`` (a model dir)."""
-    from kvscope.workloads.spec import load_spec
-
     spec = load_spec(spec_path)
     source = TokenSource.from_tokenizer(tokenizer) if tokenizer else TokenSource.uniform()
     return generate(spec, source, seed=seed, scale=scale, sessions=sessions, progress=progress,

@@ -20,6 +20,7 @@ _BASE = ConfigDict(extra="forbid", validate_default=True)
 
 
 from kvscope.workloads.errors import WorkloadError
+from kvscope.workloads.presets import list_presets, preset_path
 
 
 class SpecError(WorkloadError):
@@ -248,8 +249,6 @@ def _deep_merge(base: dict, over: dict) -> dict:
 def _resolve(path: str | Path, seen: tuple = ()) -> tuple[Path, dict]:
     p = Path(path)
     if not p.exists():
-        from kvscope.workloads.presets import list_presets, preset_path
-
         q = preset_path(str(path))
         if q is None:
             raise SpecError(f"{path}: no such file or preset; presets: {', '.join(list_presets())}")

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.workloads.tokens import FLAVOUR, corpus_text
+from kvscope.workloads.tokens import FLAVOUR, corpus_text, _special_ids, file_sha256
 from kvscope.workloads.trace_schema import SegmentKind
 
 # Message role of each history item kind.
@@ -62,7 +62,9 @@ class ChatTemplate:
     lstrip_blocks, ``bos_token`` / ``eos_token`` from ``tokenizer_config.json``)."""
 
     def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None) -> None:
+        # deferred: jinja2 is heavy, only rendering a chat template needs it
         from jinja2.ext import loopcontrols
+        # deferred: jinja2 is heavy, only rendering a chat template needs it
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg: str) -> None:
@@ -121,7 +123,7 @@ class ChatTemplate:
 
 @lru_cache(maxsize=4)
 def _text_corpora(tokenizer_file: str, sha: str, chars: int) -> dict:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
     tok = Tokenizer.from_file(tokenizer_file)
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -147,9 +149,7 @@ class TextMode:
     """Draws stable content segments and renders requests as messages (see the module doc)."""
 
     def __init__(self, model_dir: str | Path, corpus_chars: int = 400_000) -> None:
-        from tokenizers import Tokenizer
-
-        from kvscope.workloads.tokens import _special_ids, file_sha256
+        from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
         p = Path(model_dir)
         f = p / "tokenizer.json"

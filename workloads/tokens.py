@@ -38,7 +38,7 @@ def file_sha256(path: Path) -> str:
 
 @lru_cache(maxsize=8)
 def _tokenized_corpora(tokenizer_file: str, sha: str, chars: int) -> tuple[dict[str, np.ndarray], int, tuple]:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
     tok = Tokenizer.from_file(tokenizer_file)
     special = _special_ids(Path(tokenizer_file))

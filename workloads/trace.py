@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from kvscope.workloads.prefix import Transition
 from kvscope.workloads.trace_schema import FORMAT, VERSION, SegmentKind, read_trace_file, write_trace_file
+from kvscope.workloads.errors import TraceFileError, WorkloadError
 
 # The nullable observed_* columns (provider usage of imported transcripts) need no version bump: readers fill
 # absent optional columns with nulls.
@@ -65,8 +66,6 @@ REQUEST_COLUMNS = [f.name for f in REQUEST_SCHEMA]
 def _read_parquet(path: Path, required: list[str], dictionary: list[str] | None = None) -> pa.Table:
     """A trace table; a missing, truncated or foreign file is an error naming the file. ``dictionary``:
     string columns read dictionary-encoded."""
-    from kvscope.workloads.errors import TraceFileError
-
     if not path.is_file():
         raise TraceFileError(f"{path}: missing (a trace directory holds trace.json, segments.parquet, "
                              "requests.parquet)")
@@ -254,8 +253,6 @@ class Trace:
 
     @classmethod
     def read(cls, path: str | Path) -> "Trace":
-        from kvscope.workloads.errors import TraceFileError
-
         p = Path(path)
         if not p.is_dir():
             raise TraceFileError(f"{p}: no such trace directory")
@@ -306,8 +303,6 @@ def _check_vocabulary(path: Path, column: str, values: np.ndarray, vocabulary: t
     """A trace whose ``column`` holds a value outside its vocabulary is refused, naming the first such row: every
     reader (statistics, attribution, the cache model's labels) assumes the enum's values. Nulls pass (columns
     absent from older traces read as nulls)."""
-    from kvscope.workloads.errors import TraceFileError
-
     known = frozenset(vocabulary)
     unknown = [v for v in pd.unique(values) if not pd.isna(v) and v not in known]
     if not unknown:
@@ -393,8 +388,6 @@ class TraceBuilder:
     def check_fits(self, n_tokens: int) -> None:
         """Raise before ``n_tokens`` more would exceed ``max_tokens`` (call it before allocating them)."""
         if self.max_tokens is not None and self.num_tokens + n_tokens > self.max_tokens:
-            from kvscope.workloads.errors import WorkloadError
-
             raise WorkloadError(f"workload too large: more than {self.max_tokens:,} tokens would be generated"
                                 + (f" ({self.budget_hint})" if self.budget_hint else ""))
 

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict
 
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, validate_data, write_versioned
+from kvscope.workloads.errors import TraceFileError
 
 FORMAT: Final = "kvscope-trace"
 VERSION: Final = 1
@@ -104,14 +105,10 @@ class TraceFile(VersionedFile):
 
 def read_trace_file(path: str | Path) -> TraceFile:
     """The validated `trace.json` (missing, corrupt, of another format or version: `TraceFileError`)."""
-    from kvscope.workloads.errors import TraceFileError
-
     return read_versioned(path, TraceFile, TraceFileError)
 
 
 def write_trace_file(path: str | Path, meta: dict[str, Any]) -> Path:
     """Validate the metadata and write it with sorted keys (same spec + seed: byte-identical files)."""
-    from kvscope.workloads.errors import TraceFileError
-
     model = validate_data(f"{path}: trace metadata", meta, TraceFile, TraceFileError)
     return write_versioned(path, model, sort_keys=True)

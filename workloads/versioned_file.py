@@ -16,6 +16,7 @@ would mean guessing what each missing field meant. Regenerate them (re-run the r
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,8 +111,6 @@ def write_versioned(path: str | Path, model: VersionedFile, sort_keys: bool = Fa
     """Dump the model atomically (temporary file + rename): a reader never sees half a file."""
     path = Path(path)
     if sort_keys:
-        import json
-
         text = json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True)
     else:
         text = model.model_dump_json(indent=2)

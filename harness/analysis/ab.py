@@ -41,12 +41,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.loaders import ExperimentResults, load_results, load_run_manifest
 from kvscope.harness.results.percentiles import weighted_percentiles
 from kvscope.harness.results.summary import OutputTokenThroughput, Statistic, Use, compared_statistics
 
@@ -166,8 +169,6 @@ def _side(runs: Sequence[Run], paired_sessions: list[str] | None, statistics: li
     for run in runs:
         ok = _ok_records(run.records)
         if not len(ok):
-            from kvscope.harness.common.errors import KvscopeError
-
             raise KvscopeError(f"{run.name}: no successful requests inside the window to compare")
         sessions = paired_sessions or sorted(map(str, pd.unique(ok["session_id"])))
         local = pd.Categorical(ok["session_id"].astype(str), categories=sessions).codes
@@ -336,6 +337,7 @@ def _p_values(d: np.ndarray, margin: float) -> tuple[float, float]:
 
 
 def _bh(p: Sequence[float]) -> np.ndarray:
+    # deferred: scipy is heavy, importing this module must not load it
     from scipy.stats import false_discovery_control
 
     return false_discovery_control(np.asarray(p, float), method="bh") if len(p) else np.zeros(0)
@@ -444,8 +446,6 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame, resamples: int = 2000, seed: 
 def noise_groups(runs: Sequence[Run]) -> list[list[Run]]:
     """Runs grouped as repeats of one cell: experiment cells ``server__workload__load__rN`` by everything
     before the repeat suffix; runs not all named so are taken as repeats of one configuration."""
-    import re
-
     keys = [re.fullmatch(r"(.+)__r\d+", r.name) for r in runs]
     if not all(keys):
         return [list(runs)]
@@ -519,8 +519,6 @@ def run_statistics(runs: Sequence[Run]) -> pd.DataFrame:
 # ---- runs from result directories ----------------------------------------------------------------------------
 def runs_from_dirs(dirs: Iterable[str | Path]) -> list[Run]:
     """Every cell of every directory (a replay run, a cell directory, or an experiment run) as a Run."""
-    from kvscope.harness.results.loaders import load_results
-
     runs: list[Run] = []
     for d in dirs:
         res = load_results(d)
@@ -532,9 +530,6 @@ def runs_from_experiment(experiment, server: str, workload: str | None = None, l
                          ) -> list[Run]:
     """The repeats of one server configuration in an experiment (a directory or loaded `ExperimentResults`), at
     one workload and load level (either may be left out when the server ran only one)."""
-    from kvscope.harness.common.errors import KvscopeError
-    from kvscope.harness.results.loaders import ExperimentResults, load_results
-
     res = experiment if isinstance(experiment, ExperimentResults) else load_results(experiment)
     root = res.root
     c = res.cells
@@ -556,8 +551,6 @@ def runs_from_experiment(experiment, server: str, workload: str | None = None, l
 
 
 def _runs_of(res, cells: list[str]) -> list[Run]:
-    from kvscope.harness.results.loaders import load_run_manifest
-
     runs = []
     for cell in cells:
         summary = res.summaries.get(cell)

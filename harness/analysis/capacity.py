@@ -145,7 +145,7 @@ def mean_in_flight(session_ids: Sequence[str], sent_s: Sequence[float], done_s: 
     in between included: the session holds its slot of the closed loop)."""
     if not len(session_ids):
         return None
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     df = pd.DataFrame({"session": list(session_ids), "sent": np.asarray(sent_s, float),
                        "done": np.asarray(done_s, float)}).dropna()
@@ -180,6 +180,7 @@ def next_bisection_load(points: Sequence[LoadPoint], slo_ttft_p90_ms: float, kin
 def interpolated_crossing(points: Sequence[LoadPoint], slo_ttft_p90_ms: float) -> float | None:
     """The load where the PCHIP interpolation of the margin (SLO − TTFT p90, ms) crosses 0, between the highest
     passing load and the next measured one; None without such a bracket. An estimate between measurements."""
+    # deferred: scipy is heavy, importing this module must not load it
     from scipy.interpolate import PchipInterpolator
 
     usable = sorted((p for p in points if p.ttft_p90_s is not None), key=lambda p: p.load)

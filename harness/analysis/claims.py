@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
 from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
+from kvscope.harness.analysis.explain_experiment import explained_workloads
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -73,8 +74,6 @@ def eviction_by_cell(res: ExperimentResults) -> pd.DataFrame:
     """Per caching cell: prompt tokens, cached tokens, the tokens an infinite cache would have served (the exact
     simulator on the workload's trace), and ``evicted_tokens``: the sum over requests of what the infinite cache
     served beyond what the server did. A shortfall is eviction: the prefix was there and the pool dropped it."""
-    from kvscope.harness.analysis.explain_experiment import explained_workloads
-
     cols = ["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "infinite_cached_tokens",
             "evicted_tokens", "hit_rate", "infinite_hit_rate"]
     ok = res.ok_requests()

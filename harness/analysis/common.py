@@ -19,7 +19,9 @@ from typing import Any
 import pandas as pd
 from kvscope.harness.analysis.ab import Run
 from kvscope.harness.common.numbers import nan_to_none
-from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.pricing.provider_cache import simulate_provider
+from kvscope.harness.results.loaders import CELL_COLUMNS, ExperimentResults, load_run_manifest
+from kvscope.harness.results.summary import cell_columns
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 _DERIVED: dict[int, tuple[weakref.ref, dict[tuple, Any]]] = {}
@@ -45,8 +47,6 @@ def _derived(res: ExperimentResults, key: tuple, compute: Callable[[], Any]) -> 
 
 def _simulated(res: ExperimentResults, workload: str, reqs: list, cfg: Any, block_size: int) -> dict:
     """The provider simulation's summary for one workload's cost trace under one preset configuration."""
-    from kvscope.harness.pricing.provider_cache import simulate_provider
-
     return _derived(res, ("provider", workload, block_size, cfg.model_dump_json()),
                     lambda: simulate_provider(reqs, cfg)[1])
 
@@ -58,9 +58,6 @@ def _ratio(num: pd.Series, den: pd.Series) -> pd.Series:
 def cell_metrics_table(res: ExperimentResults) -> pd.DataFrame:
     """One row per cell: the cell's coordinates and every registered summary metric's columns
     (``SummaryMetric.cell_columns``), so a metric added to the registry shows here with nothing else touched."""
-    from kvscope.harness.results.loaders import CELL_COLUMNS
-    from kvscope.harness.results.summary import cell_columns
-
     metric_cols = list(dict.fromkeys(k for s in res.summaries.values() for k in cell_columns(s)))
     c = res.cells
     return c[[k for k in CELL_COLUMNS + metric_cols if k in c]].reset_index(drop=True) if len(c) else c
@@ -125,7 +122,6 @@ def _runs(res: ExperimentResults, server: str, workload: str, load: str) -> list
         manifest = res.cell_dirs.get(row["cell"], Path("/nonexistent")) / "manifest.json"
         sha = None
         if manifest.exists():
-            from kvscope.harness.results.loaders import load_run_manifest
             sha = load_run_manifest(manifest).trace.sha256
         tps = row.get("output_tok_per_s")
         runs.append(Run(str(row["cell"]), rec, nan_to_none(tps, float),

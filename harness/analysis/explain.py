@@ -47,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from pathlib import Path
 
 import numpy as np
 from kvscope.harness.analysis.causes import Cause
@@ -57,6 +58,11 @@ from kvscope.harness.cachemodel.simulator import (SimConfig, iter_requests_from_
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE, Transition, common_prefix_len
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.harness.cachemodel.simulator import Replica
+from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.pricing.provider_cache import ProviderCache, load_preset
+from kvscope.harness.results.exchanges import read_exchanges
+from kvscope.harness.results.records import read_records
 
 
 #: Causes that change a span in place (the rest of the prompt was there before), against those that drop or
@@ -379,8 +385,6 @@ def _simulate_events(prompts: Iterable[np.ndarray], outputs: Iterable[np.ndarray
     """Cached tokens per request at a pool of ``num_gpu_blocks``, with each request looked up at its send and
     cached at its finish in ``order`` (events ``(0, rid)`` send, ``(1, rid)`` finish, in the run's time order;
     `harness.replay.predict`'s online rule). Requests the order leaves out run one at a time after it."""
-    from kvscope.harness.cachemodel.simulator import Replica
-
     if order is None:
         return predict_cached_tokens(zip(prompts, outputs), block_size, num_gpu_blocks)
     reqs = requests_from_token_pairs(zip(prompts, outputs), block_size)
@@ -419,7 +423,7 @@ def generated_outputs(records: Any, num_requests: int) -> list[np.ndarray | None
 def event_order(records: Any) -> list[tuple[int, int]] | None:
     """A replay run's send and finish events ``(0|1, request_id)`` in time order (successful attempts), or None
     where its records carry no send / finish times."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     if records is None or not {"sent_s", "done_s", "request_id"} <= set(records.columns):
         return None
@@ -719,8 +723,6 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
 
 def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], provider_observed: Sequence[int | None],
                       preset: str, provider_prompt: Sequence[int | None] | None = None) -> None:
-    from kvscope.harness.pricing.provider_cache import ProviderCache, load_preset
-
     cfg = load_preset(preset)
     unit = 16
     arrivals = _arrivals(views)
@@ -908,11 +910,8 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
                  progress: bool = False, available_bytes: int | None = None) -> Explanation:
     """``kvscope explain TRACE|RUN_DIR``: a trace (observed cache reads from its exchanges, if recorded) or a
     replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
-    from pathlib import Path
-
-    from kvscope.harness.common.errors import KvscopeError
+    # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.harness.results.loaders import load_run_manifest
-    from kvscope.harness.results.records import read_records
 
     p = Path(path)
     if (p / "manifest.json").is_file() and not (p / "trace.json").is_file():
@@ -937,7 +936,7 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     ``observed_*`` columns) is put beside the provider cache model's prediction either way. ``estimate``
     (the CLI): before any work, refuse a trace whose estimated peak exceeds the memory available
     (``available_bytes``, default this machine's) and print the time and memory estimate of a long one."""
-    from kvscope.harness.results.exchanges import read_exchanges
+    # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import Trace
 
     trace = Trace.read(trace_dir)
@@ -980,7 +979,7 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
 def observed_from_records(records: Any, num_requests: int) -> list[int | None]:
     """The server's cached tokens per trace request from a replay run's records (successful attempts; None
     where the run has none for a request, or the server did not report them)."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     got = {int(r.request_id): int(r.cached_tokens) for r in records.itertuples()
            if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 from kvscope.harness.analysis.causes import Cause
-from kvscope.harness.analysis.common import _pct
+from kvscope.harness.analysis.common import _derived, _pct
 from kvscope.harness.analysis.explain import (
     Explanation,
     ProviderAgreement,
@@ -96,8 +96,6 @@ def _fallback_block_size(res: ExperimentResults) -> int | None:
 def explained_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
     """:func:`explain_workloads`, computed once per results object: the explain page, the eviction claim
     (`analysis.claims`) and the caveats read the same attribution."""
-    from kvscope.harness.analysis.common import _derived
-
     return _derived(res, ("explain_workloads",), lambda: explain_workloads(res))
 
 
@@ -167,6 +165,7 @@ def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
 def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
     """The what-if figure's colours: dark grey as observed, each cause's own colour without it (an infinite
     cache), the same colour lightened at the run's KV pool."""
+    # deferred: matplotlib is heavy, importing this module must not load it
     from matplotlib.colors import to_hex, to_rgb
 
     def light(colour: str) -> str:

@@ -132,7 +132,7 @@ def table_html(df: pd.DataFrame) -> str:
 def _show_tables_whole() -> None:
     """Display every DataFrame through :func:`table_html` in this kernel (outside IPython nothing changes)."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: IPython may be absent, the ImportError is handled
     except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
         return
     shell = get_ipython()

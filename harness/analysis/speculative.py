@@ -34,13 +34,15 @@ from kvscope.harness.cachemodel.speculative import (
 )
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.harness.results.loaders import load_calibration, load_run_manifest
+from kvscope.harness.results.records import read_records
 from kvscope.harness.results.speculation_file import MethodPrediction, SpeculationFile
 from kvscope.workloads.prefix import Transition
+from kvscope.workloads.trace import Trace, TraceBuilder
 from kvscope.workloads.trace_schema import SegmentKind
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
-    from kvscope.workloads.trace import Trace
 
 __all__ = [
     "default_configs",
@@ -92,8 +94,6 @@ def result_row(res: SpeculationResult, seconds: float, cost: StepCostModel | Non
 def load_speculation_input(path: str | Path) -> Trace:
     """A trace directory as is; a run directory as a trace of the prompts it sent and the tokens its server
     generated. Errors name the path and what is missing."""
-    from kvscope.workloads.trace import Trace
-
     p = Path(path)
     if not p.exists():
         raise KvscopeError(f"{p}: no such trace or run directory")
@@ -110,10 +110,6 @@ def load_speculation_input(path: str | Path) -> Trace:
 
 
 def _run_as_trace(run_dir: Path) -> Trace:
-    from kvscope.harness.results.loaders import load_run_manifest
-    from kvscope.harness.results.records import read_records
-    from kvscope.workloads.trace import Trace, TraceBuilder
-
     manifest = load_run_manifest(run_dir / "manifest.json")
     trace_path = Path(manifest.trace.path) if getattr(manifest, "trace", None) else None
     if trace_path is None or not (trace_path / "trace.json").is_file():
@@ -171,8 +167,6 @@ def predict_methods(trace: Trace, configs: Sequence[SpecConfig], *, source: str,
     cost = None
     baseline = None
     if calibration is not None:
-        from kvscope.harness.results.loaders import load_calibration
-
         cost = load_calibration(calibration).cost_model()
         tp = [plain_tpot_s(int(P), int(n), cost) for P, n in
               zip(trace.requests["prompt_tokens"], trace.requests["output_tokens"]) if int(n) > 1]
@@ -273,7 +267,6 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
     configs: list[SpecConfig] = list(dict.fromkeys([*own.values(), *default_configs(k)]))
     files = []
     workloads = sorted(set(cells["workload"])) if len(cells) else []
-    from kvscope.workloads.trace import Trace
 
     for w in workloads:
         td = res.trace_dir(w)

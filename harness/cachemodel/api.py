@@ -8,6 +8,7 @@ import time
 from typing import Sequence
 
 from kvscope.harness.cachemodel.ideal import ideal_prefix_hit
+from kvscope.harness.cachemodel.kv_memory import kv_memory_report as _report
 from kvscope.harness.cachemodel.simulator import ServiceModel, SimConfig, simulate
 from kvscope.harness.cachemodel.trace_io import load_trace
 
@@ -61,8 +62,6 @@ def capacity_sweep(trace: str, capacities_tokens: Sequence[float], *, block_size
 
 def kv_memory_report(**kw) -> dict:
     """See :func:`kvscope.harness.cachemodel.kv_memory.kv_memory_report` (imported lazily: pydantic is slow to load)."""
-    from kvscope.harness.cachemodel.kv_memory import kv_memory_report as _report
-
     return _report(**kw)
 
 

@@ -33,8 +33,9 @@ writes the calibration file (``CalibrationFile`` in ``kvscope.harness.results.sc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
+from statistics import median
 
 
 #: A fit that explains less than this share of the timing variance is not predicted from (`kvscope capacity
@@ -110,9 +111,6 @@ class CostFit:
 def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
     """One sample per measured shape (identical features), its time the median of the repeats: a single slow
     outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
-    from dataclasses import replace
-    from statistics import median
-
     groups: dict[tuple, list[TimingSample]] = {}
     for s in samples:
         groups.setdefault((s.kind, *s.features()), []).append(s)
@@ -127,7 +125,7 @@ def timing_cv(samples: Sequence[TimingSample]) -> float | None:
     It sizes the scheduler model's ensemble noise (``scheduler.TimingNoise``).  On the validation server
     three rounds gave 0.11 for single prefills and 0.08 for decode batches; the ensemble's means moved
     little between 0.1 and 0.5 (benchmarks/README.md), so a rough figure is enough."""
-    import numpy as np
+    import numpy as np  # deferred: numpy is heavy, importing this module must not load it
 
     groups: dict[tuple, list[float]] = {}
     for s in samples:
@@ -146,8 +144,8 @@ def timing_cv(samples: Sequence[TimingSample]) -> float | None:
 
 def fit_cost_model(samples: Sequence[TimingSample]) -> CostFit:
     """Non-negative least squares over the samples, each weighted by 1/seconds (relative error counts)."""
-    import numpy as np
-    from scipy.optimize import nnls
+    import numpy as np  # deferred: numpy is heavy, importing this module must not load it
+    from scipy.optimize import nnls  # deferred: scipy is heavy, importing this module must not load it
 
     if len(samples) < 6:
         raise ValueError(f"need at least 6 timing samples to fit 6 coefficients, got {len(samples)}")

@@ -22,8 +22,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
+
+import numpy as np
 
 from kvscope.harness.cachemodel.calibration import StepCostModel
 from kvscope.harness.cachemodel.scheduler import (ScheduleRun, SchedulerConfig, SessionTiming, TimingNoise,
@@ -76,8 +78,6 @@ class LevelPrediction:
 
 
 def _pct(values: list[float], q: float) -> float:
-    import numpy as np
-
     return float(np.percentile(values, q)) if values else math.nan
 
 
@@ -107,8 +107,6 @@ def summarize_runs(runs: Sequence[ScheduleRun], concurrency: int, simulate_s: fl
 def prompt_blocks_only(requests: Sequence[SimRequest], block_size: int) -> list[SimRequest]:
     """The requests with their output blocks' content unknown (never hit): what a recorded-mode replay, which
     sends the trace's assistant tokens rather than the server's, lets vLLM reuse."""
-    from dataclasses import replace
-
     return [replace(r, hashes=r.hashes[: r.prompt_tokens // block_size]) for r in requests]
 
 
@@ -180,8 +178,6 @@ def replay_informed(requests: Sequence[SimRequest], arrivals_s: Sequence[float],
     concurrency 8 the exact share was 85-92 % at the calibrated costs and 92-96 % at half of them (97-99 % ->
     99-100 % at 16, 97 -> 99 % at 32, 100 % kept at 1-4); a tenth or a third did about as well as a half.
     """
-    from dataclasses import replace
-
     known = list(requests) if output_blocks_known else prompt_blocks_only(requests, config.block_size)
     reqs = [replace(r, output_tokens=max(int(o), 1), gap_s=None) for r, o in zip(known, output_tokens)]
     if token_times_s is not None:

@@ -28,6 +28,7 @@ a trace through it without materialising a :class:`~.sim_types.SimRequest` per r
 from __future__ import annotations
 
 import numpy as np
+from kvscope.harness.cachemodel.hashing import IncrementalHasher, as_token_array, extend_hashes, salt_seed
 
 
 class _Sorted:
@@ -191,8 +192,6 @@ def chain_hashes(tokens: np.ndarray, block_size: int, n_blocks: int, hasher: obj
                  ) -> np.ndarray:
     """The chained hashes of ``tokens``' first ``n_blocks`` full blocks as a uint64 array (through an
     :class:`~.hashing.IncrementalHasher` under ``key`` where given, which reuses a shared prefix's hashes)."""
-    from kvscope.harness.cachemodel.hashing import IncrementalHasher, as_token_array, extend_hashes, salt_seed
-
     arr = as_token_array(tokens)
     if isinstance(hasher, IncrementalHasher):
         got = hasher.hashes(key, arr, n_blocks)

@@ -14,14 +14,12 @@ Block-id traces (Mooncake, kv-cache-tester) already carry chained ids, so they p
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import xxhash
+import numpy as np
 
 from kvscope.workloads.prefix import common_prefix_len
-
-if TYPE_CHECKING:  # numpy is imported lazily: block-id traces never need it (fast CLI start)
-    import numpy as np
 
 _h64 = xxhash.xxh3_64_intdigest
 
@@ -38,8 +36,6 @@ def salt_seed(cache_salt: str | None) -> int:
 
 def as_token_array(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """Tokens as a contiguous int32 array (the byte layout that is hashed)."""
-    import numpy as np
-
     arr = np.asarray(tokens, dtype=np.int32)
     return np.ascontiguousarray(arr)
 

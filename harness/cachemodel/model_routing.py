@@ -39,8 +39,10 @@ from typing import Any, Literal
 import numpy as np
 from kvscope.harness.cachemodel.sim_types import SimRequest
 from kvscope.harness.cachemodel.simulator import Replica, SimConfig
-from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.cachemodel.trace_io import detect_kind, read_kvscope_trace
+from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.workloads.errors import TraceFileError
 from kvscope.workloads.tagged_registry import TaggedRegistry
 from pydantic import (
     BaseModel,
@@ -317,8 +319,6 @@ class ModelRoutingSpec(BaseModel):
 def load_spec(data: dict | str | Path, source: str = "routing spec") -> ModelRoutingSpec:
     """Validate a spec (a dict, or a YAML/JSON file); errors are one-line :class:`ConfigError` s."""
     if not isinstance(data, dict):
-        from kvscope.harness.common.errors import load_yaml_mapping
-
         source = str(data)
         data = load_yaml_mapping(data, "routing spec")
     try:
@@ -328,8 +328,6 @@ def load_spec(data: dict | str | Path, source: str = "routing spec") -> ModelRou
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
-    from kvscope.harness.common.errors import format_validation_error
-
     return "; ".join(format_validation_error(exc, source, ModelRoutingSpec).splitlines())
 
 
@@ -617,7 +615,7 @@ def read_labels(path: str | Path, request_ids: Sequence[int]) -> Any:
     """A per-request signal table (CSV, JSON lines or Parquet) with a ``request_id`` column and one column per
     signal (a pass/fail label, ``mean_logprob`` from a recorded run, ...); its request ids must be exactly the
     trace's."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     p = Path(path)
     try:
@@ -653,8 +651,7 @@ def read_labels(path: str | Path, request_ids: Sequence[int]) -> Any:
 def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: str | Path | None = None,
                         progress: Callable[[str], None] | None = None) -> RoutingInputs:
     """Read a kvscope trace dir once, hash it at every block size, and join the labels."""
-    from kvscope.harness.cachemodel.trace_io import detect_kind, read_kvscope_trace
-    from kvscope.workloads.errors import TraceFileError
+    # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import Trace
 
     if not Path(path).exists():

@@ -21,6 +21,7 @@ from collections import deque
 from itertools import repeat
 from typing import Sequence
 
+import numpy as np
 from kvscope.harness.cachemodel.block_pool import BlockPool, PoolExhausted
 from kvscope.workloads.prefix import common_prefix_len
 
@@ -43,8 +44,6 @@ class RingBlockPool:
     free_order = "split"
 
     def __init__(self, num_gpu_blocks: int) -> None:
-        import numpy as np
-
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be >= 2 (one is the reserved null block)")
         self._np = np

@@ -31,11 +31,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from kvscope.harness.cachemodel.block_pool import FreeOrder
 from kvscope.harness.cachemodel.pool import Pool, make_pool
 from kvscope.harness.cachemodel.routing import Router
 from kvscope.harness.cachemodel.sim_types import RequestResult, SimRequest, SimResult
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
+from kvscope.harness.cachemodel.hashing import IncrementalHasher, as_token_array
 
 
 @dataclass(frozen=True)
@@ -266,10 +269,6 @@ def iter_requests_from_token_pairs(
 ) -> Iterator[SimRequest]:
     """:func:`requests_from_token_pairs` one request at a time, for a caller that streams a whole trace (a
     request's Python hash list is ~40 bytes a block: kept for every request of a large trace, gigabytes)."""
-    import numpy as np
-
-    from kvscope.harness.cachemodel.hashing import IncrementalHasher, as_token_array
-
     hasher = IncrementalHasher(block_size)
     for i, (prompt, output) in enumerate(pairs):
         salt = cache_salts[i] if cache_salts is not None else None

@@ -294,7 +294,7 @@ def _first_positions(key: np.ndarray) -> np.ndarray:
     """For each position, the first position holding the same key. ``pd.factorize`` numbers keys in order
     of first appearance (a hash table, O(n)), so a position is a first appearance where its code exceeds
     every earlier code."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     codes, _ = pd.factorize(key, sort=False)
     codes = codes.astype(np.int64, copy=False)
@@ -309,7 +309,7 @@ def ngram_first_ends(stream: np.ndarray, max_n: int, min_n: int = 1) -> list[np.
     ``e < n-1``), for n = min_n..max_n (other entries empty). Exact: an n-gram's key packs its token codes
     in one int64 while they fit, else it is the pair (code of the (n-1)-gram ending one token earlier, token
     code), re-numbered."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     size = int(stream.size)
     first: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(max_n + 1)]
@@ -415,7 +415,7 @@ def _walk_precomputed(stream: np.ndarray, plen: int, n_out: int, start: np.ndarr
 def _progress(items: list, enabled: bool, what: str) -> Iterable:
     if not enabled:
         return items
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
     return tqdm(items, desc=f"speculate {what}", unit="chain" if what == "ngram" else "request")
 
@@ -465,6 +465,7 @@ def simulate_suffix(trace: Trace, cfg: SuffixConfig, max_model_len: int | None =
                     progress: bool = False) -> SpeculationResult:
     """Every request in arrival order, each request's steps in one call of the compiled kernel
     (``suffix_kernel.suffix_request``) over its chain's tree and the global tree of every answer."""
+    # deferred: it loads numba, scipy, which importing this module must not
     from kvscope.harness.cachemodel import suffix_kernel as kernel
 
     knobs = (_LIST_AT_MOST, _SPLIT_ABOVE, _TIMELINE_AT)
@@ -548,6 +549,7 @@ def predicted_tpot_s(req: RequestSpeculation, cost: StepCostModel) -> float:
 def simulate_request(prompt: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray, cfg: SpecConfig,
                      max_model_len: int | None = None, request_id: int = 0) -> RequestSpeculation:
     """One request alone (no other requests: a suffix config sees no global tree)."""
+    # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import TraceBuilder
 
     b = TraceBuilder()

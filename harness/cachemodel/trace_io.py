@@ -28,6 +28,8 @@ from kvscope.workloads.prefix import common_prefix_len
 from kvscope.workloads.readers import KVCACHE_TESTER_BLOCK_SIZE as KVTESTER_BLOCK
 from kvscope.workloads.readers import MOONCAKE_BLOCK_SIZE as MOONCAKE_BLOCK
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
+from kvscope.workloads import readers
+from kvscope.workloads.errors import TraceFileError, parse_json
 
 
 @dataclass
@@ -56,7 +58,6 @@ def detect_kind(path: str | os.PathLike) -> str:
         return "kvtester"
     if name.endswith(".parquet"):
         return "run"
-    from kvscope.workloads.errors import TraceFileError, parse_json
 
     try:
         with open(p, "rb") as f:
@@ -85,7 +86,6 @@ def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order:
         return read_token_jsonl(path, block_size or DEFAULT_BLOCK_SIZE)
     if kind == "kvscope":
         return read_kvscope_trace(path, block_size or DEFAULT_BLOCK_SIZE)
-    from kvscope.workloads.errors import TraceFileError
 
     if (Path(path) / "trace.json").exists():
         raise TraceFileError(f"{path}: segments.parquet is missing; a kvscope trace directory holds trace.json, "
@@ -97,8 +97,6 @@ def load_trace(path: str | os.PathLike, block_size: int | None = None, *, order:
 
 def read_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK) -> LoadedTrace:
     """Mooncake JSONL at ``block_size`` (a multiple of 512); the partial last block becomes ``tail_id``."""
-    from kvscope.workloads import readers
-
     reqs = []
     for i, r in enumerate(readers.read_mooncake(path)):
         ids = r.block_ids.tolist()
@@ -115,8 +113,6 @@ def read_kvtester(path: str | os.PathLike, block_size: int = KVTESTER_BLOCK, *, 
                   limit: int | None = None) -> LoadedTrace:
     """All conversations, subagents included.  ``order``: ``time`` (all conversations start at t=0 and
     interleave) or ``file`` (one conversation after another)."""
-    from kvscope.workloads import readers
-
     rows = readers.read_kvcache_tester(path, limit=limit)
     # Share the predecessor's hash objects for the common prefix: agent sessions resend their history, and
     # one list of Python ints per request would otherwise dominate memory on the 441 MB coding-agent traces.
@@ -156,8 +152,6 @@ def _token_request(hasher: IncrementalHasher, i: int, prompt: np.ndarray, output
 
 def read_token_jsonl(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE) -> LoadedTrace:
     """Token JSONL in file order, hashed per session (session ids of any JSON type are strings)."""
-    from kvscope.workloads import readers
-
     hasher = IncrementalHasher(block_size)
     reqs = [_token_request(hasher, i, r.prompt, r.output, r.output_tokens, block_size, r.session_id,
                            r.cache_salt, r.arrival_s, r.gap_s)
@@ -168,6 +162,7 @@ def read_token_jsonl(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SI
 def read_kvscope_trace(path: str | os.PathLike, block_size: int = DEFAULT_BLOCK_SIZE, *, trace=None) -> LoadedTrace:
     """A kvscope trace dir, read with :class:`kvscope.workloads.trace.Trace` (or the one already read: ``trace``,
     so a caller hashing one trace at several block sizes reads it once)."""
+    # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import Trace
 
     trace = trace if trace is not None else Trace.read(path)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from dataclasses import asdict
 
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
 from kvscope.harness.cachemodel.capacity_model import (
     DEFAULT_CLIFF_DROP_PP,
+    DEFAULT_TIMING_CV,
     ENSEMBLE_RUNS,
     ENSEMBLE_TOKEN_BUDGET,
 )
@@ -16,6 +19,8 @@ from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
 from kvscope.harness.common.errors import ConfigError, KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.harness.replay.calibrate import calibrate_server
+from kvscope.harness.serving.backend import load_backend
 
 
 def _levels(s: str) -> list[int]:
@@ -29,7 +34,7 @@ def _levels(s: str) -> list[int]:
 
 
 def _slo(s: str):
-    from kvscope.harness.analysis.capacity import parse_ttft_slo
+    from kvscope.harness.analysis.capacity import parse_ttft_slo  # deferred: keeps `kvscope --help` fast
 
     try:
         return parse_ttft_slo(s)
@@ -80,9 +85,6 @@ def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
 
 
 def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
-    from kvscope.harness.replay.calibrate import calibrate_server
-    from kvscope.harness.serving.backend import load_backend
-
     backend = load_backend(config_path)
     backend.start()
     try:
@@ -93,16 +95,13 @@ def _calibrate(config_path: str, out: str, client_priority: str = "normal"):
 
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
-    import time
-    from dataclasses import asdict
-
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.analysis.capacity_prediction import (
         CalibrationFitError,
         predict_curve,
         predicted_capacity,
     )
-    from kvscope.harness.cachemodel.capacity_model import DEFAULT_TIMING_CV
-    from kvscope.harness.results.loaders import load_calibration
+    from kvscope.harness.results.loaders import load_calibration  # deferred: keeps `kvscope --help` fast
 
     if args.time_scale < 0:
         raise ConfigError(f"--time-scale: {args.time_scale} is negative; give 0 or more")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+import re
+import time
+
+from kvscope.harness.cli.common import Formatter as _Formatter
+from kvscope.harness.common.errors import KvscopeError
 
 
 def add_subcommands(sub) -> None:
-    from kvscope.harness.cli.common import Formatter as _Formatter
-
     exp = sub.add_parser("experiment", help="run parameterised experiments (servers x workloads x loads x repeats)",
                          description="Run an experiment spec: every server configuration once, every cell against "
                                      "it, then the notebook report.", formatter_class=_Formatter)
@@ -83,8 +86,9 @@ def add_subcommands(sub) -> None:
 
 
 def _cmd_cells(args: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.experiment.runner import describe_plan, plan_cells
-    from kvscope.harness.experiment.spec import load_experiment_spec
+    from kvscope.harness.experiment.spec import load_experiment_spec  # deferred: keeps `kvscope --help` fast
 
     spec, _ = load_experiment_spec(args.spec)
     print(f"# {describe_plan(spec)}")
@@ -94,16 +98,15 @@ def _cmd_cells(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kvscope.harness.report.render import render_report
-    import time
+    from kvscope.harness.report.render import render_report  # deferred: keeps `kvscope --help` fast
 
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.experiment.runner import phase_report, run_experiment
-    from kvscope.harness.results.loaders import load_experiment_file
-
-    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.results.loaders import load_experiment_file  # deferred: keeps `kvscope --help` fast
 
     phases_s: dict[str, float] = {}
     if args.executor == "ray":
+        # deferred: keeps `kvscope --help` fast
         from kvscope.harness.experiment.ray_executor import import_ray, run_experiment_ray
 
         import_ray()  # the one-line hint before anything is written
@@ -135,8 +138,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from kvscope.harness.report.render import render_report
-    from kvscope.harness.results.loaders import load_report_file
+    from kvscope.harness.report.render import render_report  # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.results.loaders import load_report_file  # deferred: keeps `kvscope --help` fast
 
     names = [n.strip() for n in args.notebooks.split(",")] if args.notebooks else None
     index = render_report(args.dir, names, args.notebooks_dir, args.show_input)
@@ -147,8 +150,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _compare_sides(args: argparse.Namespace) -> tuple[list, list, str, str]:
     """(A runs, B runs, label A, label B) from the three ways of naming them."""
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.analysis.ab import runs_from_dirs, runs_from_experiment
-    from kvscope.harness.common.errors import KvscopeError
 
     if args.server_a or args.server_b:
         if not (args.server_a and args.server_b) or len(args.runs) != 1 or args.vs:
@@ -181,8 +184,9 @@ def _compare_sides(args: argparse.Namespace) -> tuple[list, list, str, str]:
 
 def _check_comparable(dirs: list[Path], force: bool) -> None:
     """Every run replayed the same trace (paired differences need it) and holds request records."""
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.results.comparable import check_has_records, check_same_trace
-    from kvscope.harness.results.records import read_records
+    from kvscope.harness.results.records import read_records  # deferred: keeps `kvscope --help` fast
 
     for d in dirs:
         check_same_trace(dirs[0], d, force=force)
@@ -190,8 +194,9 @@ def _check_comparable(dirs: list[Path], force: bool) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.analysis.ab import compare, estimate_run_noise, runs_from_dirs, verdicts_json
 
     a_runs, b_runs, label_a, label_b = _compare_sides(args)
@@ -214,7 +219,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _compare_html(args: argparse.Namespace, label_a: str, label_b: str) -> None:
-    from kvscope.harness.report.render import render_compare
+    from kvscope.harness.report.render import render_compare  # deferred: keeps `kvscope --help` fast
 
     if args.server_a or args.vs:
         print("\n(no HTML report for several runs a side: `kvscope report` on the experiment shows them)")
@@ -225,7 +230,5 @@ def _compare_html(args: argparse.Namespace, label_a: str, label_b: str) -> None:
 
 
 def _safe(name: str) -> str:
-    import re
-
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "run"
 

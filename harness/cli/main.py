@@ -8,12 +8,19 @@ import json
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
+import os
+import signal
+import time
 
 from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.cli.common import Formatter as _Formatter
-from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.errors import KvscopeError, ConfigError
 from kvscope.harness.cli.common import LazyChoices
 from kvscope.harness.cli.common import add_parser as _add
+from kvscope.harness.common.signals import exit_code_for_interrupt, handle_termination_like_sigint
+from kvscope.harness.serving.backend import Backend, backend_names, load_backend
+from kvscope.harness.serving.endpoints import normalize_endpoint
+from kvscope.workloads.errors import WorkloadError
 
 DESCRIPTION = """\
 kvscope: agent-loop workload profiler for LLM serving.
@@ -48,7 +55,7 @@ PLUGIN_MODULES = ("kvscope.harness.cli.workload", "kvscope.harness.cli.offline",
 
 
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
-    from kvscope.harness.model.tinymodel import build_tiny_model
+    from kvscope.harness.model.tinymodel import build_tiny_model  # deferred: keeps `kvscope --help` fast
 
     info = build_tiny_model(args.out, seed=args.seed, train_steps=args.train_steps, tokenizer=args.tokenizer)
     print(f"wrote {args.out}: {info.num_parameters / 1e6:.2f} M parameters, vocab {info.shape.vocab_size} "
@@ -60,15 +67,8 @@ def _cmd_build_tiny(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-    import time
-
-    from kvscope.harness.serving.backend import load_backend
-
     backend = load_backend(args.config)
     if not backend.managed:
-        from kvscope.harness.common.errors import ConfigError
-
         raise ConfigError(f"--config {args.config}: backend {backend.name} attaches to a running server; "
                           "kvscope serve launches servers of a managed backend (vllm)")
     if args.port:
@@ -100,16 +100,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _backend_names() -> list[str]:
     """The registered serving backends (imported only when ``--backend`` is checked or its help printed)."""
-    from kvscope.harness.serving.backend import backend_names
-
     return backend_names()
 
 
 def _cmd_server_info(args: argparse.Namespace) -> int:
-    from kvscope.harness.serving.backend import Backend
-
-    from kvscope.harness.serving.endpoints import normalize_endpoint
-
     backend = Backend.create(args.backend, endpoint=normalize_endpoint(args.endpoint), api_key_env=args.api_key_env)
     try:
         backend.auth_headers()
@@ -128,9 +122,8 @@ def _cmd_server_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.experiment.demo import format_table, run_demo
-
-    import time
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,8 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvscope.harness.common.errors import KvscopeError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
@@ -225,9 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         target.print_help()
         return 2 if args.command else 0
-    from kvscope.harness.common.signals import exit_code_for_interrupt, handle_termination_like_sigint
-    from kvscope.harness.results.records import RecordsError
-    from kvscope.workloads.errors import WorkloadError
+    from kvscope.harness.results.records import RecordsError  # deferred: keeps `kvscope --help` fast
 
     handle_termination_like_sigint()
     try:
@@ -236,8 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kvscope: interrupted", file=sys.stderr)
         return exit_code_for_interrupt()
     except BrokenPipeError:  # output piped into `head` and friends: not an error
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (KvscopeError, WorkloadError, RecordsError, OSError, ValueError, MemoryError) as exc:

@@ -10,6 +10,9 @@ import json
 import sys
 
 from kvscope.harness.cli import argtypes
+from kvscope.harness.cachemodel.kv_memory import kv_memory_report
+from kvscope.harness.cachemodel.routing import POLICIES
+from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 def _floats(s: str) -> list[float]:
@@ -17,10 +20,6 @@ def _floats(s: str) -> list[float]:
 
 
 def add_subcommands(subparsers: "argparse._SubParsersAction") -> None:
-    from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
-
-    from kvscope.harness.cachemodel.routing import POLICIES
-
     p = subparsers.add_parser(
         "simulate",
         help="predict vLLM prefix-cache hits for a trace (no GPU needed)",
@@ -90,6 +89,7 @@ def _print(d: dict, as_json: bool, keys: list[str] | None = None) -> None:
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.cachemodel.api import capacity_sweep, simulate_trace
 
     caps = _floats(a.capacity_tokens) if a.capacity_tokens else None
@@ -121,8 +121,6 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def _cmd_kv_memory(a: argparse.Namespace) -> int:
-    from kvscope.harness.cachemodel.kv_memory import kv_memory_report
-
     d = kv_memory_report(config=a.config, preset=a.preset, context=a.context, kv_dtype=a.kv_dtype, tp=a.tp,
                          memory_gib=a.memory_gib, block_size=a.block_size)
     _print(d, a.json)
@@ -130,7 +128,7 @@ def _cmd_kv_memory(a: argparse.Namespace) -> int:
 
 
 def _cmd_cost(a: argparse.Namespace) -> int:
-    from kvscope.harness.pricing.api import cost_report
+    from kvscope.harness.pricing.api import cost_report  # deferred: keeps `kvscope --help` fast
 
     d = cost_report(a.path, a.pricing)
     if not a.json:

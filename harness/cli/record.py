@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
 from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.cli.common import add_parser
+from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.common.runlock import lock_run_dir
+from kvscope.harness.common.signals import handle_termination_like_sigint
+from kvscope.harness.serving.backend import bearer_headers, resolve_api_key
+from kvscope.workloads.trace_schema import read_trace_file
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -64,8 +70,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def _listen(text: str) -> tuple[str, int]:
-    from kvscope.harness.common.errors import ConfigError
-
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8001")
@@ -74,16 +78,12 @@ def _listen(text: str) -> tuple[str, int]:
 
 def _auth_headers(api_key_env: str | None) -> dict[str, str]:
     """The upstream's auth headers from --api-key-env, by the serving layer's one rule (resolve_api_key)."""
-    from kvscope.harness.serving.backend import bearer_headers, resolve_api_key
-
     return bearer_headers(resolve_api_key(api_key_env, "--api-key-env"))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from kvscope.harness.common.errors import ConfigError
-    from kvscope.harness.common.runlock import lock_run_dir
-    from kvscope.harness.record.build import finalize
-    from kvscope.harness.record.proxy import split_url_credentials
+    from kvscope.harness.record.build import finalize  # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.record.proxy import split_url_credentials  # deferred: keeps `kvscope --help` fast
 
     if args.finalize:
         upstream, url_auth = split_url_credentials(args.upstream) if args.upstream else (None, {})
@@ -105,11 +105,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 
 def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
-    from kvscope.harness.record.build import finalize
+    from kvscope.harness.record.build import finalize  # deferred: keeps `kvscope --help` fast
 
     proxy, hard_stop = _run_proxy(args.upstream, args.out, host, port, _auth_headers(args.api_key_env),
                                   args.drain_s)
-    from kvscope.harness.common.signals import handle_termination_like_sigint
 
     handle_termination_like_sigint()  # the loop's handlers are gone: a signal while finalizing stops cleanly
     hint = (f"the exchanges are in {args.out}/exchanges.jsonl; build the trace with "
@@ -139,7 +138,7 @@ def _record_and_finalize(args: argparse.Namespace, host: str, port: int) -> int:
 
 
 def _finalize_options(args: argparse.Namespace) -> dict:
-    from kvscope.harness.record.build import MAX_EXCHANGE_MIB
+    from kvscope.harness.record.build import MAX_EXCHANGE_MIB  # deferred: keeps `kvscope --help` fast
 
     cap = MAX_EXCHANGE_MIB if args.max_exchange_mib is None else args.max_exchange_mib
     return {"max_exchange_mib": cap, "progress": not args.no_progress}
@@ -148,8 +147,8 @@ def _finalize_options(args: argparse.Namespace) -> dict:
 def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str, str], drain_s: float):
     """Proxy until a signal (SIGINT, SIGTERM, SIGHUP); drain for ``drain_s``; a second signal stops at once.
     Returns (the proxy, whether the second signal cut the drain short)."""
+    # deferred, these three: keep `kvscope --help` fast
     import asyncio
-    import signal
 
     from kvscope.harness.record.proxy import ProxyTimeouts, RecordingProxy, redact_url
     from kvscope.harness.replay.runner import run_event_loop  # uvloop where installed
@@ -192,8 +191,6 @@ def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str,
 
 
 def _print_trace(out: Path) -> None:
-    from kvscope.workloads.trace_schema import read_trace_file
-
     meta = read_trace_file(Path(out) / "trace.json")
     rec = meta.record or {}  # the proxy's open facts block
     print(f"wrote trace {out}: {meta.num_requests} requests in {meta.num_sessions} session(s), "
@@ -206,7 +203,7 @@ def _print_trace(out: Path) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from kvscope.harness.analysis.explain import explain_path
+    from kvscope.harness.analysis.explain import explain_path  # deferred: keeps `kvscope --help` fast
 
     ex = explain_path(args.path, args.block_size, args.provider, progress=not args.no_progress)
     if args.json:
@@ -228,7 +225,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def provider_comparison_lines(ex) -> list[str]:
     """Observed provider cache reads beside the provider cache model's, per request, and their agreement
     (:func:`kvscope.harness.analysis.explain.provider_comparison`)."""
-    from kvscope.harness.analysis.explain import provider_comparison
+    from kvscope.harness.analysis.explain import provider_comparison  # deferred: keeps `kvscope --help` fast
 
     rows, agreement = provider_comparison(ex)
     lines = [f"observed provider cache reads vs the {ex.provider_preset} cache model:",

@@ -9,8 +9,15 @@ import types
 import typing
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CLIENT_STALL_S
+from kvscope.harness.cli.common import Formatter as _Formatter
+from kvscope.harness.common.errors import ConfigError, format_validation_error
+from kvscope.harness.common.runlock import lock_run_dir
+from kvscope.harness.results.summary import summary_file_model
+from kvscope.harness.serving.endpoints import normalize_endpoint
 
 def _option(parser: Any, flag: str, field: str, **overrides: Any) -> None:
     """Add one flag whose default, type, choices and help come from the ReplayOptions field; a ``--no-…`` flag
@@ -40,8 +47,6 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
 
 
 def add_subcommands(sub) -> None:
-    from kvscope.harness.cli.common import Formatter as _Formatter
-
     p = sub.add_parser(
         "replay", help="replay a trace through vLLM and record every request",
         description="Replay a trace's sessions through vLLM with agent/user timing. Writes RUN_DIR/requests.parquet "
@@ -99,17 +104,12 @@ def add_subcommands(sub) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from kvscope.harness.common.errors import ConfigError, format_validation_error
-    from kvscope.harness.replay.runner import replay
+    from kvscope.harness.replay.runner import replay  # deferred: keeps `kvscope --help` fast
 
     try:
         opts = options_from_args(args)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
-    from kvscope.harness.common.runlock import lock_run_dir
-    from kvscope.harness.serving.endpoints import normalize_endpoint
 
     endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
     with lock_run_dir(args.out, "kvscope replay"):
@@ -119,7 +119,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if outcome.aborted:
         print(f"kvscope: error: replay stopped early: {outcome.aborted}", file=sys.stderr)
         return 1
-    from kvscope.harness.replay.failure import replay_failure_reason
+    from kvscope.harness.replay.failure import replay_failure_reason  # deferred: keeps `kvscope --help` fast
 
     failure = replay_failure_reason(outcome.summary_file().requests, opts.max_error_share)
     if failure:
@@ -160,8 +160,6 @@ def _prediction_lines(hit: Any) -> list[str]:
 
 def format_console_summary(summary: dict[str, Any]) -> str:
     """The console lines of a replay's summary.json body, read through its model."""
-    from kvscope.harness.results.summary import summary_file_model
-
     s = summary_file_model().model_validate(summary)
     r, lat, hit, client = s.requests, s.latency, s.hit_rate, s.client
     lines = [

@@ -12,6 +12,7 @@ import time
 
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
+from kvscope.harness.common.errors import ConfigError, load_yaml_mapping
 
 EXAMPLES = """\
 examples:
@@ -34,7 +35,7 @@ def _ints(s: str) -> list[int]:
 
 
 def _kinds(s: str) -> list[str]:
-    from kvscope.harness.cachemodel.model_routing import INPUT_KINDS
+    from kvscope.harness.cachemodel.model_routing import INPUT_KINDS  # deferred: keeps `kvscope --help` fast
 
     kinds = [x.strip() for x in s.split(",") if x.strip()]
     bad = [k for k in kinds if k not in INPUT_KINDS]
@@ -105,8 +106,6 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _spec_dict(a: argparse.Namespace) -> dict:
-    from kvscope.harness.common.errors import ConfigError, load_yaml_mapping
-
     base: dict = dict(load_yaml_mapping(a.spec, "routing spec")) if a.spec else {}
     models = [dict(m) if isinstance(m, dict) else m for m in base.get("models", [{"name": "small"}, {"name": "large"}])]
     if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
@@ -152,14 +151,16 @@ def _spec_dict(a: argparse.Namespace) -> dict:
 
 
 def _progress(enabled: bool, total: int, desc: str):
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
     return tqdm(total=total, desc=desc, unit="variant", disable=not enabled, file=sys.stderr, leave=False)
 
 
 def _cmd_route(a: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.cachemodel.model_routing import load_routing_inputs, load_spec
-    from kvscope.harness.common.errors import ConfigError
+
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.pricing.model_routing import (
         evaluate_policy,
         model_prices,
@@ -180,7 +181,7 @@ def _cmd_route(a: argparse.Namespace) -> int:
     inputs = load_routing_inputs(a.trace, [m.block_size for m in spec.models], a.labels, progress=note)
     t_load = time.perf_counter() - t0
     if a.sweep:
-        import numpy as np
+        import numpy as np  # deferred: numpy is heavy, importing this module must not load it
 
         thresholds = a.thresholds
         if thresholds is None:
@@ -229,8 +230,8 @@ def _cmd_route(a: argparse.Namespace) -> int:
 
 
 def _print_summary(d: dict) -> None:
-    from kvscope.harness.cachemodel.model_routing import load_spec
-    from kvscope.harness.pricing.model_routing import describe
+    from kvscope.harness.cachemodel.model_routing import load_spec  # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.pricing.model_routing import describe  # deferred: keeps `kvscope --help` fast
 
     spec = load_spec({"models": [{"name": m} for m in d["per_model"]], "policy": d["policy"]})
     print(f"policy {describe(spec)} [{d['stickiness']}] on {d['requests']} requests / {d['sessions']} sessions")

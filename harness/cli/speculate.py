@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvscope.harness.cli import argtypes
 from kvscope.harness.cli.common import add_parser
+from kvscope.harness.common.errors import ConfigError, KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
 
 
@@ -74,8 +75,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _configs(a: argparse.Namespace) -> list:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.cachemodel.speculative import METHODS, NgramConfig, OracleConfig, SuffixConfig
-    from kvscope.harness.common.errors import ConfigError
 
     methods = [m.strip() for m in a.method.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -139,8 +140,10 @@ def _check_sizes(a: argparse.Namespace, trace) -> None:
 
 
 def _cmd_speculate(a: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.analysis.speculative import load_speculation_input, predict_methods
-    from kvscope.harness.common.errors import KvscopeError
+
+    # deferred: keeps `kvscope --help` fast
     from kvscope.harness.results.speculation_file import write_speculation_file
 
     configs = _configs(a)

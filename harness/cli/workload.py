@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvscope.harness.cli.common import Formatter as _Fmt
 from kvscope.harness.cli.common import add_parser as _p
 from kvscope.harness.cli import argtypes
+from kvscope.harness.common.errors import ConfigError
+from kvscope.workloads import importers
+from kvscope.workloads.errors import WorkloadError
+from kvscope.workloads.importers import TRANSCRIPT_IMPORTERS, export_jsonl
+from kvscope.workloads.presets import PRESET_DIR, list_presets
+from kvscope.workloads.tokens import TokenSource
+from kvscope.workloads.trace import Trace
 
 WORKLOAD_HELP = """\
 Generate, import, inspect and export token-exact workload traces.
@@ -23,8 +31,6 @@ class _TranscriptFormats:
     cost half a second): a new importer is one entry in TRANSCRIPT_IMPORTERS, not an edit here."""
 
     def _names(self) -> tuple[str, ...]:
-        from kvscope.workloads.importers import TRANSCRIPT_IMPORTERS
-
         return tuple(TRANSCRIPT_IMPORTERS)
 
     def __contains__(self, name: object) -> bool:
@@ -123,16 +129,13 @@ def add_subcommands(subparsers) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from kvscope.harness.common.errors import ConfigError
-    from kvscope.workloads.generate import generate_from_file
+    from kvscope.workloads.generate import generate_from_file  # deferred: keeps `kvscope --help` fast
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: is an existing file; give a trace directory to create")
-    from kvscope.harness.common.limits import generation_token_budget
+    from kvscope.harness.common.limits import generation_token_budget  # deferred: keeps `kvscope --help` fast
 
-    from kvscope.workloads.spec import SpecError
+    from kvscope.workloads.spec import SpecError  # deferred: keeps `kvscope --help` fast
 
     max_tokens, hint = generation_token_budget(args.allow_large)
     try:
@@ -152,8 +155,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    # deferred: keeps `kvscope --help` fast
     from kvscope.workloads.stats import format_stats, to_json, trace_stats
-    from kvscope.workloads.trace import Trace
 
     st = trace_stats(Trace.read(args.trace), block_size=args.block_size, hit=not args.no_hit)
     print(to_json(st) if args.json else format_stats(st))
@@ -161,9 +164,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from kvscope.workloads import importers
-    from kvscope.workloads.tokens import TokenSource
-
     if args.format in TRANSCRIPT_FORMATS:
         return _import_transcript(args)
     source = TokenSource.from_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -183,9 +183,6 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _import_transcript(args: argparse.Namespace) -> int:
-    from kvscope.workloads import importers
-    from kvscope.workloads.errors import WorkloadError
-
     if not args.tokenizer:
         raise WorkloadError(f"workload import {args.format}: --tokenizer MODEL_DIR is required (transcripts are "
                             "text; e.g. --tokenizer models/tiny)")
@@ -199,18 +196,13 @@ def _import_transcript(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from kvscope.workloads.importers import export_jsonl
-    from kvscope.workloads.trace import Trace
-
     export_jsonl(Trace.read(args.trace), args.out)
     print(f"wrote {args.out}")
     return 0
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
-    import yaml
-
-    from kvscope.workloads.presets import PRESET_DIR, list_presets
+    import yaml  # deferred: keeps `kvscope --help` fast
 
     for name in list_presets():
         data = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())

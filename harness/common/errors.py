@@ -25,7 +25,7 @@ class ServerError(KvscopeError):
 
 def load_yaml_mapping(path: Path | str, what: str) -> dict:
     """Read a YAML file that must hold a mapping; errors name the file and what was expected."""
-    import yaml
+    import yaml  # deferred: keeps `kvscope --help` fast
 
     path = Path(path)
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
+import psutil
+
 # Descriptors kvscope needs besides one connection per concurrent request: metrics scraper, records file,
 # server log, Python's own files, the event loop's self-pipe.
 RESERVED_FDS = 64
@@ -26,7 +28,7 @@ MEMORY_SHARE = 0.5
 def raise_nofile_soft_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit where allowed; returns (soft, hard) afterwards."""
     try:
-        import resource
+        import resource  # optional: resource is Unix-only, the ImportError is handled
     except ImportError:  # not POSIX
         return (1 << 20, 1 << 20)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -70,7 +72,6 @@ def generation_token_budget(allow_large: bool) -> tuple[int | None, str]:
     that the error names."""
     if allow_large:
         return None, ""
-    import psutil
 
     available = psutil.virtual_memory().available
     budget = int(available * MEMORY_SHARE / BYTES_PER_GENERATED_TOKEN)

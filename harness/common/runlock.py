@@ -21,6 +21,7 @@ nothing waits on its own parent.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import sys
 import time
@@ -99,8 +100,6 @@ def _holder(path: Path) -> tuple[str, str | None]:
 def lock_run_dir(directory: str | Path, command: str) -> RunDirLock:
     """Lock ``directory`` (created if missing) for this process, or raise :class:`RunDirBusyError` naming the
     holder's pid and how to proceed. ``command`` names what writes (e.g. ``kvscope replay``) for that message."""
-    import fcntl
-
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 
 def kvscope_version() -> str:
     """The installed distribution's version ("unknown" when run from a tree that was never installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("kvscope")
     except PackageNotFoundError:

@@ -16,6 +16,8 @@ import numpy as np
 
 from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
 from kvscope.harness.serving.client import CompletionResult, completion_payload, stream_completion
+from kvscope.harness.model.tinymodel import build_tiny_model
+from kvscope.workloads.corpus import generate_corpus
 
 
 @dataclass
@@ -29,8 +31,6 @@ class TurnRow:
 
 
 def _text_ids(tokenizer, rng: np.random.Generator, n: int) -> list[int]:
-    from kvscope.workloads.corpus import generate_corpus
-
     text = generate_corpus(int(rng.integers(0, 2**31)), num_chars=max(400, n * 6))
     ids = tokenizer.encode(text).ids
     start = int(rng.integers(0, max(1, len(ids) - n)))
@@ -39,7 +39,7 @@ def _text_ids(tokenizer, rng: np.random.Generator, n: int) -> list[int]:
 
 async def _conversation(backend: Backend, model: str, tokenizer, turns: int, seed: int
                         ) -> list[tuple[int, CompletionResult]]:
-    import aiohttp
+    import aiohttp  # deferred: aiohttp is heavy, only talking to a server needs it
 
     rng = np.random.default_rng(seed)
     history: list[int] = _text_ids(tokenizer, rng, 200)  # system prompt
@@ -59,9 +59,7 @@ async def _conversation(backend: Backend, model: str, tokenizer, turns: int, see
 
 
 def run_demo(model_dir: Path, log_path: Path, turns: int = 6, seed: int = 0) -> list[TurnRow]:
-    from tokenizers import Tokenizer
-
-    from kvscope.harness.model.tinymodel import build_tiny_model
+    from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
     if not (model_dir / "config.json").is_file():
         print(f"building the tiny model in {model_dir} …", flush=True)

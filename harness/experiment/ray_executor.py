@@ -44,9 +44,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+import socket
+import time
 
 from kvscope.harness.common.errors import KvscopeError, ServerError
-from kvscope.harness.results.schemas import CapacityEntry, ExecutorEntry
+from kvscope.harness.results.schemas import CapacityEntry, ExecutorEntry, ManifestFile
 from kvscope.harness.experiment.runner import (
     Cell,
     RunContext,
@@ -62,6 +65,10 @@ from kvscope.harness.experiment.spec import (
     server_backend,
     server_resources,
 )
+from kvscope.harness.experiment.sweep import plan_sweeps
+from kvscope.harness.replay.runner import ReplayOutcome, replay
+from kvscope.harness.results.loaders import load_run_manifest, write_result_file
+from kvscope.harness.serving.backend import Backend
 
 RAY_EXTRA_HINT = "--executor ray needs the ray extra: pip install 'kvscope[ray]'"
 TOKEN_PREFIX = ".kvscope-executor-"
@@ -72,7 +79,7 @@ Event = dict[str, Any]
 def import_ray() -> Any:
     """The `ray` module, or the one-line error that says how to install it."""
     try:
-        import ray
+        import ray  # optional: ray may be absent, the ImportError is handled
     except ImportError as exc:
         raise KvscopeError(RAY_EXTRA_HINT) from exc
     return ray
@@ -185,9 +192,8 @@ class _WorkerRun(RunContext):
     def replay(self, trace_dir: Path, out_dir: Path, options: Any, backend: Any) -> Any:
         if self.client is None:
             return super().replay(trace_dir, out_dir, options, backend)
+        # deferred: ray is heavy, an optional install (kvscope[ray]), only the ray executor needs it
         import ray
-
-        from kvscope.harness.replay.runner import ReplayOutcome
 
         endpoint = client_endpoint(backend.endpoint, self.node_ip) if backend.managed else backend.endpoint
         attach = (backend.name, backend.config, endpoint, backend.api_key_env, backend.url_credentials)
@@ -232,6 +238,7 @@ class ConfigurationWorker:
 
     def run(self, payload: WorkerPayload, traces: list[Any]) -> Iterator[Event]:
         """Stream events while this configuration's cells run: node, manifest patches, shipped files."""
+        # deferred: ray is heavy, an optional install (kvscope[ray]), only the ray executor needs it
         import ray
 
         shared_seen = (Path(payload.run_dir) / payload.token).is_file()
@@ -309,8 +316,6 @@ def reachable_spec(spec: ExperimentSpec, name: str, node_ip: str) -> ExperimentS
 def client_endpoint(endpoint: str, node_ip: str) -> str:
     """A started server's endpoint as another node reaches it: a loopback host (what a server bound to 0.0.0.0
     reports) becomes the server node's IP."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(endpoint)
     if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
         return endpoint
@@ -323,6 +328,7 @@ class ReplayClient:
     directory as a tar; the configuration's actor unpacks it where a beside-the-server replay would write."""
 
     def __init__(self, traces: list[Any]) -> None:
+        # deferred: ray is heavy, an optional install (kvscope[ray]), only the ray executor needs it
         import ray
 
         self.scratch = Path(tempfile.mkdtemp(prefix="kvscope-client-"))
@@ -330,6 +336,7 @@ class ReplayClient:
 
     def where(self) -> Event:
         """The node and process replaying, and the resources Ray gave this actor."""
+        # deferred: ray is heavy, an optional install (kvscope[ray]), only the ray executor needs it
         import ray
 
         assigned = ray.get_runtime_context().get_assigned_resources()
@@ -338,9 +345,6 @@ class ReplayClient:
     def replay(self, trace: str, cell: str, options: Any,
                attach: tuple[str, Any, str, str | None, dict[str, str]]) -> Event:
         """Replay `trace` (relative to the run directory) against the attached endpoint into a cell directory."""
-        from kvscope.harness.replay.runner import replay
-        from kvscope.harness.serving.backend import Backend
-
         name, config, endpoint, api_key_env, url_credentials = attach
         backend = Backend.create(name, config, endpoint=endpoint, api_key_env=api_key_env)
         backend.url_credentials = url_credentials  # the endpoint's own credentials, taken out of its URL
@@ -408,9 +412,6 @@ def check_ray_reachable(address: str, timeout_s: float) -> None:
     """The cluster's address accepts a TCP connection and speaks gRPC (Ray's GCS and client server both do)
     within ``timeout_s`` in all, else a one-line error. ``ray.init`` itself retries an address that does
     neither for minutes, and a deadline around it cannot stop it (its retry loop swallows the interruption)."""
-    import socket
-    import time
-
     hp = _host_port(address)
     if hp is None:
         return  # Ray resolves other forms itself
@@ -422,7 +423,7 @@ def check_ray_reachable(address: str, timeout_s: float) -> None:
     except OSError as exc:
         why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
         raise ServerError(f"--ray-address {address}: cannot reach a Ray cluster there ({why}; {limit})") from None
-    import grpc
+    import grpc  # deferred: grpc is heavy, importing this module must not load it
 
     channel = grpc.insecure_channel(f"{hp[0]}:{hp[1]}")
     try:
@@ -474,8 +475,6 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
 def _configurations(run: RunContext, todo: list[Cell], with_sweeps: bool) -> dict[str, list[Cell]]:
     """Configuration -> its cells still to run, in plan order; a configuration with a sweep gets an actor even
     when its grid is done (the sweep resumes level by level)."""
-    from kvscope.harness.experiment.sweep import plan_sweeps
-
     swept = {sw.server for sw in plan_sweeps(run.spec)} if with_sweeps else set()
     return {name: [c for c in todo if c.server == name] for name in run.spec.servers
             if name in swept or any(c.server == name for c in todo)}
@@ -587,9 +586,6 @@ def _merge(run: RunContext, t: _Tracked, event: Event) -> None:
 def _relocate_trace_path(cell_dir: Path, scratch: str | None, run_dir: Path) -> None:
     """A shipped cell's manifest.json names the trace it replayed in the actor's scratch directory: point it
     at the same trace in this run directory, as a local run records it."""
-    from kvscope.harness.results.loaders import load_run_manifest, write_result_file
-    from kvscope.harness.results.schemas import ManifestFile
-
     path = cell_dir / "manifest.json"
     if scratch is None or not path.is_file():
         return
@@ -601,8 +597,6 @@ def _relocate_trace_path(cell_dir: Path, scratch: str | None, run_dir: Path) -> 
 
 def _merge_capacity(run: RunContext, server: str, entries: list[CapacityEntry]) -> None:
     """Replace this configuration's capacities; keep the sweeps' plan order (as a local run records them)."""
-    from kvscope.harness.experiment.sweep import plan_sweeps
-
     merged = [c for c in run.manifest.capacity or [] if c.server != server] + entries
     order = {(sw.server, sw.workload): i for i, sw in enumerate(plan_sweeps(run.spec))}
     run.manifest.capacity = sorted(merged, key=lambda c: order.get((c.server, c.workload), len(order)))
@@ -610,8 +604,6 @@ def _merge_capacity(run: RunContext, server: str, entries: list[CapacityEntry]) 
 
 def _fail_remaining(run: RunContext, t: _Tracked, exc: BaseException) -> None:
     """The actor (or its node) is gone: every cell of its configuration not ended yet fails with the reason."""
-    import time
-
     first_line = (str(exc).strip().splitlines() or [""])[0]
     where = f"node {t.node}, actor pid {t.pid}" if t.node else "before it reported a node"
     reason = (f"Ray actor of configuration {t.server} lost ({where}): {exc.__class__.__name__}: "

@@ -34,7 +34,7 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -48,11 +48,19 @@ from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec
 from kvscope.harness.experiment.sweep import prediction_skipped
 from kvscope.harness.replay.calibrate import calibrate_server
 from kvscope.harness.replay.failure import replay_failure_reason
-from kvscope.harness.results.loaders import load_calibration
+from kvscope.harness.results.loaders import load_calibration, load_experiment_file, write_result_file
 from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
                                             ModelEntry, ServerEntry)
 from kvscope.harness.results.summary import ServerFacts, summary_file_model
 from kvscope.harness.serving.tls import tls_context
+from kvscope.harness.experiment.spec import check_name, sweep_level
+from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
+from kvscope.harness.replay.runner import replay
+from kvscope.harness.experiment.sweep import (
+    cell_in_flight, plan_sweeps, point_from_cell, predict_sweep, predicted_curve,
+)
+from kvscope.workloads.generate import generate_from_file
+from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
@@ -132,8 +140,6 @@ def safe_child(root: Path, *parts: str) -> Path:
 def _write_json(path: Path, manifest: ExperimentFile[ExperimentSpec]) -> None:
     """experiment.json: validated again as ExperimentFile (the full spec model; the cell loop changes the
     model's fields in place, which pydantic does not check) and written atomically."""
-    from kvscope.harness.results.loaders import write_result_file
-
     write_result_file(path, ExperimentFile[ExperimentSpec], manifest.model_dump(mode="json"))
 
 
@@ -150,7 +156,6 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
                            f"known runs: {', '.join(known) or 'none'}")
     if run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S")
-    from kvscope.harness.experiment.spec import check_name
 
     try:
         check_name(run_id, "run id")
@@ -161,8 +166,6 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
 
 def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict | None]:
     """(model for vLLM, tokenizer dir for workloads, build card or None)."""
-    from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
-
     m = spec.model
     if m.source == "hf":
         if not m.tokenizer:
@@ -199,7 +202,7 @@ def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_re
     Returns the number of requests sent; a refused request (HTTP 401 for a missing key, …) fails the cell.
     The prefix cache is reset afterwards by the caller.
     """
-    import httpx
+    import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
     rng = np.random.default_rng(10_000 + seed)
     capacity = (facts.kv_capacity_tokens if facts is not None else None) or 0
@@ -268,8 +271,6 @@ class RunContext:
     def replay(self, trace_dir: Path, out_dir: Path, options: Any, backend: "Backend") -> Any:
         """Replay one trace against the backend into `out_dir` (a ReplayOutcome): here, in this process. The
         Ray executor's worker replays from another node instead where the spec names a client node."""
-        from kvscope.harness.replay.runner import replay
-
         return replay(trace_dir, out_dir, options, backends=[backend])
 
 
@@ -378,12 +379,11 @@ def run_configurations(run: RunContext, cells: list[Cell], server_names: list[st
     servers = _Servers(run)
     try:
         if run.spec.servers_up == "all":
-            from kvscope.harness.experiment.sweep import plan_sweeps
-
             swept = [sw.server for sw in plan_sweeps(run.spec) if sw.server in server_names] if with_sweeps else []
             t0 = time.perf_counter()
             servers.start_together([c.server for c in cells] + swept)
             run.timed("servers", t0)
+        # deferred: it loads scipy, which importing this module must not
         from kvscope.harness.experiment.stopping import early_stop_for
 
         stop = early_stop_for(run, server_names)
@@ -425,7 +425,6 @@ def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
     if manifest_path.exists():
         if not resume:
             raise KvscopeError(f"{run_dir} already holds a run; use --resume to finish it or a new --run-id")
-        from kvscope.harness.results.loaders import load_experiment_file
 
         return load_experiment_file(manifest_path, ExperimentSpec)
     return ExperimentFile[ExperimentSpec].model_validate(
@@ -435,8 +434,6 @@ def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
 
 def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> None:
     """One trace per workload, generated once (kept across --resume)."""
-    from kvscope.workloads.generate import generate_from_file
-
     spec = run.spec
     for wname, ref in spec.workloads.items():
         tdir = safe_child(run.run_dir, "traces", wname)
@@ -575,11 +572,6 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
                 server_names: list[str]) -> None:
     """The sweeps of `server_names`, round-robin one level at a time, until each is done; then their
     capacities."""
-    from dataclasses import asdict
-
-    from kvscope.harness.experiment.spec import sweep_level
-    from kvscope.harness.experiment.sweep import plan_sweeps, point_from_cell
-
     sweeps = [sw for sw in plan_sweeps(run.spec) if sw.server in server_names]
     if not sweeps:
         return
@@ -658,8 +650,6 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
 def _plan_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> None:
     """Give a ``plan: predicted`` sweep the scheduler model's curve, which chooses its levels; without one (no
     calibration, a poor fit, a model error) it climbs its ladder and records why."""
-    from kvscope.harness.experiment.sweep import predicted_curve
-
     if cal is None:
         sw.set_prediction(None, skipped or "no calibration")
     else:
@@ -677,8 +667,6 @@ def _plan_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped
 
 
 def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> dict[str, Any]:
-    from kvscope.harness.experiment.sweep import predict_sweep
-
     if cal is None:
         return {"skipped": skipped or "no calibration"}
     try:
@@ -762,9 +750,6 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
 
 def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:
     """The cell's key figures in experiment.json, with the achieved concurrency and the preemptions."""
-    from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
-    from kvscope.harness.experiment.sweep import cell_in_flight
-
     in_flight = cell_in_flight(cell_dir)
     short = None
     if level.concurrency is not None and in_flight is not None:

@@ -17,6 +17,7 @@ from kvscope.harness.analysis.capacity import TtftSlo, parse_ttft_slo
 from kvscope.harness.common.errors import ConfigError, format_validation_error, load_yaml_mapping
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.results.schemas import CostSpec, ExperimentSpecCore, SloSpec
+from kvscope.harness.serving.backend import Backend, split_backend
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.gpu_predict import ServerSettings
@@ -376,6 +377,7 @@ class RepeatsSpec(BaseModel):
 
     @model_validator(mode="after")
     def _looks(self) -> "RepeatsSpec":
+        # deferred: it loads scipy, which importing this module must not
         from kvscope.harness.analysis.sequential import MAX_LOOKS, sequential_metrics
 
         if self.stop_early:
@@ -528,8 +530,6 @@ def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str
     """The (not yet started) backend of server configuration `name`: its `backend:` (else server_defaults',
     else vllm), the prepared model, server_defaults, then the entry's own fields. Defaults that another
     engine's config does not know (vLLM flags) are not applied to it; the entry's own fields must all fit."""
-    from kvscope.harness.serving.backend import Backend, split_backend
-
     default_backend, defaults = split_backend(spec.server_defaults)
     entry = dict(spec.servers[name] or {})
     for key in PLACEMENT_FIELDS:  # where the configuration runs (an executor's concern), not server fields

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from kvscope.harness.analysis.capacity import (
     Capacity,
     LevelPlan,
@@ -44,6 +45,7 @@ from kvscope.harness.analysis.capacity import (
     point_meets_slo,
     predicted_points,
 )
+from kvscope.harness.analysis.capacity_prediction import predict_curve, predicted_capacity
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
@@ -193,8 +195,6 @@ def plan_sweeps(spec: ExperimentSpec) -> list[SweepState]:
 
 def cell_in_flight(cell_dir: Path) -> float | None:
     """Mean sessions in flight of a replayed cell, from its records' send and completion times."""
-    import pandas as pd
-
     path = cell_dir / "requests.parquet"
     if not path.exists():
         return None
@@ -242,8 +242,6 @@ def predicted_curve(state: SweepState, trace_dir: Path, cal: CalibrationFile, *,
     same rows plan a ``sweep.plan: predicted`` sweep before it starts and are recorded beside it after.
     `CalibrationFitError` (a ValueError) when the calibration's fit is too poor to predict from."""
     # deferred, as every use of the scheduler model here: a sweep without ``predict`` never loads it
-    from kvscope.harness.analysis.capacity_prediction import predict_curve
-
     return predict_curve(trace_dir, cal, curve_levels(state), time_scale=time_scale, mode=mode).rows
 
 
@@ -254,8 +252,6 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     eviction cliff; a dict of `PredictedCapacity` for experiment.json.  Why every level: a bisecting sweep
     measures few of them, and a prediction limited to those said 4 on the quickstart where its own curve at 5
     passes (measured: 6)."""
-    from kvscope.harness.analysis.capacity_prediction import predicted_capacity  # deferred: as above
-
     base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
     rows = state.predicted_rows
     if rows is None or [r.concurrency for r in rows] != curve_levels(state):

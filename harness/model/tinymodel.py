@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,7 @@ def train_tokenizer(corpus: str, vocab_size: int):
     """Byte-level BPE trained offline; single-threaded so that merges (and the file) are reproducible."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # deferred: tokenizers is heavy, only tokenizing needs it
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -153,7 +154,8 @@ def production_tokenizer(name: str):
     if name not in PRODUCTION_TOKENIZERS:
         raise ValueError(f"tokenizer {name!r}: one of {', '.join(TOKENIZER_CHOICES)}")
     try:
-        import mistral_common
+        import mistral_common  # optional: mistral_common may be absent, the ImportError is handled
+        # optional: transformers may be absent, the ImportError is handled
         from transformers.integrations.mistral.tokenizer import MistralConverter
     except ImportError as exc:
         raise ValueError(f"tokenizer {name!r} needs mistral_common and transformers (installed with vLLM): "
@@ -208,8 +210,9 @@ def train_weights(
 
     Needs torch (installed with vLLM). Single-threaded, deterministic algorithms: same inputs, same bytes.
     """
-    import torch
+    import torch  # deferred: torch is heavy, only building the tiny model needs it
 
+    # deferred: it loads torch, tqdm, which importing this module must not
     from kvscope.harness.model._llama_torch import TinyLlama
 
     torch.manual_seed(seed)
@@ -242,7 +245,8 @@ def train_weights(
 
 def _write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
     """bf16 safetensors (vLLM's CPU dtype); fixed metadata so the file is byte-identical across runs."""
-    import torch
+    import torch  # deferred: torch is heavy, only building the tiny model needs it
+    # deferred: safetensors is heavy, only building the tiny model needs it
     from safetensors.torch import save_file
 
     torch_tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in sorted(tensors.items())}
@@ -331,8 +335,6 @@ def build_tiny_model(
 ) -> BuildInfo:
     """Write the model directory; returns what was built (also saved as ``kvscope_model.json``).
     ``tokenizer``: ``trained`` (BPE trained on generated text) or a production one (:data:`PRODUCTION_TOKENIZERS`)."""
-    from dataclasses import replace
-
     shape = shape or TinyModelShape()
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:

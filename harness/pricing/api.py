@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from kvscope.harness.cachemodel.trace_io import detect_kind, load_trace
+from kvscope.harness.pricing.cost import run_cost
+from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
 def cost_report(path: str, pricing: str) -> dict:
     """Provider cost of a run dir (measured hits) or of a trace (provider cache model)."""
-    from kvscope.harness.pricing.cost import run_cost
-    from kvscope.harness.pricing.provider_cache import load_preset, simulate_provider
-
     cfg = load_preset(pricing)
     kind = detect_kind(path)
     if kind == "run":

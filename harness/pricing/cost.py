@@ -7,6 +7,7 @@ All prices are USD per million tokens.  A provider request is billed as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 from pydantic import BaseModel
@@ -116,9 +117,7 @@ def self_hosted_cost(gpu_hour_usd: float, num_gpus: int, tokens_per_s: float, to
 def run_cost(run: str, pricing: Pricing, *, charge_writes: bool = True) -> dict:
     """Cost of a replay run dir (``requests.parquet``: prompt_tokens, cached_tokens, output_tokens,
     session_id) as if billed by a provider with ``pricing``: hits are reads, the rest writes."""
-    from pathlib import Path
-
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     p = Path(run)
     df = pd.read_parquet(p / "requests.parquet" if p.is_dir() else p)

@@ -25,6 +25,7 @@ from kvscope.harness.cachemodel.model_routing import (
     totals,
 )
 from kvscope.harness.pricing.cost import Pricing, TokenSplit, summarize_splits
+from kvscope.harness.pricing.provider_cache import load_preset
 
 #: Price sheets of models a spec leaves unpriced: the cheapest model a flash-class sheet, the others Sonnet-class.
 DEFAULT_SMALL_PRESET = "gemini-2.5-flash-implicit"
@@ -33,8 +34,6 @@ DEFAULT_LARGE_PRESET = "anthropic-sonnet-5m"
 
 def model_prices(spec: ModelRoutingSpec) -> dict[str, tuple[str, Pricing]]:
     """Model name → (preset name, prices); a preset name or a YAML path per model, else the defaults."""
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     out = {}
     for i, m in enumerate(spec.models):
         preset = m.pricing or (DEFAULT_SMALL_PRESET if i == 0 else DEFAULT_LARGE_PRESET)

@@ -8,6 +8,10 @@ from kvscope.harness.cachemodel import kv_memory
 from kvscope.harness.primer import batching, kv_demo, roofline, speculative
 from kvscope.harness.pricing.cost import Pricing, agent_loop_tokens, no_cache_cost, request_cost
 from kvscope.harness.cachemodel.kv_memory import GiB, KiB
+from kvscope.harness.cachemodel.hashing import hash_token_blocks
+from kvscope.harness.cachemodel.sim_types import SimRequest
+from kvscope.harness.pricing.cost import cost_breakdown
+from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig
 
 #: The seed document's illustrative prices ($/MTok; writes 1.25x, reads 0.1x of input).
 SEED_PRICING = Pricing(input_per_mtok=3.0, output_per_mtok=15.0, cache_write_multiplier=1.25, cache_read_multiplier=0.1)
@@ -74,11 +78,6 @@ def provider_cost_example() -> pd.DataFrame:
 
 def realistic_edit_table() -> pd.DataFrame:
     """A 3,330-token request after a 3,250-token one: append, edit at 2,010, edit at position 5."""
-    from kvscope.harness.cachemodel.hashing import hash_token_blocks
-    from kvscope.harness.pricing.provider_cache import ProviderCache, ProviderCacheConfig
-    from kvscope.harness.cachemodel.sim_types import SimRequest
-    from kvscope.harness.pricing.cost import cost_breakdown
-
     rows = []
     for label, edit_at in (("append only", None), ("edit at token 2,010", 2010), ("edit at token 5", 5)):
         cache = ProviderCache(ProviderCacheConfig(name="seed", mode="automatic", ttl_s=None, min_prefix_tokens=0,

@@ -27,6 +27,7 @@ tokenizing, and progress bars show both passes.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -123,8 +124,6 @@ class _LogLine:
 def _exchange_lines(path: Path, max_mib: float | None) -> Iterator[tuple[int, int, bytes, bool]]:
     """(line number, byte offset, line without its newline, whether it had one) of the log, one line in memory
     at a time; a line over ``max_mib`` raises :class:`ExchangeTooLargeError` naming it, before it is read."""
-    import re
-
     max_bytes = None if max_mib is None or max_mib == float("inf") else int(max_mib * 2**20)  # inf: no cap
     with open(path, "rb") as f:
         number, offset = 0, 0
@@ -254,7 +253,7 @@ def _build_trace(done: Sequence[Exchange] | _LogExchanges, incomplete: int, toke
                  out_dir: str | Path, meta: dict[str, Any] | None, progress: bool = False) -> Path:
     """One pass over the completed exchanges in arrival order: tokenize, assign the session, add the row. Only
     the trace being built and each session's last prompt stay in memory between exchanges."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
     builder = TraceBuilder()
     sessions = SessionAssigner()

@@ -157,13 +157,13 @@ class UpstreamTokenize:
     """POST {upstream}/tokenize (vLLM: ``messages`` or ``prompt``; answers ``tokens``)."""
 
     def __init__(self, upstream: str, headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
-        import httpx
+        import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
         self.url = upstream.rstrip("/") + "/tokenize"
         self.client = httpx.Client(headers=headers or {}, timeout=timeout_s, verify=tls_context())
 
     def _post(self, payload: dict[str, Any]) -> list[int]:
-        import httpx
+        import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
         try:
             r = self.client.post(self.url, json=payload)
@@ -199,7 +199,9 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
 
 def _environment():
     """The jinja2 environment transformers renders chat templates in (filters must be set before compiling)."""
-    from jinja2.ext import loopcontrols
+    from jinja2.ext import loopcontrols  # deferred: jinja2 is heavy, only rendering a chat template needs it
+
+    # deferred: jinja2 is heavy, only rendering a chat template needs it
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(msg: str) -> None:
@@ -216,8 +218,9 @@ class LocalTokenize:
     transformers does (jinja2 sandbox, trim/lstrip blocks, tools and tool calls passed through)."""
 
     def __init__(self, model_dir: str | Path, chat_template: str | Path | None = None) -> None:
+        # deferred: it loads numpy, which importing this module must not
         from kvscope.workloads.text import ChatTemplate
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
         p = Path(model_dir)
         if not (p / "tokenizer.json").is_file():

@@ -10,9 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pandas as pd
+
 from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority
 from kvscope.harness.results.schemas import CalibrationFile
 from kvscope.harness.serving.backend import DEFAULT_BACKEND, Backend
+from kvscope.harness.cachemodel.trace_io import load_trace
+from kvscope.harness.replay.options import ReplayOptions
+from kvscope.harness.replay.predict import replay_informed_cached_tokens
+from kvscope.harness.replay.runner import replay
 
 
 
@@ -21,11 +27,6 @@ def measure_level(trace_dir: str | Path, endpoint: str, concurrency: int, run_di
                   client_priority_mode: ClientPriority = DEFAULT_CLIENT_PRIORITY):
     """Replay the trace closed-loop at ``concurrency`` (recorded mode, fresh prefix cache); returns
     (the run's requests.parquet as a DataFrame, preemptions during the run, load average after)."""
-    import pandas as pd
-
-    from kvscope.harness.replay.options import ReplayOptions
-    from kvscope.harness.replay.runner import replay
-
     server = Backend.create(backend, endpoint=endpoint)
     before = server.preemptions_total()
     opts = ReplayOptions(concurrency=concurrency, time_scale=time_scale, progress=False, predict=False,
@@ -43,9 +44,6 @@ def replay_informed_match(trace_dir: str | Path, records, cal: CalibrationFile, 
     by :func:`~kvscope.harness.replay.predict.replay_informed_cached_tokens` (its docstring says what it
     models and why) on the trace's prompts (a recorded-mode run's: the output blocks' content unknown).
     ``kvscope replay`` computes the same after a run from the ids it sent and received."""
-    from kvscope.harness.cachemodel.trace_io import load_trace
-    from kvscope.harness.replay.predict import replay_informed_cached_tokens
-
     by_id = {r.request_id: r for r in load_trace(trace_dir, cal.server.block_size).requests}
     predicted = replay_informed_cached_tokens(records, by_id, cal, pace=pace)
     measured = records.loc[predicted.index, "cached_tokens"].fillna(0).astype(int)

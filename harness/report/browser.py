@@ -119,7 +119,9 @@ def report_pages(report_dir: Path) -> list[Path]:
 
 def _driver() -> Any:
     try:
-        from selenium import webdriver
+        from selenium import webdriver  # optional: selenium may be absent, the ImportError is handled
+
+        # optional: selenium may be absent, the ImportError is handled
         from selenium.webdriver.chrome.service import Service
     except ImportError as exc:
         raise KvscopeError("selenium is not installed: pip install -e '.[dev]'") from exc

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 def report_pages() -> tuple[ReportPage, ...]:
     """Every registered page, in report order."""
+    # deferred: it loads numpy, pandas, pyarrow, which importing this module must not
     from kvscope.harness.analysis.registry import report_pages as discovered
 
     return discovered()

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import html
 import math
+import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -79,8 +81,8 @@ PAGE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 
 
 def _html_exporter(show_input: bool):
-    from jinja2 import DictLoader
-    from nbconvert import HTMLExporter
+    from jinja2 import DictLoader  # deferred: jinja2 is heavy, only rendering a chat template needs it
+    from nbconvert import HTMLExporter  # deferred: nbconvert is heavy, importing this module must not load it
 
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({PAGE_TEMPLATE_NAME: PAGE_TEMPLATE})])
     exporter.template_file = PAGE_TEMPLATE_NAME
@@ -94,8 +96,8 @@ def _html_exporter(show_input: bool):
 def run_notebook(name: str, out_dir: Path, parameters: dict[str, Any], notebooks_dir: Path | None = None,
                  show_input: bool = False, timeout_s: int = 900) -> NotebookResult:
     """Execute one notebook into out_dir (ipynb + html). A failing notebook still gets its HTML, with the error."""
-    import nbformat
-    import papermill as pm
+    import nbformat  # deferred: nbformat is heavy, importing this module must not load it
+    import papermill as pm  # deferred: papermill is heavy, importing this module must not load it
 
     src_dir = notebooks_dir or project_notebooks_dir()
     src = (src_dir / f"{name}.ipynb").resolve()
@@ -134,8 +136,6 @@ def _kernel_stderr_to(log_path: Path) -> Iterator[None]:
     ZMQ traceback from a socket already closed (seen with several kernels at once). The notebook's own errors
     still come back through papermill. Descriptor 2 of this process points at the log while the kernel starts
     and runs (a pool process runs one notebook at a time; a serial report is single-threaded here)."""
-    import sys
-
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
     saved = os.dup(2)
@@ -155,7 +155,7 @@ def _cpu_s() -> float:
     """CPU seconds of this process and its finished children (a notebook's kernel counts once it has exited).
     Notebooks run one after another in a process, so the difference around one is that notebook's CPU."""
     try:
-        import resource
+        import resource  # optional: resource is Unix-only, the ImportError is handled
     except ImportError:  # not POSIX: wall time only
         return math.nan
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -164,7 +164,7 @@ def _cpu_s() -> float:
 
 def notebook_has_error_cells(path: Path) -> list[int]:
     """Indices of cells whose outputs contain an error (papermill marks failures this way)."""
-    import nbformat
+    import nbformat  # deferred: nbformat is heavy, importing this module must not load it
 
     nb = nbformat.read(path, as_version=4)
     return [i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"
@@ -228,6 +228,7 @@ def _kernel_config(sockets: Path) -> Any:
     them a moment later. Another process (a second kernel of this report, anyone on the machine) can take a port
     in between, and the kernel dies (seen in the test suite on a heavily loaded host). Unix sockets named inside
     a private directory cannot be taken by anyone else, so kernels can start at the same moment."""
+    # deferred: traitlets is heavy, importing this module must not load it
     from traitlets.config import Config
 
     config = Config()
@@ -277,8 +278,6 @@ def _execute_notebooks(jobs: dict[str, dict[str, Any]], report_dir: Path, nb_dir
         for name in order:
             report(run_notebook(name, report_dir, jobs[name], nb_dir, show_input))
     else:
-        import multiprocessing
-
         # spawn: the parent may hold threads (server watchers, tqdm) that fork would copy in a locked state
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(run_notebook, name, report_dir, jobs[name], nb_dir, show_input) for name in order]

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvscope.harness.results.records import RecordsError
+
 EXCHANGES_NAME = "exchanges.parquet"
 
 
@@ -37,7 +39,7 @@ class ExchangeRow:
 
 
 def write_exchanges(trace_dir: str | Path, rows: list[ExchangeRow]) -> Path:
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     out = Path(trace_dir) / EXCHANGES_NAME
     df = pd.DataFrame([asdict(r) for r in rows], columns=list(ExchangeRow.__dataclass_fields__))
@@ -52,12 +54,11 @@ def write_exchanges(trace_dir: str | Path, rows: list[ExchangeRow]) -> Path:
 
 def read_exchanges(trace_dir: str | Path):
     """The extras of a trace as a DataFrame indexed by request_id, or None when the trace has none."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     path = Path(trace_dir) / EXCHANGES_NAME
     if not path.is_file():
         return None
-    from kvscope.harness.results.records import RecordsError
 
     try:
         df = pd.read_parquet(path)

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.records import JSONL_NAME, PARQUET_NAME, read_records
 from kvscope.harness.results.schemas import (
     CalibrationFile,
     CellEntry,
@@ -189,8 +190,6 @@ def _read_metrics(path: Path) -> pd.DataFrame:
 
 
 def _load_cell(cell_dir: Path, name: str, entry: CellEntry) -> tuple[pd.DataFrame, pd.DataFrame, Any]:
-    from kvscope.harness.results.records import JSONL_NAME, PARQUET_NAME, read_records
-
     summary = load_summary(cell_dir / SUMMARY_NAME) if (cell_dir / SUMMARY_NAME).exists() else None
     # A cell that failed before sending anything has no records: that is empty. A records file that exists but
     # cannot be read is an error naming it (RecordsError), never an empty cell.

@@ -247,7 +247,7 @@ def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
 
 
 def records_frame(rows: list[dict[str, Any]]):
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     df = pd.DataFrame(rows, columns=RECORD_FIELDS)
     if "length_mismatch" in df and len(df):  # records written before the column existed
@@ -284,8 +284,8 @@ _INT_COLUMNS = ("cached_tokens", "predicted_cached_tokens", "predicted_cached_to
 def write_records_parquet(run_dir: Path, df) -> Path:
     """Write ``requests.parquet`` atomically (temporary file + rename), nullable integer columns as Int64 and
     the columns' version in the file's metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # deferred: pyarrow is heavy, importing this module must not load it
+    import pyarrow.parquet as pq  # deferred: pyarrow is heavy, importing this module must not load it
 
     df = df.copy()
     for col in _INT_COLUMNS:
@@ -306,7 +306,7 @@ def write_records_parquet(run_dir: Path, df) -> Path:
 
 def read_records(run_dir: Path):
     """All records of a run as a DataFrame: the Parquet file if the run finished, else the JSONL log."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
     run_dir = Path(run_dir)
     pq_path = run_dir / PARQUET_NAME

@@ -21,15 +21,13 @@ full `ExperimentSpec`s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
+from kvscope.harness.cachemodel.calibration import StepCostModel
+from kvscope.harness.cachemodel.scheduler import SchedulerConfig
 from kvscope.harness.results.summary import CLIENT_STALL_S, ServerFacts, summary_file_model  # noqa: F401
 from kvscope.workloads.versioned_file import VersionedFile
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-if TYPE_CHECKING:
-    from kvscope.harness.cachemodel.calibration import StepCostModel
-    from kvscope.harness.cachemodel.scheduler import SchedulerConfig
 
 
 class _Block(BaseModel):
@@ -110,6 +108,7 @@ class CostSpec(_Block):
     @field_validator("pricing")
     @classmethod
     def _known_presets(cls, v: list[str]) -> list[str]:
+        # deferred: keeps `kvscope --help` fast
         from kvscope.harness.pricing.provider_cache import list_presets
 
         known = list_presets()
@@ -467,14 +466,10 @@ class CalibrationFile(VersionedFile):
 
     def cost_model(self) -> StepCostModel:
         """The fitted step costs as the scheduler model's cost model."""
-        from kvscope.harness.cachemodel.calibration import StepCostModel
-
         return StepCostModel(**self.cost.model_dump())
 
     def scheduler_config(self, num_gpu_blocks: int | None = None) -> SchedulerConfig:
         """The measured server as the scheduler model's config (``num_gpu_blocks``: a what-if KV capacity)."""
-        from kvscope.harness.cachemodel.scheduler import SchedulerConfig
-
         s = self.server
         return SchedulerConfig(block_size=s.block_size, num_gpu_blocks=num_gpu_blocks or s.num_gpu_blocks,
                                max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,

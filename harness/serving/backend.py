@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
+import pkgutil
 
 from pydantic import BaseModel, ValidationError
 
@@ -300,8 +301,6 @@ def backend_names() -> list[str]:
 def _load_builtin_backends() -> None:
     """Import every ``*_backend`` module of this package (each registers its engine); imported modules are
     cached, so later calls only list the package."""
-    import pkgutil
-
     package = importlib.import_module(__package__ or "kvscope.harness.serving")
     for module in pkgutil.iter_modules(package.__path__):
         if module.name.endswith(BACKEND_MODULE_SUFFIX):

@@ -59,7 +59,7 @@ async def stream_request(session, url: str, payload: dict[str, Any] | bytes, hea
 
     The general path (https, proxies, anything aiohttp supports). `FastStreamClient` is the replay hot path.
     """
-    import aiohttp
+    import aiohttp  # deferred: aiohttp is heavy, only talking to a server needs it
 
     result = CompletionResult(sent_s=time.perf_counter())
     body = payload if isinstance(payload, bytes) else orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -149,7 +149,7 @@ class AiohttpStreamClient:
     async def post_stream(self, url: str, body: bytes, timeouts: Timeouts | None = None,
                           headers: dict[str, str] | None = None) -> CompletionResult:
         if self.session is None:
-            import aiohttp
+            import aiohttp  # deferred: aiohttp is heavy, only talking to a server needs it
 
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         hdrs = {**self.headers, **headers} if headers else self.headers

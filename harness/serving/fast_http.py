@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import urlsplit
 
 from kvscope.harness.serving.request import CompletionResult, Timeouts, Watchdog
 from kvscope.harness.serving.sse import SseDecoder
@@ -331,8 +332,6 @@ class FastStreamClient:
     def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         t = self._targets.get(url)
         if t is None:
-            from urllib.parse import urlsplit
-
             u = urlsplit(url)
             if u.scheme != "http":
                 raise ValueError(f"FastStreamClient speaks plain http only, not {url}")

@@ -24,6 +24,7 @@ import time
 import weakref
 from pathlib import Path
 from typing import Any, Literal
+import tempfile
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -38,6 +39,8 @@ from kvscope.harness.common.secrets import redact_argv, redact_config, redact_te
 from kvscope.harness.serving import lifecycle
 from kvscope.harness.serving.backend import ServerFacts, resolve_api_key
 from kvscope.harness.serving.tls import tls_context
+from kvscope.harness.common.secrets import looks_secret_name
+from kvscope.harness.serving.metrics import parse_metrics
 
 DEFAULT_CPU_KV_CACHE_BYTES = "256M"
 
@@ -179,8 +182,6 @@ class ServerConfig(BaseModel):
 
     def secret_values(self) -> list[str]:
         """Every secret value in this config (for scrubbing logs): keys in env, flags and `api_key_env`."""
-        from kvscope.harness.common.secrets import looks_secret_name
-
         values = [v for k, v in self.env.items() if looks_secret_name(k) and v]
         values += secret_argv_values(self.extra_args)
         if self.api_key_env and os.environ.get(self.api_key_env):
@@ -351,8 +352,6 @@ class VllmServer:
             self.port = find_free_port(cfg.host if cfg.host not in ("0.0.0.0", "::") else "127.0.0.1")
         env = self.environment()
         if self.log_path is None:
-            import tempfile
-
             fd, name = tempfile.mkstemp(prefix="kvscope-vllm-", suffix=".log")
             os.close(fd)
             self._tmp_log = Path(name)
@@ -385,7 +384,7 @@ class VllmServer:
         return ServerError(f"{msg}\n--- last lines of {self.log_path} ---\n{tail(log)}", cause=cause, log_path=self.log_path)
 
     def wait_ready(self, timeout_s: float) -> None:
-        import httpx
+        import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
         assert self.process is not None and self.started_at is not None
         deadline = self.started_at + timeout_s
@@ -412,7 +411,7 @@ class VllmServer:
         """The server's whole process tree (API server, engine core, workers)."""
         if self.process is None:
             return []
-        import psutil
+        import psutil  # deferred: keeps `kvscope --help` fast
 
         try:
             root = psutil.Process(self.process.pid)
@@ -448,7 +447,7 @@ class VllmServer:
         if proc is None:
             return
         self.resume()  # a stopped process would not act on SIGTERM until continued
-        import psutil
+        import psutil  # deferred: keeps `kvscope --help` fast
 
         tree: list[psutil.Process] = []
         try:
@@ -539,9 +538,7 @@ def read_server_facts(
     headers: dict[str, str] | None = None,
 ) -> ServerFacts:
     """Facts from `/version`, `/v1/models`, `/metrics` (`vllm:cache_config_info`) and, if given, the log."""
-    import httpx
-
-    from kvscope.harness.serving.metrics import parse_metrics
+    import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
     endpoint = endpoint.rstrip("/")
     facts = ServerFacts(endpoint=endpoint, launched_by_kvscope=config is not None)
@@ -604,7 +601,7 @@ def read_server_facts(
 
 def wait_for_endpoint(endpoint: str, timeout_s: float = 30.0) -> None:
     """Block until ``{endpoint}/health`` answers 200 (for servers kvscope did not start)."""
-    import httpx
+    import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
     deadline = time.time() + timeout_s
     last: str = ""

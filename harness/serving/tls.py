@@ -18,6 +18,6 @@ import ssl
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """httpx's default verifying context, built on first use and shared (``verify=tls_context()``)."""
-    import httpx
+    import httpx  # deferred: httpx is heavy, only talking to a server needs it
 
     return httpx.create_ssl_context()

@@ -29,9 +29,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvscope.workloads.prefix import Transition
+from kvscope.workloads.prefix import Transition, classify_transition, common_prefix_len as _lcp
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.errors import WorkloadError
+from kvscope.workloads.importers.sniff import refuse_empty
+from kvscope.workloads.tokens import file_sha256
 
 # Segment kind of each message role's content (template text between messages is kind "template").
 ROLE_KIND = {"system": SegmentKind.SYSTEM, "user": SegmentKind.USER, "assistant": SegmentKind.ASSISTANT,
@@ -172,10 +175,9 @@ class _Tokens:
     """The named model's tokenizer and chat template, and a trace-wide table of segments by content."""
 
     def __init__(self, model_dir: str | Path, builder: TraceBuilder) -> None:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: tokenizers is heavy, only tokenizing needs it
 
-        from kvscope.workloads.errors import WorkloadError
-        from kvscope.workloads.text import ChatTemplate
+        from kvscope.workloads.text import ChatTemplate  # deferred: keeps `kvscope --help` fast
 
         p = Path(model_dir)
         if not (p / "tokenizer.json").is_file():
@@ -190,8 +192,6 @@ class _Tokens:
 
     def info(self) -> dict[str, Any]:
         """trace.json's `tokenizer` block: path, file hash and vocabulary size."""
-        from kvscope.workloads.tokens import file_sha256
-
         return {"path": str(self.model_dir), "sha256": file_sha256(self.model_dir / "tokenizer.json"),
                 "vocab_size": self.tok.get_vocab_size()}
 
@@ -231,8 +231,6 @@ class _Tokens:
         return self._split_on_previous(full, previous), full, -1
 
     def _split_on_previous(self, full: np.ndarray, previous: tuple[list[int], np.ndarray] | None) -> list[int]:
-        from kvscope.workloads.prefix import common_prefix_len as _lcp
-
         segs: list[int] = []
         pos = 0
         if previous is not None:
@@ -270,13 +268,8 @@ def _gap(prev: ModelCall | None, call: ModelCall) -> tuple[float, float]:
 def calls_to_trace(calls: Iterable[ModelCall], tokenizer: str | Path, *, name: str, importer: str,
                    source: str | Path, extra_meta: dict | None = None) -> Trace:
     """A text-mode trace with one request per model call (sessions in first-appearance order)."""
-    from kvscope.workloads.prefix import classify_transition
-    from kvscope.workloads.prefix import common_prefix_len as _lcp
-
     calls = list(calls)
     if not calls:
-        from kvscope.workloads.importers.sniff import refuse_empty
-
         refuse_empty(source, importer)
     b = TraceBuilder()
     tokens = _Tokens(tokenizer, b)

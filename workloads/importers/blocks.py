@@ -25,6 +25,7 @@ from kvscope.workloads.readers import BlockRequest, read_kvcache_tester, read_mo
 from kvscope.workloads.tokens import TokenSource
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.importers.sniff import check_kind, refuse_empty
 
 __all__ = ["BlockRequest", "block_transition", "blocks_to_trace", "import_kvcache_tester", "import_mooncake",
            "read_kvcache_tester", "read_mooncake"]
@@ -93,8 +94,6 @@ def blocks_to_trace(reqs: list[BlockRequest], source: TokenSource | None = None,
 
 
 def import_mooncake(path: str | Path, source: TokenSource | None = None, seed: int = 0) -> Trace:
-    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
-
     check_kind(path, "mooncake")
     reqs = read_mooncake(path)
     if not reqs:
@@ -105,8 +104,6 @@ def import_mooncake(path: str | Path, source: TokenSource | None = None, seed: i
 
 def import_kvcache_tester(src: str | Path, source: TokenSource | None = None, seed: int = 0,
                           limit: int | None = None, session_interval_s: float = 0.0) -> Trace:
-    from kvscope.workloads.importers.sniff import refuse_empty
-
     reqs = read_kvcache_tester(src, limit=limit, session_interval_s=session_interval_s)
     if not reqs:
         refuse_empty(src, "kvcache-tester", "requests")

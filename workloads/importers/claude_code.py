@@ -23,14 +23,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvscope.workloads.errors import TraceFileError, iter_json_lines
 from kvscope.workloads.importers.agent import (
     Message,
     ModelCall,
     ObservedUsage,
+    calls_to_trace,
     content_text,
     parse_time,
     tool_call_text,
 )
+from kvscope.workloads.importers.sniff import check_kind
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.trace_schema import SegmentKind
 
@@ -72,8 +75,6 @@ def _records(path: Path) -> list[dict]:
     """Every record with a place in the conversation tree (conversational ones and ``system`` records such as
     turn summaries, which sit in the ``parentUuid`` chain), each with ``_parent``: its ``parentUuid``, or, in
     logs without uuids, the previous record of its session."""
-    from kvscope.workloads.errors import TraceFileError, iter_json_lines
-
     out: list[dict] = []
     previous: dict[str, str] = {}
     for line_no, rec in iter_json_lines(path):
@@ -157,8 +158,6 @@ class _Tree:
 def read_claude_code(path: str | Path) -> list[ModelCall]:
     """One call per assistant ``message.id``; its request is the record chain above its first record, so a
     compaction (a new chain root) or a rewind (a fork of the chain) is seen as the agent sent it."""
-    from kvscope.workloads.importers.sniff import check_kind
-
     check_kind(path, "claude-code")
     recs = _records(Path(path))
     tree = _Tree(recs)
@@ -177,8 +176,6 @@ def read_claude_code(path: str | Path) -> list[ModelCall]:
 
 
 def import_claude_code(path: str | Path, tokenizer: str | Path) -> Trace:
-    from kvscope.workloads.importers.agent import calls_to_trace
-
     calls = read_claude_code(path)
     return calls_to_trace(calls, tokenizer, name=Path(path).stem, importer="claude-code", source=path,
                           extra_meta={"observed_usage": "anthropic",

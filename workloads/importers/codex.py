@@ -27,6 +27,9 @@ from kvscope.workloads.importers.agent import (
 )
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.errors import TraceFileError, iter_json_lines
+from kvscope.workloads.importers.agent import calls_to_trace
+from kvscope.workloads.importers.sniff import check_kind
 
 _ROLE = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 
@@ -66,10 +69,6 @@ class _State:
 
 
 def read_codex(path: str | Path) -> list[ModelCall]:
-    from kvscope.workloads.errors import TraceFileError, iter_json_lines
-
-    from kvscope.workloads.importers.sniff import check_kind
-
     p = Path(path)
     check_kind(p, "codex")
     st = _State(p.stem)
@@ -115,8 +114,6 @@ def read_codex(path: str | Path) -> list[ModelCall]:
 
 
 def import_codex(path: str | Path, tokenizer: str | Path) -> Trace:
-    from kvscope.workloads.importers.agent import calls_to_trace
-
     return calls_to_trace(read_codex(path), tokenizer, name=Path(path).stem, importer="codex", source=path,
                           extra_meta={"observed_usage": "openai",
                                       "not_recorded": ["tool definitions", "reasoning text (encrypted)"]})

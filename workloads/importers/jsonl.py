@@ -19,6 +19,7 @@ from kvscope.workloads.prefix import Transition, classify_transition, common_pre
 from kvscope.workloads.readers import read_token_jsonl
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.importers.sniff import check_kind, refuse_empty
 
 
 def _reused_segments(b: TraceBuilder, parent_segments: list[int], common: int) -> tuple[list[int], int]:
@@ -35,8 +36,6 @@ def _reused_segments(b: TraceBuilder, parent_segments: list[int], common: int) -
 
 
 def import_jsonl(path: str | Path) -> Trace:
-    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
-
     check_kind(path, "jsonl")
     lines = read_token_jsonl(path)
     if not lines:

@@ -27,6 +27,9 @@ from kvscope.workloads.importers.agent import (
 )
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.errors import TraceFileError, iter_json_lines
+from kvscope.workloads.importers.agent import calls_to_trace
+from kvscope.workloads.importers.sniff import check_kind
 
 
 def chat_message(m: dict) -> Message:
@@ -74,10 +77,6 @@ def _session_of(explicit: str | None, msgs: list[tuple[str, str]], last: dict[st
 
 
 def read_openai_chat(path: str | Path) -> list[ModelCall]:
-    from kvscope.workloads.errors import TraceFileError, iter_json_lines
-
-    from kvscope.workloads.importers.sniff import check_kind
-
     p = Path(path)
     check_kind(p, "openai-chat")
     calls: list[ModelCall] = []
@@ -105,7 +104,5 @@ def read_openai_chat(path: str | Path) -> list[ModelCall]:
 
 
 def import_openai_chat(path: str | Path, tokenizer: str | Path) -> Trace:
-    from kvscope.workloads.importers.agent import calls_to_trace
-
     return calls_to_trace(read_openai_chat(path), tokenizer, name=Path(path).stem, importer="openai-chat",
                           source=path, extra_meta={"observed_usage": "openai"})

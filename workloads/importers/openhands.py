@@ -15,16 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvscope.workloads.errors import TraceFileError
 from kvscope.workloads.importers.agent import Message, ModelCall, ObservedUsage, calls_to_trace, parse_time
 from kvscope.workloads.importers.openai_chat import chat_message
+from kvscope.workloads.importers.sniff import read_json_document
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> list:
-    from kvscope.workloads.errors import TraceFileError
-    from kvscope.workloads.importers.sniff import read_json_document
-
     data = read_json_document(p, "openhands")
     if not isinstance(data, list):
         raise TraceFileError(f"{p}: not an OpenHands trajectory (expected a JSON list of events)")
@@ -32,8 +31,6 @@ def _load(p: Path) -> list:
 
 
 def read_openhands(path: str | Path) -> list[ModelCall]:
-    from kvscope.workloads.errors import TraceFileError
-
     p = Path(path)
     history: list[Message] = []
     calls: list[ModelCall] = []

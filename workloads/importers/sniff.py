@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvscope.workloads.errors import TraceFileError, WorkloadError, parse_json
+
 # Format name (as `kvscope workload import FORMAT`) → what a file of that kind is, for messages.
 DESCRIPTIONS = {
     "claude-code": "a Claude Code session",
@@ -80,8 +82,6 @@ def _document_kind(doc: Any) -> str:
 def sniff(path: str | Path) -> str | None:
     """The kind of ``path``: a format name of :data:`DESCRIPTIONS`, another kind (see :func:`describe`),
     ``"empty"``, or None when it cannot be told (unreadable, or JSON records without a known key)."""
-    from kvscope.workloads.errors import WorkloadError, parse_json
-
     p = Path(path)
     if p.is_dir():
         if (p / "trace.json").is_file() and (p / "requests.parquet").exists():
@@ -133,8 +133,6 @@ def sniff(path: str | Path) -> str | None:
 
 def check_kind(path: str | Path, expected: str) -> None:
     """Refuse ``path`` in one line if it is empty or looks like another kind of file than ``expected``."""
-    from kvscope.workloads.errors import TraceFileError
-
     kind = sniff(path)
     if kind is None or kind == expected:
         return
@@ -148,8 +146,6 @@ def check_kind(path: str | Path, expected: str) -> None:
 def read_json_document(path: str | Path, expected: str) -> Any:
     """A whole-document JSON trace (a trajectory) of kind ``expected``, parsed; one-line errors for a file of
     another kind (:func:`check_kind`), one that cannot be read, or one that is not JSON."""
-    from kvscope.workloads.errors import TraceFileError, parse_json
-
     check_kind(path, expected)
     try:
         data = Path(path).read_bytes()
@@ -160,8 +156,6 @@ def read_json_document(path: str | Path, expected: str) -> Any:
 
 def refuse_empty(path: str | Path, expected: str, what: str = "model calls") -> None:
     """The error for a file of the right kind from which nothing could be read."""
-    from kvscope.workloads.errors import TraceFileError
-
     raise TraceFileError(f"{path}: no {what} found; expected {describe(expected)}")
 
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvscope.workloads.errors import TraceFileError
 from kvscope.workloads.importers.agent import ModelCall, calls_to_trace
 from kvscope.workloads.importers.openai_chat import chat_message
+from kvscope.workloads.importers.sniff import read_json_document
 from kvscope.workloads.trace import Trace
 from kvscope.workloads.trace_schema import SegmentKind
 
 
 def _load(p: Path) -> dict:
-    from kvscope.workloads.errors import TraceFileError
-    from kvscope.workloads.importers.sniff import read_json_document
-
     data = read_json_document(p, "swe-agent")
     if not isinstance(data, dict) or not isinstance(data.get("trajectory"), list):
         raise TraceFileError(f"{p}: not a SWE-agent trajectory (expected an object with a `trajectory` list)")
@@ -40,8 +39,6 @@ def _split_at_last_assistant(msgs: list[dict]) -> tuple[list[dict], dict | None]
 
 
 def read_swe_agent(path: str | Path) -> list[ModelCall]:
-    from kvscope.workloads.errors import TraceFileError
-
     p = Path(path)
     data = _load(p)
     steps = data["trajectory"]

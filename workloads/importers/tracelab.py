@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.workloads.importers.agent import ObservedUsage, parse_time
-from kvscope.workloads.prefix import Transition
+from kvscope.workloads.prefix import Transition, classify_transition
 from kvscope.workloads.tokens import TokenSource
 from kvscope.workloads.trace import CREATED_BY, Trace, TraceBuilder
 from kvscope.workloads.trace_schema import SegmentKind
+from kvscope.workloads.errors import TraceFileError, iter_json_lines, require_fields
+from kvscope.workloads.importers.sniff import check_kind, refuse_empty
 
 REQUIRED = ("session_id", "round_index", "input_tokens_total", "prefix_tokens", "output_tokens")
 
@@ -91,11 +93,6 @@ def _cut(b: TraceBuilder, segs: list[int], n: int) -> list[int]:
 
 
 def import_tracelab(path: str | Path, source: TokenSource | None = None, seed: int = 0) -> Trace:
-    from kvscope.workloads.errors import TraceFileError, iter_json_lines, require_fields
-    from kvscope.workloads.prefix import classify_transition
-
-    from kvscope.workloads.importers.sniff import check_kind, refuse_empty
-
     p = Path(path)
     check_kind(p, "tracelab")
     source = source or TokenSource.uniform()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.capacity import LoadPoint, kv_ceiling, point_meets_slo
+from kvscope.harness.analysis.capacity import LoadPoint, kv_ceiling, point_meets_slo, predicted_point
 from kvscope.harness.analysis.claims import capacity_claims, eviction_claim
 from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.cachemodel.gpus import load_gpus
+from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 
@@ -73,10 +76,6 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
     count for a measured level, the median run's for a predicted one (``preemptions`` is the runs' mean, with
     their 10th-90th percentile beside it). A sweep without a prediction has its measured rows alone. Empty
     without a sweep."""
-    from pathlib import PurePath
-
-    from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
-
     entries = getattr(res.experiment, "capacity", None) or []
     cells = res.experiment.cells if res.experiment is not None else {}
     rows = []
@@ -154,9 +153,6 @@ def capacity_planning(contexts: Iterable[int] = (8192, 32768, 131072),
                       ) -> pd.DataFrame:
     """Concurrent sequences that fit in the KV memory left after weights, for other shapes and GPUs (default: the
     accelerators of `cachemodel/gpus.yaml`, as GiB)."""
-    from kvscope.harness.cachemodel.gpus import load_gpus
-    from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
-
     gpus = gpus or {g.name: g.memory_gib for g in load_gpus()}
     tp_for = tp_for or {"llama-3.1-70b": 4}
     rows = []

@@ -9,6 +9,9 @@ from typing import Any
 import pandas as pd
 from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.cachemodel.trace_io import load_trace
+from kvscope.harness.pricing.cost import no_cache_cost, self_hosted_cost
+from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ExperimentSpecCore
@@ -22,8 +25,6 @@ def _trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
 
 
 def _read_trace_for_cost(res: ExperimentResults, workload: str, block_size: int):
-    from kvscope.harness.cachemodel.trace_io import load_trace
-
     tdir = res.trace_dir(workload)
     if tdir is None or not tdir.exists():
         return None
@@ -45,9 +46,6 @@ def provider_costs(res: ExperimentResults, presets: Iterable[str], block_size: i
     sessions, and the input side alone per million input tokens (output tokens are priced apart and are
     the same with and without caching). ``caching_change`` is with caching over without, minus one: negative
     where caching saves, positive where its write premium makes it dearer."""
-    from kvscope.harness.pricing.cost import no_cache_cost
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     rows = []
     names = sorted(set(res.cells["workload"].dropna())) if workloads is None else list(workloads)
     for workload in names:
@@ -117,8 +115,6 @@ def habit_costs(res: ExperimentResults, presets: Iterable[str], block_size: int 
 def provider_vs_vllm(res: ExperimentResults, presets: Iterable[str], block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
     """Why a provider's cache-read share differs from vLLM's measured hit rate on the same traffic: the share of
     prompts below the provider's minimum cacheable length, its granularity and its breakpoint mode, each named."""
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     costs = provider_costs(res, presets, block_size)
     hits = hit_by_workload(res)
     caching = hits[hits["measured"] > 0].groupby("workload")["measured"].max() if len(hits) else pd.Series()
@@ -150,8 +146,6 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
     """How the cache-read share and cost move with the provider's TTL, given the trace's think times. Each TTL is
     priced at that TTL's own write rate where the provider has one (Anthropic: 1.25x for 5 minutes, 2x for an
     hour; `ProviderCacheConfig.for_ttl`)."""
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     rows = []
     base = load_preset(preset)
     for workload in sorted(set(res.cells["workload"].dropna())):
@@ -170,8 +164,6 @@ def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: i
     """$ per million output (and total) tokens at the throughput each cell measured, at ``gpu_hourly_usd`` per GPU
     and hour for ``num_gpus`` GPUs; the rate and GPU count are columns of the table, so a $/Mtok is never shown
     without the price it follows from."""
-    from kvscope.harness.pricing.cost import self_hosted_cost
-
     rows = []
     for _, c in res.cells.iterrows():
         out_tps = c.get("output_tok_per_s")
@@ -223,8 +215,6 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
 
 @caveat("min_cacheable", "cost")
 def _caveat_min_cacheable(res: ExperimentResults):
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     ok = res.ok_requests()
     names = list(res.spec.cost.pricing) if res.spec is not None else []
     if not len(ok) or not names:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 from kvscope.harness.analysis.ab import compare
+from kvscope.harness.analysis.ab import compare as ab_compare_runs
 from kvscope.harness.analysis.common import (
     GPU_BLOCK_SIZE,
     RESAMPLES,
@@ -26,9 +27,13 @@ from kvscope.harness.analysis.common import (
 )
 from kvscope.harness.analysis.pages.cost import habit_cost_change
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.workloads.policies import HistoryPolicy
+from kvscope.workloads.policies import Compaction, HistoryPolicy, VolatilePrefix
+from kvscope.workloads.spec import WorkloadSpec
+from kvscope.workloads.trace_schema import read_trace_file
+from pydantic import ValidationError
 
 
 def hit_table(res: ExperimentResults) -> pd.DataFrame:
@@ -122,10 +127,6 @@ def reconciliation(res: ExperimentResults) -> pd.DataFrame:
 def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[HistoryPolicy], float]:
     """A workload trace's history policies and scale, from its validated trace.json (none for a trace that was
     imported rather than generated from a workload spec)."""
-    from kvscope.workloads.spec import WorkloadSpec
-    from kvscope.workloads.trace_schema import read_trace_file
-    from pydantic import ValidationError
-
     tdir = res.trace_dir(workload)
     if tdir is None or not (tdir / "trace.json").exists():
         return [], 1.0
@@ -139,8 +140,6 @@ def _trace_policies(res: ExperimentResults, workload: str) -> tuple[list[History
 
 def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
     """What the habit adds to the reference's history, in words (from the traces' specs)."""
-    from kvscope.workloads.policies import Compaction, VolatilePrefix
-
     ref_policies, _ = _trace_policies(res, reference)
     policies, scale = _trace_policies(res, habit)
     ref_kinds = {p.model_dump_json() for p in ref_policies}
@@ -159,8 +158,6 @@ def describe_habit(res: ExperimentResults, reference: str, habit: str) -> str:
 
 def _cost_preset(res: ExperimentResults) -> str | None:
     """The spec's first preset with a cache-write premium (where a habit can make caching dearer), else its first."""
-    from kvscope.harness.pricing.provider_cache import load_preset
-
     names = list(res.spec.cost.pricing) if res.spec is not None else []
     for n in names:
         if load_preset(n).pricing.cache_write_multiplier > 1:
@@ -266,8 +263,6 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
 def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
     """Prefix caching on against off (the caching configuration against each non-speculative one with caching
     off), from the verdicts on TTFT p50 and output throughput over every workload and load both ran."""
-    from kvscope.harness.analysis.ab import compare as ab_compare_runs
-
     on = _caching_server(res)
     c = _ok_cells(res)
     if on is None or "prefix_caching" not in c:

@@ -10,6 +10,7 @@ import pandas as pd
 from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.goodput import goodput as goodput_block
 from kvscope.harness.results.loaders import ExperimentResults
@@ -83,8 +84,6 @@ def goodput(res: ExperimentResults, slo_ttft_ms: float, slo_tpot_ms: float | Non
 
 def decode_vs_roofline(res: ExperimentResults, bandwidth_gb_s: float, weight_bytes: float) -> pd.DataFrame:
     """Measured single-stream decode speed (1/TPOT p50) against the memory-bandwidth roofline at batch 1."""
-    from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
-
     bound = decode_tokens_per_s_upper_bound(bandwidth_gb_s * 1e9, weight_bytes, 1)
     t = res.cells.reindex(columns=[*CELL_KEY, "tpot_p50_s", "output_tok_per_s"]).copy()
     t["decode_tok_per_s_single_stream"] = 1.0 / t["tpot_p50_s"].where(t["tpot_p50_s"] > 0)

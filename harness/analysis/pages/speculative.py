@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from kvscope.harness.analysis.pages.ab_compare import page_ab_table
+from kvscope.harness.analysis.claims import speculative_claims, speculative_recommendation
+from kvscope.harness.analysis.pages.ab_compare import ab_table, page_ab_table
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
+from kvscope.harness.primer.speculative import expected_tokens_per_pass
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ServerEntry
+from kvscope.workloads.trace import Trace
 
 
 def speculative_table(res: ExperimentResults) -> pd.DataFrame:
@@ -59,8 +62,6 @@ def acceptance_by_position(res: ExperimentResults) -> pd.DataFrame:
 
 def workload_character(res: ExperimentResults) -> pd.DataFrame:
     """Share of each workload's prompt that is tool output (echo-friendly for n-gram drafts) vs free text."""
-    from kvscope.workloads.trace import Trace
-
     rows = []
     for workload in sorted(set(res.cells["workload"].dropna())):
         tdir = res.trace_dir(workload)
@@ -78,8 +79,6 @@ def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
     """The primer's prediction against the run: with acceptance rate a and k drafted tokens the primer expects
     (1 − a^(k+1)) / (1 − a) tokens per target pass; the server measured its mean acceptance length. A gap
     says acceptance is not independent per position (the primer's assumption): see acceptance by position."""
-    from kvscope.harness.primer.speculative import expected_tokens_per_pass
-
     c = res.cells
     if not len(c) or "speculative" not in c:
         return pd.DataFrame()
@@ -122,9 +121,6 @@ def speculative_findings(res: ExperimentResults, table: pd.DataFrame | None = No
     (`claims.speculative_claims`: *pays* only where most throughput comparisons are decided *better* and none
     *worse*), with what gets worse named beside it. ``table`` is the A/B table (`ab_compare.ab_table`),
     computed here when not given."""
-    from kvscope.harness.analysis.claims import speculative_claims, speculative_recommendation
-    from kvscope.harness.analysis.pages.ab_compare import ab_table
-
     if table is None:
         table = ab_table(res)
     claims = speculative_claims(res, table)
