@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from kvscope.workloads.prefix import Transition
 from kvscope.workloads.trace_schema import FORMAT, VERSION, SegmentKind, read_trace_file, write_trace_file
 from kvscope.workloads.errors import TraceFileError, WorkloadError
+from kvscope.workloads.versioned_file import naming_write_errors
 
 # The nullable observed_* columns (provider usage of imported transcripts) need no version bump: readers fill
 # absent optional columns with nulls.
@@ -211,7 +212,6 @@ class Trace:
     # ------------------------------------------------------------------ io
     def write(self, path: str | Path) -> Path:
         """Write the trace directory; an OSError (a full disk included) names it."""
-        from kvscope.workloads.versioned_file import naming_write_errors
 
         out = Path(path)
         with naming_write_errors(out):

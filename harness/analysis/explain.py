@@ -43,6 +43,7 @@ import bisect
 import json
 from array import array
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -594,7 +595,6 @@ class _Lines:
     pipe, ``\r`` redraws are one endless line that no one sees until the run ends."""
 
     def write(self, text: str) -> None:
-        import sys
 
         line = text.replace("\r", "").strip()
         if line:
@@ -608,9 +608,8 @@ class _Lines:
 def progress_bar(items: Iterable | None, *, total: int, desc: str, unit: str, enabled: bool) -> Any:
     """tqdm on stderr: redrawn in place on a terminal, a whole line every ``PROGRESS_LINE_INTERVAL_S`` (with
     the rate and time left) elsewhere; silent unless ``enabled``."""
-    import sys
 
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
     tty = sys.stderr.isatty()
     return tqdm(items, total=total, desc=desc, unit=unit, disable=not enabled, leave=False,
@@ -892,7 +891,6 @@ def explain_estimate(trace: Any, block_size: int) -> ExplainEstimate:
 def check_explain_fits(est: ExplainEstimate, available_bytes: int) -> None:
     """KvscopeError, one line naming --block-size (the knob that sizes the chain index), when the estimate
     exceeds the share of ``available_bytes`` an explain may use."""
-    from kvscope.harness.common.errors import KvscopeError
 
     budget = int(available_bytes * EXPLAIN_MEMORY_SHARE)
     if est.peak_bytes <= budget:
@@ -959,12 +957,11 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     if estimate:
         est = explain_estimate(trace, B)
         if available_bytes is None:
-            import psutil
+            import psutil  # deferred: only the memory estimate needs psutil
 
             available_bytes = int(psutil.virtual_memory().available)
         check_explain_fits(est, available_bytes)
         if est.seconds >= ESTIMATE_ABOVE_S:
-            import sys
 
             print(est.line(), file=sys.stderr, flush=True)
     views = views_from_trace(trace, extras)

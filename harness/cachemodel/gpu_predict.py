@@ -30,9 +30,13 @@ API (what ``kvscope predict`` and the published-measurement validation call)::
 from __future__ import annotations
 
 import math
+import itertools
+
+import numpy as np
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from kvscope.harness.cachemodel.calibration import prefill_pairs
 from kvscope.harness.cachemodel.gpus import Efficiency, GpuPreset, get_gpu
 from kvscope.harness.cachemodel.kv_memory import GiB, dtype_bytes, kv_bytes_per_token
 from kvscope.harness.cachemodel.model_config import ModelConfig, load_model_config
@@ -164,7 +168,6 @@ def synthetic_requests(input_tokens: Sequence[int], output_tokens: Sequence[int]
                        shared_prefix_tokens: int = 0, session_ids: Sequence[str] | None = None) -> list[SimRequest]:
     """Requests known by their lengths alone (a published benchmark's random or ShareGPT prompts): every block
     unique (no prefix hits), except the first ``shared_prefix_tokens`` which all requests share."""
-    import itertools
 
     fresh = itertools.count(1 << 40)
     shared_blocks = shared_prefix_tokens // block_size
@@ -251,7 +254,6 @@ class WorkloadPrediction:
         return sum(r.fits for r in self.requests) / self.makespan_s if self.makespan_s > 0 else 0.0
 
     def percentile(self, metric: str, q: float) -> float:
-        import numpy as np
 
         vals = [getattr(r, metric) for r in self.requests if r.fits and not math.isnan(getattr(r, metric))]
         return float(np.percentile(vals, q)) if vals else math.nan
@@ -320,7 +322,6 @@ def _from_run(requests: Sequence[SimRequest], run: ScheduleRun, concurrency: int
 def prefill_seconds(requests: Sequence[RequestPrediction], cost: StepCost, max_num_batched_tokens: int) -> float:
     """Marginal step time of the requests' uncached prompt tokens (each prefilled alone in budget-sized
     chunks, less the cost of an empty step): the input side of a cost split."""
-    from kvscope.harness.cachemodel.calibration import prefill_pairs
 
     base = cost.step_s(0, 0, 0.0)
     total = 0.0

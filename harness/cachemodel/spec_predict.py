@@ -45,7 +45,7 @@ class SpeculativeSpec:
 
     def offline_config(self):
         """The :mod:`.speculative` config (None for ``draft``)."""
-        from kvscope.harness.cachemodel.speculative import NgramConfig, OracleConfig, SuffixConfig
+        from kvscope.harness.cachemodel.speculative import NgramConfig, OracleConfig, SuffixConfig  # deferred: the offline speculation model loads numba, only speculative configurations need it
 
         p = self.params
         if self.method == "ngram":
@@ -120,7 +120,7 @@ def with_speculation(requests: Sequence[SimRequest], spec: SpeculativeSpec, trac
     if trace is None:
         raise ValueError(f"--speculative {spec.method} needs the tokens: give a kvscope trace directory with "
                          "recorded output tokens")
-    from kvscope.harness.cachemodel.speculative import simulate
+    from kvscope.harness.cachemodel.speculative import simulate  # deferred: the offline speculation model loads numba, only speculative configurations need it
 
     res = simulate(trace, spec.offline_config(), max_model_len)
     by_id = {r.request_id: r for r in res.requests}

@@ -102,8 +102,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _list() -> int:
-    from kvscope.harness.cachemodel.gpus import load_gpus
-    from kvscope.harness.cachemodel.model_config import bundled_models, load_model_config
+    from kvscope.harness.cachemodel.gpus import load_gpus  # deferred: keeps kvscope --help fast
+    from kvscope.harness.cachemodel.model_config import bundled_models, load_model_config  # deferred: keeps kvscope --help fast
 
     print(f"{'GPU':<15} {'memory':>7} {'HBM TB/s':>8} {'bf16 TF':>8} {'fp8 TF':>7} {'link GB/s':>9}  source")
     for g in load_gpus():
@@ -118,11 +118,11 @@ def _list() -> int:
 
 
 def _cmd_predict(a: argparse.Namespace) -> int:
-    from dataclasses import fields
+    from dataclasses import fields  # deferred: keeps kvscope --help fast
 
-    from kvscope.harness.common.errors import ConfigError
-    from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace
-    from kvscope.harness.results.prediction_file import write_prediction_file
+    from kvscope.harness.common.errors import ConfigError  # deferred: keeps kvscope --help fast
+    from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace  # deferred: keeps kvscope --help fast
+    from kvscope.harness.results.prediction_file import write_prediction_file  # deferred: keeps kvscope --help fast
 
     if a.list:
         return _list()

@@ -150,7 +150,7 @@ def _run_proxy(upstream: str, out: str, host: str, port: int, headers: dict[str,
     # deferred, these three: keep `kvscope --help` fast
     import asyncio
 
-    from kvscope.harness.record.proxy import ProxyTimeouts, RecordingProxy, redact_url
+    from kvscope.harness.record.proxy import ProxyTimeouts, RecordingProxy, redact_url  # deferred: keeps kvscope --help fast
     from kvscope.harness.replay.runner import run_event_loop  # uvloop where installed
 
     async def run() -> tuple[RecordingProxy, bool]:
@@ -213,7 +213,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             json.dump(ex.to_json(), sys.stdout, indent=2)
             print()
             return 0
-        from kvscope.workloads.versioned_file import naming_write_errors
+        from kvscope.workloads.versioned_file import naming_write_errors  # deferred: keeps kvscope --help fast
 
         with naming_write_errors(args.json), open(args.json, "w") as f:  # a full disk names the file
             json.dump(ex.to_json(), f, indent=2)

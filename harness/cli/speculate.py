@@ -113,8 +113,8 @@ def _check_sizes(a: argparse.Namespace, trace) -> None:
     depth and the draft length). A draft longer than the longest recorded output is never checked in full,
     a match or an n-gram longer than the longest context never found; one line names the knob and its bound.
     A trace whose outputs have no decode step (one token or none) has nothing to predict."""
-    from kvscope.harness.analysis.speculative import longest_sequence_tokens, recorded_output_lengths
-    from kvscope.harness.common.errors import ConfigError, KvscopeError
+    from kvscope.harness.analysis.speculative import longest_sequence_tokens, recorded_output_lengths  # deferred: keeps kvscope --help fast
+    from kvscope.harness.common.errors import ConfigError, KvscopeError  # deferred: keeps kvscope --help fast
 
     longest_output = int(recorded_output_lengths(trace).max(initial=0))
     if longest_output < 2:

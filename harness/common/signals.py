@@ -58,7 +58,7 @@ def _quiet_interrupt_handler(loop, context: dict) -> None:
     KeyboardInterrupt. Everything else goes to the default handler."""
     exc = context.get("exception")
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        import asyncio
+        import asyncio  # deferred: only an interrupt inside an event loop needs it, and every command loads this module
 
         callback_interrupts.append(exc)
         for task in asyncio.all_tasks(loop):

@@ -16,6 +16,7 @@ attach-only lifecycle) is written once here and engines override only what diffe
 
 from __future__ import annotations
 
+import base64
 import importlib
 import os
 import time
@@ -287,7 +288,6 @@ class Backend(ABC):
         key = self.api_key() if self._api_key_env else None
         url_secrets = [v.split(" ", 1)[-1] for v in self._url_auth.values()]
         if self._url_auth.get("Authorization", "").startswith("Basic "):
-            import base64
 
             url_secrets += base64.b64decode(url_secrets[0]).decode(errors="replace").split(":", 1)
         return ([key] if key else []) + url_secrets
