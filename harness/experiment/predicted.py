@@ -35,7 +35,7 @@ def predict_configurations(spec: ExperimentSpec, run_dir: Path, spec_path: Path,
     """Generate each predicted workload's prediction trace and write every predicted configuration x workload's
     ``prediction.json`` under ``run_dir``; returns one line per prediction (printed by the runner)."""
     from kvscope.harness.common.errors import KvscopeError
-    from kvscope.harness.experiment.runner import write_workload_trace
+    from kvscope.harness.experiment.workload_traces import write_workload_trace
     from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace
     from kvscope.harness.results.prediction_file import PREDICTION_NAME, write_prediction_file
 
