@@ -15,6 +15,9 @@ from kvscope.harness.results.loaders import load_experiment_file, load_experimen
 
 from tests.doubles.faultserver import FaultConfig, FaultServer
 
+#: gpu_memory_utilization that leaves an H100 serving llama-3.1-8b a KV pool of a few thousand tokens
+TIGHT = 0.223
+
 
 def _spec(tmp_path, predicted: str, server: str = "good: {backend: openai, endpoint: 'http://127.0.0.1:9', "
                                                   "block_size: 16}", model: str = "{source: tiny}") -> str:
@@ -55,9 +58,12 @@ def test_the_runner_predicts_each_deployment_on_each_workload_and_the_index_show
     from tests.test_report_browser import require_chromium
 
     with FaultServer(FaultConfig(output_len=4)) as srv:
+        # `tight`: an H100 left ~2,200 tokens of KV pool, so 8 sessions of up to 2,000 tokens (the prediction
+        # traces: 5x the workload's scale) overflow it
         spec = _spec(tmp_path, "  configs:\n    h100-8b: {gpu: h100-sxm, model: llama-3.1-8b}\n"
                                "    h200-70b: {gpu: h200-sxm, model: llama-3.1-70b, tp: 4}\n"
-                               "  workloads: [agent]\n  slo_ttft_p90_ms: 1500\n",
+                               f"    tight: {{gpu: h100-sxm, model: llama-3.1-8b, gpu_memory_utilization: {TIGHT}}}\n"
+                               "  workloads: [agent]\n  slo_ttft_p90_ms: 1500\n  sessions: 8\n  scale: 0.05\n  max_context: 2000\n",
                      server=f"good: {{backend: openai, endpoint: '{srv.endpoint}', block_size: 16}}",
                      model=f"{{source: path, path: {tiny_model_dir}, served_model_name: tiny}}")
         phases: dict[str, float] = {}
@@ -68,16 +74,25 @@ def test_the_runner_predicts_each_deployment_on_each_workload_and_the_index_show
     assert manifest.cells["good__agent__c2__r0"].status == "ok" and manifest.completed_at is not None
     preds = load_experiment_predictions(run_dir)
     # only the workloads `predicted.workloads` names, every configuration, each a typed file
-    assert [(p.config, p.workload) for p in preds] == [("h100-8b", "agent"), ("h200-70b", "agent")]
+    assert [(p.config, p.workload) for p in preds] == [("h100-8b", "agent"), ("h200-70b", "agent"), ("tight", "agent")]
+    # the prediction trace: the workload's spec with `sessions` sessions (the live cells drove 3)
+    assert "predicted agent: a 8-session prediction trace" in out
     for p in preds:
         f = p.prediction
         assert f.predicted is True and f.load_kind == "concurrency"
         assert f.slo.ttft_ms == 1500 and f.slo.tpot_ms == 100
-        assert [pt.load for pt in f.load_curve] == [1.0, 2.0, 3.0]  # closed loop up to the trace's 3 sessions
+        assert len({r.session_id for r in f.requests}) == 8
+        assert f.trace.endswith("predictions/traces/agent")
         assert f.step_model.kind == "roofline" and f.step_model.mfu is not None
-        assert len(f.requests) == manifest.cells["good__agent__c2__r0"].headline.requests
         assert f.cost is not None and f.cost.usd_per_1000_sessions is not None
         assert f"predicted {p.config} x agent" in out
+    for p in preds[:2]:  # a GPU's pool holds all 8: the curve climbs to them
+        assert [pt.load for pt in p.prediction.load_curve] == [1.0, 2.0, 4.0, 8.0]
+    tight = preds[2].prediction
+    # the driven capacity: below the trace's sessions, the curve past it, the summary and cost at that load
+    assert tight.slo_capacity_load is not None and tight.slo_capacity_load < 8
+    assert tight.load_curve[-1].load > tight.slo_capacity_load and not tight.load_curve[-1].meets_slo
+    assert tight.run.concurrency == tight.slo_capacity_load
     by = {p.config: p.prediction.deployment for p in preds}
     assert (by["h100-8b"].gpu, by["h100-8b"].tp, by["h200-70b"].gpu, by["h200-70b"].tp) == ("h100-sxm", 1, "h200-sxm", 4)
 
@@ -98,6 +113,7 @@ def test_the_runner_predicts_each_deployment_on_each_workload_and_the_index_show
     h100 = preds[0].prediction
     ttft_ms = f"{next(pt for pt in h100.load_curve if pt.load == h100.slo_capacity_load).ttft_p90_s * 1e3:,.0f} ms"
     assert f"\t{ttft_ms} predicted\t" in section  # the figure, and its cell says predicted
-    assert section.count(" predicted\t") == 2 * 9  # every predicted cell of both tables is marked
+    assert section.count(" predicted\t") == 3 * 9  # every predicted cell of the three tables is marked
+    assert "prediction trace of 8 sessions" in section
     measured = manifest.cells["good__agent__c2__r0"].headline
     assert f"good at c2 (1 cell), TTFT p90 {measured.ttft_p90_s * 1e3:,.0f} ms" in section

@@ -23,6 +23,9 @@ def test_shipped_specs_validate_and_plan_in_stated_order():
     assert {(c.gpu, c.model, c.tp) for c in spec.predicted.configs.values()} == {
         ("h100-sxm", "llama-3.1-8b", 1), ("h200-sxm", "llama-3.1-70b", 4)}
     assert spec.predicted_slo_ttft_p90_ms() == 2000  # the sweep's SLO is relative to the CPU: the stated default
+    # prediction traces of more sessions than the grid's 4, at a GPU-sized scale, so a GPU's loads are driven
+    assert spec.predicted.sessions > spec.workloads["agent-coding"].sessions
+    assert spec.predicted.scale is not None and spec.predicted.scale > spec.workloads["agent-coding"].scale
     gpu, _ = load_experiment_spec(REPO / "experiments" / "gpu-llama31-8b.yaml")
     assert gpu.model.source == "hf" and "eagle3" in gpu.servers
 
@@ -51,6 +54,10 @@ _PRED = "name: x\nservers: {a: {}}\nworkloads: {w: {spec: chat}}\npredicted:\n"
     (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b, gpus: 2}}\n", ["predicted.configs.g.gpus", "unknown field"]),
     (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b}}\n  workloads: [v]\n",
      ["predicted.workloads: unknown v", "known: w"]),
+    (_PRED + "  configs: {g: {gpu: h100-sxm, model: llama-3.1-8b}}\n  sessions: 5000\n",
+     ["predicted.sessions", "less than or equal to 1024"]),
+    (_PRED + "  configs: {traces: {gpu: h100-sxm, model: llama-3.1-8b}}\n",
+     ["predicted.configs", "'traces' is reserved"]),
 ])
 def test_spec_errors_name_file_field_and_allowed(tmp_path, body, needles):
     p = tmp_path / "bad.yaml"

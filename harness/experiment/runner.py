@@ -326,7 +326,8 @@ def finish_run(run: RunContext) -> None:
         from kvscope.harness.experiment.predicted import predict_configurations
 
         t0 = time.perf_counter()
-        for line in predict_configurations(run.spec, run.run_dir, run.manifest.traces):
+        for line in predict_configurations(run.spec, run.run_dir, Path(run.manifest.spec_path),
+                                           run.manifest.model.tokenizer):
             print(line, flush=True)
         run.timed("predict", t0)
     run.manifest.completed_at = time.time()
@@ -435,20 +436,13 @@ def _open_manifest(spec: ExperimentSpec, spec_path: Path, run_dir: Path,
 def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> None:
     """One trace per workload, generated once (kept across --resume)."""
     spec = run.spec
-    for wname, ref in spec.workloads.items():
+    for wname in spec.workloads:
         tdir = safe_child(run.run_dir, "traces", wname)
         if not (tdir / "requests.parquet").exists():
-            max_ctx = ref.max_context
-            if max_ctx is None:
-                mml = spec.server_defaults.get("max_model_len")
-                max_ctx = int(mml) - 256 if mml else None
-            spec_ref = ref.spec
-            if not Path(spec_ref).exists() and (spec_path.parent / spec_ref).exists():
-                spec_ref = str(spec_path.parent / spec_ref)
-            print(f"generating workload {wname} ({ref.spec}) …", flush=True)
-            trace = generate_from_file(spec_ref, tokenizer_dir, seed=ref.seed, scale=ref.scale,
-                                       sessions=ref.sessions, max_context=max_ctx, output_scale=ref.output_scale)
-            trace.write(tdir)
+            print(f"generating workload {wname} ({spec.workloads[wname].spec}) …", flush=True)
+            from kvscope.harness.experiment.workload_traces import write_workload_trace
+
+            write_workload_trace(spec, wname, spec_path, tokenizer_dir, tdir)
         run.manifest.traces[wname] = str(tdir.relative_to(run.run_dir))
     run.save()
 

@@ -199,10 +199,20 @@ class PredictedConfig(BaseModel):
                               kv_cache_dtype=self.kv_cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization)
 
 
+#: Bounds of ``predicted.sessions``: a GPU's capacity is in the tens to hundreds of agent sessions, and each
+#: load level simulates the whole prediction trace, so the phase's time grows with it.
+PREDICTED_SESSIONS_DEFAULT = 128
+PREDICTED_SESSIONS_MAX = 1024
+
+
 class PredictedSpec(BaseModel):
-    """Deployments predicted (not measured) on each workload's trace after the live phases, for the report's
-    "On your GPU" section beside the CPU measurements. Closed loop: the load curve runs over concurrency (the
-    number of agent sessions at once) up to the trace's sessions."""
+    """Deployments predicted (not measured) after the live phases, for the report's "On your GPU" section beside
+    the CPU measurements. Closed loop: the load curve runs over concurrency (the number of agent sessions at once).
+
+    Why a prediction trace of its own (each workload's spec, seed and scales with ``sessions`` sessions) rather
+    than the live cells' trace: a CPU run drives a handful of sessions, and a closed loop cannot load a GPU with
+    more sessions than its trace has -- the capacity would read "at least all of them" and the eviction cliff
+    would never be reached. The prediction runs on the CPU in seconds, so it can afford the sessions a GPU holds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -210,8 +220,18 @@ class PredictedSpec(BaseModel):
                                                             "model: llama-3.1-8b}}")
     workloads: list[str] | None = Field(None, description="workloads to predict (default: the grid's, i.e. every "
                                                           "workload that is not sweep_only)")
+    sessions: int = Field(PREDICTED_SESSIONS_DEFAULT, ge=1, le=PREDICTED_SESSIONS_MAX,
+                          description="sessions in each workload's prediction trace (its spec, seed and scales with "
+                                      "this many sessions; the load curve cannot drive more)")
+    scale: float | None = Field(None, gt=0, description="the prediction traces' prompt scale (default: each "
+                                                        "workload's own; a CPU run's small scale gives contexts "
+                                                        "a GPU's KV pool never fills)")
+    max_context: int | None = Field(None, gt=0, description="end the prediction traces' sessions before this many "
+                                                            "tokens (default: each workload's own max_context, "
+                                                            "which a CPU run often sets for its small server)")
     levels: list[int] | None = Field(None, description="concurrency levels of the load curve (default 1, 2, 4, "
-                                                       "... up to the trace's sessions)")
+                                                       "... up to `sessions`, stopping once a level is past both "
+                                                       "the SLO capacity and the eviction cliff)")
     slo_ttft_p90_ms: float | None = Field(None, gt=0, description="default: the sweep's absolute SLO, else "
                                                                   f"{PREDICTED_SLO_TTFT_P90_MS:g} ms")
     slo_tpot_p50_ms: float = Field(PREDICTED_SLO_TPOT_P50_MS, gt=0)
@@ -223,6 +243,9 @@ class PredictedSpec(BaseModel):
             raise ValueError("at least one predicted configuration is needed")
         for k in v:
             check_name(k, "predicted configuration name")
+            if k == "traces":  # predictions/traces/ holds the prediction traces
+                raise ValueError("predicted configuration name 'traces' is reserved (predictions/traces/ holds "
+                                 "the prediction traces); choose another")
         return v
 
     @field_validator("levels")

@@ -33,7 +33,7 @@ def _fits(p: Any) -> str:
         return "none (the lowest load misses the SLO)"
     top = p.load_curve[-1].load if p.load_curve else cap
     if cap == top:
-        return f"≥ {cap:g} (all the trace's sessions)"
+        return f"≥ {cap:g} (all the prediction trace's sessions)"
     return f"{cap:g}"
 
 
@@ -57,6 +57,30 @@ def _measured(res: Any, workload: str) -> str:
     return ", ".join(parts)
 
 
+def _sessions_text(preds: list[Any]) -> str:
+    """"48 sessions" (or "24-48 sessions" where the workloads' prediction traces differ)."""
+    counts = sorted({len({r.session_id for r in p.prediction.requests}) for p in preds})
+    return f"{counts[0]} sessions" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} sessions"
+
+
+def _scale_text(res: Any) -> str:
+    """The spec's overrides of the workloads' scale / max_context for the prediction traces, if any."""
+    spec = getattr(res.experiment, "spec", None)
+    pred = getattr(spec, "predicted", None)
+    if pred is None:
+        return ""
+    if isinstance(pred, dict):  # the results layer reads the spec's core; `predicted:` stays a plain mapping
+        scale, max_context = pred.get("scale"), pred.get("max_context")
+    else:
+        scale, max_context = getattr(pred, "scale", None), getattr(pred, "max_context", None)
+    bits = []
+    if scale:
+        bits.append(f"prompt scale {scale:g}")
+    if max_context:
+        bits.append(f"sessions ending before {max_context:,} tokens")
+    return f"; here {' and '.join(bits)}, a GPU-sized context instead of the CPU's" if bits else ""
+
+
 def on_gpu_html(res: Any) -> str:
     """The section's HTML ('' when the experiment predicted nothing)."""
     preds = load_experiment_predictions(res.root)
@@ -66,8 +90,11 @@ def on_gpu_html(res: Any) -> str:
     parts = [STYLE, "<h2>On your GPU</h2>",
              ("<p>Every figure in these tables is <b>predicted</b> by kvscope's scheduler model (continuous batching, "
              "chunked prefill, preemption, prefix caching in the GPU's KV pool) with step times from the GPU's "
-             "datasheet and the model's config.json, on this experiment's own traces; nothing here ran on a GPU. "
-             "Beside each workload: what this CPU measured.</p>")]
+             "datasheet and the model's config.json; nothing here ran on a GPU. "
+             f"Each workload is predicted on its own prediction trace of {_sessions_text(preds)}: the workload's "
+             f"spec (preset, seed, scales{_scale_text(res)}) with more sessions than the few this CPU drove, so the "
+             "loads climb until past the SLO capacity and the eviction cliff (or the trace's sessions run out). "
+             "Beside each workload: what this CPU measured on its smaller trace.</p>")]
     for cap in res.experiment.capacity or []:
         parts.append(f"<p>Measured on this CPU ({e(cap.server)}, {e(cap.workload)}): {e(cap.sentence)}</p>")
     by_config: dict[str, list[Any]] = {}

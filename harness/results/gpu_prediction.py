@@ -58,6 +58,10 @@ class PredictOptions:
     gpu_hour_usd: float | None = None
     provider: str | None = None
     jobs: int = 1
+    #: Closed loop: the run summary, per-request figures and cost at the curve's SLO capacity (the loads already
+    #: simulated) instead of at ``concurrency``, which then only needs to be one of the levels -- one pass over
+    #: the curve answers "how many fit and what does that load cost" (``concurrency`` where nothing fits).
+    summary_at_slo_capacity: bool = False
     #: A progress bar on stderr (only where stderr is a terminal).
     progress: bool = True
 
@@ -267,6 +271,10 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         if not pt.meets_slo:
             break
         capacity = pt.load
+    summary_load = main_load
+    if o.summary_at_slo_capacity and closed and capacity is not None:
+        summary_load = capacity
+        main = runs[capacity]
     # -- cost ------------------------------------------------------------------------------------------
     from kvscope.harness.pricing.gpu_cost import gpu_hour_price, serving_cost
 
@@ -290,7 +298,7 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
     # -- file ------------------------------------------------------------------------------------------
     share, good_rps = main.goodput(ttft_slo, tpot_slo)
     run = pf.RunSummary(
-        concurrency=o.concurrency, requests=len(main.requests), prompt_tokens=main.prompt_tokens,
+        concurrency=int(summary_load) if closed else None, requests=len(main.requests), prompt_tokens=main.prompt_tokens,
         cached_tokens=main.cached_tokens, output_tokens=main.output_tokens, token_hit_rate=main.token_hit_rate,
         makespan_s=main.makespan_s, busy_s=main.busy_s, requests_per_s=main.requests_per_s,
         output_tokens_per_s=main.output_tokens_per_s,
