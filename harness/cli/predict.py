@@ -128,7 +128,9 @@ def _cmd_predict(a: argparse.Namespace) -> int:
         return _list()
     if a.trace is None:
         raise ConfigError("predict: give a TRACE (or --list)")
-    opts = PredictOptions(**{f.name: getattr(a, f.name) for f in fields(PredictOptions) if f.name != "progress"},
+    # Every option but the two the command sets itself is a flag of the same name.
+    opts = PredictOptions(**{f.name: getattr(a, f.name) for f in fields(PredictOptions)
+                             if f.name not in ("progress", "summary_at_slo_capacity")},
                           progress=not a.no_progress)
     try:
         done = predict_trace(opts)

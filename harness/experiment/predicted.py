@@ -21,8 +21,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.experiment.spec import ExperimentSpec
+from kvscope.harness.experiment.workload_traces import write_workload_trace
+from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace
 from kvscope.harness.results.loaders import PREDICTIONS_DIR
+from kvscope.harness.results.prediction_file import PREDICTION_NAME, write_prediction_file
 
 #: Where the prediction traces go, under the run's ``predictions/`` (not a configuration name: those are
 #: checked names, and the loader reads ``predictions/<config>/<workload>/prediction.json`` only).
@@ -34,10 +38,6 @@ PREDICT_JOBS = 2
 def predict_configurations(spec: ExperimentSpec, run_dir: Path, spec_path: Path, tokenizer_dir: str) -> list[str]:
     """Generate each predicted workload's prediction trace and write every predicted configuration x workload's
     ``prediction.json`` under ``run_dir``; returns one line per prediction (printed by the runner)."""
-    from kvscope.harness.common.errors import KvscopeError
-    from kvscope.harness.experiment.workload_traces import write_workload_trace
-    from kvscope.harness.results.gpu_prediction import PredictOptions, predict_trace
-    from kvscope.harness.results.prediction_file import PREDICTION_NAME, write_prediction_file
 
     if spec.predicted is None:
         return []

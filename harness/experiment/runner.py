@@ -1,7 +1,6 @@
 """Run an experiment: every cell (server configuration × workload × load × repeat), then the load sweeps.
 
 Layout of one run (`results/<experiment>/<run-id>/`):
-
     experiment.json            manifest: spec, model, servers (config, facts, log, restarts), cells + status,
                                cell order, capacities (one per sweep, each with the predicted one)
     traces/<workload>/         the generated traces (one per workload, shared by every cell)
@@ -34,33 +33,49 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-
-from kvscope.harness.common.version import kvscope_version
+from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.runlock import RunDirLock, lock_run_dir
 from kvscope.harness.common.secrets import redact_config
-from kvscope.harness.experiment.spec import ExperimentSpec, load_experiment_spec, server_backend
-from kvscope.harness.experiment.sweep import prediction_skipped
+from kvscope.harness.common.version import kvscope_version
+from kvscope.harness.experiment.predicted import predict_configurations
+from kvscope.harness.experiment.spec import (
+    ExperimentSpec,
+    check_name,
+    load_experiment_spec,
+    server_backend,
+    sweep_level,
+)
+from kvscope.harness.experiment.sweep import (
+    cell_in_flight,
+    plan_sweeps,
+    point_from_cell,
+    predict_sweep,
+    predicted_curve,
+    prediction_skipped,
+)
+from kvscope.harness.experiment.workload_traces import write_workload_trace
+from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
 from kvscope.harness.replay.calibrate import calibrate_server
 from kvscope.harness.replay.failure import replay_failure_reason
+from kvscope.harness.replay.runner import replay
 from kvscope.harness.results.loaders import load_calibration, load_experiment_file, write_result_file
-from kvscope.harness.results.schemas import (CapacityEntry, CellEntry, CellHeadline, ExecutorEntry, ExperimentFile,
-                                            ModelEntry, ServerEntry)
+from kvscope.harness.results.schemas import (
+    CapacityEntry,
+    CellEntry,
+    CellHeadline,
+    ExecutorEntry,
+    ExperimentFile,
+    ModelEntry,
+    ServerEntry,
+)
 from kvscope.harness.results.summary import ServerFacts, summary_file_model
 from kvscope.harness.serving.tls import tls_context
-from kvscope.harness.experiment.spec import check_name, sweep_level
-from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
-from kvscope.harness.replay.runner import replay
-from kvscope.harness.experiment.sweep import (
-    cell_in_flight, plan_sweeps, point_from_cell, predict_sweep, predicted_curve,
-)
-from kvscope.workloads.generate import generate_from_file
-from kvscope.harness.analysis.capacity import SHORTFALL_TOLERANCE
 
 if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
@@ -323,8 +338,6 @@ def finish_run(run: RunContext) -> None:
     """Predict the spec's GPU deployments (``predicted:``) on the run's traces, then stamp completion and the
     failed cells (every cell not ok, whichever executor ran it)."""
     if run.spec.predicted is not None:
-        from kvscope.harness.experiment.predicted import predict_configurations
-
         t0 = time.perf_counter()
         for line in predict_configurations(run.spec, run.run_dir, Path(run.manifest.spec_path),
                                            run.manifest.model.tokenizer):
@@ -440,7 +453,6 @@ def _generate_traces(run: RunContext, spec_path: Path, tokenizer_dir: str) -> No
         tdir = safe_child(run.run_dir, "traces", wname)
         if not (tdir / "requests.parquet").exists():
             print(f"generating workload {wname} ({spec.workloads[wname].spec}) …", flush=True)
-            from kvscope.harness.experiment.workload_traces import write_workload_trace
 
             write_workload_trace(spec, wname, spec_path, tokenizer_dir, tdir)
         run.manifest.traces[wname] = str(tdir.relative_to(run.run_dir))

@@ -178,9 +178,9 @@ class PredictedConfig(BaseModel):
     def _known(self) -> "PredictedConfig":
         """Unknown GPU, model, dtype, price or a TP that does not divide the heads or fit: refused at spec
         load, before any server starts (the plan is the same arithmetic the prediction runs)."""
-        from kvscope.harness.cachemodel.gpu_predict import plan_deployment
-        from kvscope.harness.cachemodel.kv_memory import dtype_bytes
-        from kvscope.harness.pricing.gpu_cost import gpu_hour_price
+        from kvscope.harness.cachemodel.gpu_predict import plan_deployment  # deferred: the GPU prediction stack loads only for specs with predicted:
+        from kvscope.harness.cachemodel.kv_memory import dtype_bytes  # deferred: the GPU prediction stack loads only for specs with predicted:
+        from kvscope.harness.pricing.gpu_cost import gpu_hour_price  # deferred: the GPU prediction stack loads only for specs with predicted:
 
         if self.kv_cache_dtype != "auto":
             dtype_bytes(self.kv_cache_dtype)
@@ -191,7 +191,7 @@ class PredictedConfig(BaseModel):
         return self
 
     def settings(self) -> "ServerSettings":
-        from kvscope.harness.cachemodel.gpu_predict import ServerSettings
+        from kvscope.harness.cachemodel.gpu_predict import ServerSettings  # deferred: the GPU prediction stack loads only for specs with predicted:
 
         base = ServerSettings()
         return ServerSettings(max_num_seqs=self.max_num_seqs or base.max_num_seqs,

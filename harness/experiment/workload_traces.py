@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvscope.harness.experiment.spec import ExperimentSpec
+from kvscope.workloads.generate import generate_from_file
 
 
 def write_workload_trace(spec: ExperimentSpec, wname: str, spec_path: Path, tokenizer_dir: str, out_dir: Path,
@@ -17,7 +18,6 @@ def write_workload_trace(spec: ExperimentSpec, wname: str, spec_path: Path, toke
                          scale: float | None = None) -> None:
     """Generate workload ``wname``'s trace into ``out_dir``: its spec, seed and scales, and ``sessions`` /
     ``max_context`` / ``scale`` where given instead of its own (the ``predicted:`` phase's larger traces)."""
-    from kvscope.workloads.generate import generate_from_file
 
     ref = spec.workloads[wname]
     max_ctx = max_context or ref.max_context

@@ -12,10 +12,26 @@ command's flags (same names, same defaults).
 from __future__ import annotations
 
 import math
+import multiprocessing
 import sys
 import time
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from kvscope.harness.cachemodel import gpu_predict as gp
+from kvscope.harness.cachemodel.capacity_model import prompt_blocks_only
+from kvscope.harness.cachemodel.gpus import get_gpu
+from kvscope.harness.cachemodel.kv_memory import dtype_bytes
+from kvscope.harness.cachemodel.model_config import load_model_config
+from kvscope.harness.cachemodel.roofline import roofline_step_cost
+from kvscope.harness.cachemodel.spec_predict import DraftStepCost, parse_speculative, with_speculation
+from kvscope.harness.cachemodel.trace_io import detect_kind, load_trace
+from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.common.numbers import nan_to_none
+from kvscope.harness.results import prediction_file as pf
+from kvscope.harness.results.loaders import load_calibration
+from kvscope.workloads.trace import Trace
 
 if TYPE_CHECKING:
     from kvscope.harness.results.prediction_file import PredictionFile
@@ -87,31 +103,15 @@ def _timed_level(level: float):
     return _timed(_RUN_AT, level)
 
 
-def _nan_none(v: float) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
 def predict_trace(o: PredictOptions) -> PredictedTrace:
     """Predict ``o.trace`` on the deployment ``o`` names; ValueError (unknown GPU/model, TP, does not fit) and
     ConfigError name the problem in one line."""
-    from dataclasses import replace
-
-    from kvscope.harness.cachemodel import gpu_predict as gp
-    from kvscope.harness.cachemodel.capacity_model import prompt_blocks_only
-    from kvscope.harness.cachemodel.gpus import get_gpu
-    from kvscope.harness.cachemodel.model_config import load_model_config
-    from kvscope.harness.cachemodel.spec_predict import DraftStepCost, parse_speculative, with_speculation
-    from kvscope.harness.cachemodel.trace_io import detect_kind, load_trace
-    from kvscope.harness.common.errors import ConfigError
-    from kvscope.harness.results import prediction_file as pf
 
     t_start = time.perf_counter()
     progress = o.progress and sys.stderr.isatty()
     spec = parse_speculative(o.speculative) if o.speculative else None
     cal = None
     if o.calibration:
-        from kvscope.harness.results.loaders import load_calibration
-
         cal = load_calibration(o.calibration)
     elif not (o.gpu and o.model):
         raise ConfigError("give --gpu and --model (or --calibration FILE for a calibrated server's step costs)")
@@ -129,8 +129,6 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
                        kv_cache_dtype=o.kv_cache_dtype, weight_dtype=o.weight_dtype,
                        enable_chunked_prefill=not o.no_chunked_prefill, num_gpu_blocks=o.num_gpu_blocks)
     if o.kv_cache_dtype != "auto":
-        from kvscope.harness.cachemodel.kv_memory import dtype_bytes
-
         dtype_bytes(o.kv_cache_dtype)  # unknown dtype: ValueError naming the known ones
     dep = None
     if gpu is not None and model is not None:
@@ -175,7 +173,6 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
             if detect_kind(o.trace) != "kvscope":
                 raise ConfigError(f"--speculative {spec.method}: needs a kvscope trace directory (its tokens); "
                                   f"{o.trace} is a {detect_kind(o.trace)} trace")
-            from kvscope.workloads.trace import Trace
 
             trace_obj = Trace.read(o.trace)
         requests, spec_summary = with_speculation(requests, spec, trace_obj, o.max_model_len)
@@ -183,7 +180,6 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         if draft_model:
             if dep is None:
                 raise ConfigError("--speculative draft_model=...: needs --gpu and --model (the draft's cost is a roofline)")
-            from kvscope.harness.cachemodel.roofline import roofline_step_cost
 
             draft_cfg = load_model_config(draft_model)
             draft_cost = roofline_step_cost(dep.gpu, draft_cfg, tp=1, efficiency=dep.efficiency)
@@ -215,9 +211,9 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         p90, tpot50 = w.percentile("ttft_s", 90), w.percentile("tpot_s", 50)
         meets = (not math.isnan(p90) and p90 <= ttft_slo and (math.isnan(tpot50) or tpot50 <= tpot_slo)
                  and w.preemptions == 0)
-        return pf.LoadPoint(load=level, token_hit_rate=w.token_hit_rate, ttft_p50_s=_nan_none(w.percentile("ttft_s", 50)),
-                            ttft_p90_s=_nan_none(p90), tpot_p50_s=_nan_none(tpot50),
-                            e2e_p50_s=_nan_none(w.percentile("e2e_s", 50)), output_tokens_per_s=w.output_tokens_per_s,
+        return pf.LoadPoint(load=level, token_hit_rate=w.token_hit_rate, ttft_p50_s=nan_to_none(w.percentile("ttft_s", 50)),
+                            ttft_p90_s=nan_to_none(p90), tpot_p50_s=nan_to_none(tpot50),
+                            e2e_p50_s=nan_to_none(w.percentile("e2e_s", 50)), output_tokens_per_s=w.output_tokens_per_s,
                             goodput_share=share, preemptions=w.preemptions, kv_usage_max=w.kv_usage_max,
                             meets_slo=meets, simulate_s=secs)
 
@@ -237,8 +233,6 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
     jobs = min(o.jobs, len(pending))
     pool = None
     if jobs > 1:  # forked workers inherit the requests; each returns one level's prediction
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
 
         global _RUN_AT
         _RUN_AT = run_at
@@ -303,11 +297,11 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         makespan_s=main.makespan_s, busy_s=main.busy_s, requests_per_s=main.requests_per_s,
         output_tokens_per_s=main.output_tokens_per_s,
         total_tokens_per_s=(main.prompt_tokens + main.output_tokens) / main.makespan_s if main.makespan_s else 0.0,
-        ttft_mean_s=_nan_none(main.mean("ttft_s")), ttft_p50_s=_nan_none(main.percentile("ttft_s", 50)),
-        ttft_p90_s=_nan_none(main.percentile("ttft_s", 90)), ttft_p99_s=_nan_none(main.percentile("ttft_s", 99)),
-        tpot_mean_s=_nan_none(main.mean("tpot_s")), tpot_p90_s=_nan_none(main.percentile("tpot_s", 90)),
-        itl_mean_s=_nan_none(main.mean("itl_s")), e2e_mean_s=_nan_none(main.mean("e2e_s")),
-        e2e_p90_s=_nan_none(main.percentile("e2e_s", 90)), preemptions=main.preemptions,
+        ttft_mean_s=nan_to_none(main.mean("ttft_s")), ttft_p50_s=nan_to_none(main.percentile("ttft_s", 50)),
+        ttft_p90_s=nan_to_none(main.percentile("ttft_s", 90)), ttft_p99_s=nan_to_none(main.percentile("ttft_s", 99)),
+        tpot_mean_s=nan_to_none(main.mean("tpot_s")), tpot_p90_s=nan_to_none(main.percentile("tpot_s", 90)),
+        itl_mean_s=nan_to_none(main.mean("itl_s")), e2e_mean_s=nan_to_none(main.mean("e2e_s")),
+        e2e_p90_s=nan_to_none(main.percentile("e2e_s", 90)), preemptions=main.preemptions,
         kv_usage_mean=main.kv_usage_mean, kv_usage_max=main.kv_usage_max, goodput_share=share,
         goodput_requests_per_s=good_rps)
     if dep is not None:
@@ -344,8 +338,8 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         eviction_cliff_load=cliff, cliff_drop_pp=o.cliff_drop_pp, slo_capacity_load=capacity, cost=serving,
         requests=[pf.PredictedRequest(request_id=r.request_id, session_id=r.session_id, prompt_tokens=r.prompt_tokens,
                                       output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
-                                      arrival_s=r.arrival_s, ttft_s=_nan_none(r.ttft_s), tpot_s=_nan_none(r.tpot_s),
-                                      itl_s=_nan_none(r.itl_s), e2e_s=_nan_none(r.e2e_s), preemptions=r.preemptions,
+                                      arrival_s=r.arrival_s, ttft_s=nan_to_none(r.ttft_s), tpot_s=nan_to_none(r.tpot_s),
+                                      itl_s=nan_to_none(r.itl_s), e2e_s=nan_to_none(r.e2e_s), preemptions=r.preemptions,
                                       fits=r.fits) for r in main.requests],
         predict_s=predict_s)
     return PredictedTrace(out, spec_summary, load_s)

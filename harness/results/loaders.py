@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.prediction_file import PREDICTION_NAME, load_prediction_file
 from kvscope.harness.results.records import JSONL_NAME, PARQUET_NAME, read_records
 from kvscope.harness.results.schemas import (
     CalibrationFile,
@@ -92,7 +93,6 @@ def load_experiment_predictions(root: str | Path) -> list[ExperimentPrediction]:
     """Every ``predictions/<config>/<workload>/prediction.json`` of an experiment run directory, sorted by
     configuration then workload (none: an empty list). Found by layout, not listed in experiment.json, so
     experiment.json's format is unchanged and a run predicted again simply replaces the files."""
-    from kvscope.harness.results.prediction_file import PREDICTION_NAME, load_prediction_file
 
     base = Path(root) / PREDICTIONS_DIR
     out = []
