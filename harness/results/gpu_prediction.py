@@ -227,7 +227,7 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
     pending = sorted(set(levels) | {main_load})
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm is heavy, only a progress bar needs it
 
         bar = tqdm(total=len(pending), desc="predict", unit="load level")
     jobs = min(o.jobs, len(pending))
