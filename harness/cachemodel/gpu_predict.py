@@ -199,6 +199,10 @@ def attach_speculation(requests: Sequence[SimRequest], per_request: dict[int, tu
 
 @dataclass(frozen=True)
 class RequestPrediction:
+    """One request as the model served it (``prediction.json``'s rows are these fields). Times are NaN for a
+    request that was never served; ``fits`` is False when it needs more KV blocks than the whole pool (vLLM
+    rejects it)."""
+
     request_id: int
     session_id: str | None
     prompt_tokens: int

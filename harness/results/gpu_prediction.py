@@ -336,11 +336,7 @@ def predict_trace(o: PredictOptions) -> PredictedTrace:
         step_model=step_model, speculative=spec.label if spec else None,
         slo=pf.Slo(ttft_ms=o.slo_ttft_ms, tpot_ms=o.slo_tpot_ms), run=run, load_curve=curve,
         eviction_cliff_load=cliff, cliff_drop_pp=o.cliff_drop_pp, slo_capacity_load=capacity, cost=serving,
-        requests=[pf.PredictedRequest(request_id=r.request_id, session_id=r.session_id, prompt_tokens=r.prompt_tokens,
-                                      output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
-                                      arrival_s=r.arrival_s, ttft_s=nan_to_none(r.ttft_s), tpot_s=nan_to_none(r.tpot_s),
-                                      itl_s=nan_to_none(r.itl_s), e2e_s=nan_to_none(r.e2e_s), preemptions=r.preemptions,
-                                      fits=r.fits) for r in main.requests],
+        requests=[pf.predicted_request(r) for r in main.requests],
         predict_s=predict_s)
     return PredictedTrace(out, spec_summary, load_s)
 

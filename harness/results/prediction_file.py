@@ -14,13 +14,16 @@ with the eviction cliff and the SLO capacity read off it, and the cost at a GPU-
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_type_hints
 
+from kvscope.harness.cachemodel.gpu_predict import RequestPrediction
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.pricing.gpu_cost import ServingCost
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, write_versioned
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 PREDICTION_NAME = "prediction.json"
 
@@ -29,20 +32,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PredictedRequest(_Strict):
-    request_id: int
-    session_id: str | None
-    prompt_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    arrival_s: float
-    ttft_s: float | None
-    tpot_s: float | None
-    itl_s: float | None
-    e2e_s: float | None
-    preemptions: int
-    #: False when the request needs more KV blocks than the whole pool (vLLM rejects it).
-    fits: bool
+#: The per-request times the model leaves NaN for a request it never served; the file writes them as null.
+_TIMES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+#: One row per request: the model's own record (:class:`~kvscope.harness.cachemodel.gpu_predict.RequestPrediction`,
+#: whose fields say what each is), as file fields, so the two cannot drift apart.
+PredictedRequest = create_model(
+    "PredictedRequest", __base__=_Strict, __module__=__name__,
+    **{name: (hint | None if name in _TIMES else hint, ...)  # type: ignore[call-overload]
+       for name, hint in get_type_hints(RequestPrediction).items()})
+
+
+def predicted_request(r: RequestPrediction) -> PredictedRequest:  # type: ignore[valid-type]
+    """The file row of one predicted request (NaN times as null)."""
+    row = asdict(r)
+    return PredictedRequest(**{**row, **{k: nan_to_none(row[k]) for k in _TIMES}})
 
 
 class RunSummary(_Strict):
@@ -153,7 +157,7 @@ class PredictionFile(VersionedFile):
     #: Highest load of the curve meeting the SLO (TTFT p90 and TPOT p50 within it, no preemption).
     slo_capacity_load: float | None
     cost: ServingCost | None
-    requests: list[PredictedRequest]
+    requests: list[PredictedRequest]  # type: ignore[valid-type]
     predict_s: float
 
 
