@@ -23,6 +23,7 @@ from kvscope.harness.experiment.ray_executor import (
     actor_options,
     client_actor_options,
     client_endpoint,
+    init_ray,
     pack_dir,
     parallel_gpus,
     reachable_spec,
@@ -59,7 +60,7 @@ def _mock(name: str, srv: FaultServer) -> str:
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, resources={"gpu_slot": 2, "client_slot": 1}, include_dashboard=False,
+    init_ray(ray, "local", num_cpus=2, resources={"gpu_slot": 2, "client_slot": 1}, include_dashboard=False,
              log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -70,6 +71,36 @@ def _cell_files(run_dir: Path) -> dict[str, set[str]]:
 
 
 # ------------------------------------------------------------------------------------------ no cluster needed
+
+
+class _FlakyRay:
+    """A stand-in for the ray module whose first ``starts_failing`` inits time out as Ray's raylet does."""
+
+    def __init__(self, starts_failing: int) -> None:
+        self.failing, self.inits, self.shutdowns = starts_failing, [], 0
+
+    def init(self, address=None, **kwargs):
+        self.inits.append(address)
+        if self.failing:
+            self.failing -= 1
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_a_local_cluster_whose_raylet_missed_registration_is_started_again_but_a_remote_one_is_not():
+    ray = _FlakyRay(starts_failing=1)
+    init_ray(ray, "local", num_cpus=2)
+    assert ray.inits == ["local", "local"] and ray.shutdowns == 1
+    ray = _FlakyRay(starts_failing=99)
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(ray, None)
+    assert len(ray.inits) == 3  # LOCAL_RAY_START_ATTEMPTS, then the error is Ray's own
+    ray = _FlakyRay(starts_failing=1)
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(ray, "10.0.0.1:6379")  # joining a cluster: not ours to restart
+    assert ray.inits == ["10.0.0.1:6379"] and ray.shutdowns == 0
 
 
 def test_actor_resources_come_from_the_spec_or_the_parallel_sizes(tmp_path, tiny_model_dir):

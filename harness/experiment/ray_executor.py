@@ -435,6 +435,25 @@ def check_ray_reachable(address: str, timeout_s: float) -> None:
         channel.close()
 
 
+#: Tries at starting a local Ray cluster: Ray gives a new raylet a fixed 30 s to register with its GCS
+#: (``ray/_private/node.py``), which a 2-core host busy starting vLLM servers can miss once.
+LOCAL_RAY_START_ATTEMPTS = 3
+
+
+def init_ray(ray: Any, address: str | None = None, **kwargs: Any) -> None:
+    """``ray.init``; a new local cluster whose raylet missed Ray's registration window is shut down and
+    started again (:data:`LOCAL_RAY_START_ATTEMPTS` in all). Joining an existing cluster is not retried."""
+    local = address in (None, "", "local")
+    for attempt in range(1, LOCAL_RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **kwargs)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if not local or "timed out during startup" not in str(exc) or attempt == LOCAL_RAY_START_ATTEMPTS:
+                raise
+            ray.shutdown()
+
+
 def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_id: str | None = None,
                        resume: bool = False, only_cells: list[str] | None = None, address: str | None = None,
                        files: str | None = None, on_event: Callable[[str, Event], None] | None = None) -> Path:
@@ -453,7 +472,7 @@ def run_experiment_ray(spec_path: str | Path, out: str | Path = "results", run_i
     files = files or run.spec.executor.files
     run.manifest.executor = ExecutorEntry(kind="ray", address=address, files=files)
     if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        init_ray(ray, address, include_dashboard=False, log_to_driver=True)
     token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
     (run.run_dir / token).write_text("kvscope driver token: an actor that sees this file shares the run directory\n")
     try:
