@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from kvscope.harness.analysis.ab import (Run, RunNoise, compare, compare_runs,
                                         estimate_run_noise, noise_groups)
 from kvscope.harness.results.percentiles import weighted_percentiles
+from tests.cli import kvscope
 
 
 def _records(rng, sessions=8, steps=3, ttft_s=0.02, run_sigma=0.04, session_sigma=0.06, request_sigma=0.12,
@@ -219,8 +219,7 @@ def _mock_runs(root: Path, n: int, ttft_s: float, name: str) -> list[Path]:
 
 
 def _kvscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", "compare", *args], capture_output=True,
-                          text=True, timeout=300)
+    return kvscope("compare", *args)
 
 
 @pytest.fixture(scope="module")

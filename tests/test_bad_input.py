@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvscope.workloads.errors import TraceFileError
-
-
-def _kvscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True, text=True, timeout=120)
+from tests.cli import kvscope as _kvscope
 
 
 @pytest.fixture()

@@ -10,8 +10,6 @@ import errno
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,21 +17,10 @@ from pathlib import Path
 import pytest
 
 from kvscope.workloads.generate import synthetic_trace
+from tests.cli import assert_bad_input, kvscope
 from tests.doubles.faultserver import FaultConfig, FaultServer
 
 
-def kvscope(*args: str, cwd: Path | None = None, preexec=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True, text=True,
-                          timeout=180, cwd=cwd, preexec_fn=preexec)
-
-
-def assert_bad_input(r: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Exit 2, no traceback, and the last stderr line names every fragment."""
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stderr, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
-    for fragment in fragments:
-        assert fragment in last, (fragment, last)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,8 @@ from pathlib import Path
 import pytest
 
 from kvscope.workloads.generate import synthetic_trace
+from tests.cli import kvscope
 from tests.doubles.faultserver import FaultConfig, FaultServer
-
-
-def kvscope(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def replay_args(trace: Path, endpoint: str, out: Path, *extra: str) -> list[str]:

@@ -3,19 +3,13 @@ and one-line errors (exit 2) for bad input."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from kvscope.harness.results.speculation_file import load_speculation_file
 from kvscope.workloads.trace import TraceBuilder
-
-
-def kvscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+from tests.cli import kvscope
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from kvscope.harness.common.secrets import split_url_credentials
 from kvscope.workloads.generate import synthetic_trace
+from tests.cli import kvscope
 
 from tests.doubles.faultserver import FaultConfig, FaultServer
 
@@ -41,8 +42,7 @@ FORMS = ["userinfo", "query", "token-userinfo"]
 
 
 def _kvscope(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.harness.cli.main", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return kvscope(*args, cwd=REPO, timeout=timeout)
 
 
 def _assert_nowhere(secret: str, proc: subprocess.CompletedProcess, *roots: Path) -> None:
