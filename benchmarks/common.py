@@ -104,3 +104,30 @@ def machine() -> dict:
     except OSError:
         pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def kvscope_exe() -> str:
+    """The venv's ``kvscope`` script beside this interpreter."""
+    return str(Path(PY).parent / "kvscope")
+
+
+def agent_preset(out: Path, tokenizer: str | Path, sessions: int = 100) -> str:
+    """The full-size agent preset (agent-coding; 100 sessions: 6,237 requests, 621 M prompt tokens) generated
+    into ``out`` unless it is there already; its directory.  Not timed by the speed benchmarks."""
+    if not (out / "trace.json").is_file():
+        subprocess.run([kvscope_exe(), "workload", "generate", "agent-coding", "--tokenizer", str(tokenizer),
+                        "--sessions", str(sessions), "--out", str(out), "--no-progress"], check=True)
+    return str(out)
+
+
+def timed_command(cmd: list[str]) -> tuple[str, float, float]:
+    """(stdout, wall s, CPU s) of one command, process start to exit.  CPU seconds too: on a shared host the
+    wall time says as much about the neighbours as about the command."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return out.stdout, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -11,14 +11,15 @@ says as much about the neighbours as about the command, so CPU seconds are print
 from __future__ import annotations
 
 import argparse
-import resource
-import subprocess
+import json
+import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import REPO, agent_preset, kvscope_exe, timed_command  # noqa: E402
+
 CASES = {
     "h100-8b": ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"],
     "h200-70b-tp4": ["--gpu", "h200-sxm", "--model", "llama-3.1-70b", "--tp", "4"],
@@ -34,31 +35,18 @@ def main() -> int:
     ap.add_argument("--cases", default="h100-8b,h200-70b-tp4", help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--out-dir", default=None, help="where the prediction.json files go (default: a temp dir)")
     args = ap.parse_args()
-    kvscope = str(Path(sys.executable).parent / "kvscope")
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="kvscope-predict-speed-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    trace = args.trace
-    if trace is None:
-        trace = str(out_dir / "agent-coding-100")
-        subprocess.run([kvscope, "workload", "generate", "agent-coding", "--tokenizer", args.tokenizer,
-                        "--sessions", "100", "--out", trace, "--no-progress"], check=True)
+    trace = args.trace or agent_preset(out_dir / "agent-coding-100", args.tokenizer)
     results = []
     for case in args.cases.split(","):
-        cmd = [kvscope, "predict", trace, *CASES[case], "--concurrency", str(args.concurrency), "--no-progress",
-               "--out", str(out_dir / f"{case}.json")]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        print(out.stdout.strip())
+        cmd = [kvscope_exe(), "predict", trace, *CASES[case], "--concurrency", str(args.concurrency),
+               "--no-progress", "--out", str(out_dir / f"{case}.json")]
+        stdout, wall, cpu = timed_command(cmd)
+        print(stdout.strip())
         print(f"==> {' '.join(cmd[1:])}: {wall:.1f} s process start to exit, {cpu:.1f} s CPU (target < 60 s)\n",
               flush=True)
         results.append({"case": case, "command": cmd[1:], "wall_s": wall, "cpu_s": cpu})
-    import json
-    import os
-
     out = REPO / "benchmarks" / "results" / "gpu_predict_speed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"load_average": os.getloadavg(), "runs": results}, indent=1))

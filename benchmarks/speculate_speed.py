@@ -10,14 +10,12 @@ Prints wall and CPU seconds per case (the suffix kernel is compiled once per ins
 from __future__ import annotations
 
 import argparse
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import REPO, agent_preset, kvscope_exe, timed_command  # noqa: E402
 
 
 def main() -> int:
@@ -29,25 +27,15 @@ def main() -> int:
                          "options: every method, default settings) or METHOD:LOOKUP (--method METHOD --k 4 "
                          "--lookup LOOKUP)")
     args = ap.parse_args()
-    kvscope = str(Path(sys.executable).parent / "kvscope")
-    trace = args.trace
-    if trace is None:
-        trace = str(Path(tempfile.mkdtemp(prefix="kvscope-spec-speed-")) / "agent-coding-100")
-        subprocess.run([kvscope, "workload", "generate", "agent-coding", "--tokenizer", args.tokenizer,
-                        "--sessions", "100", "--out", trace, "--no-progress"], check=True)
+    work = Path(tempfile.mkdtemp(prefix="kvscope-spec-speed-"))
+    trace = args.trace or agent_preset(work / "agent-coding-100", args.tokenizer)
     for case in args.runs.split(","):
         method, _, lookup = case.partition(":")
-        cmd = [kvscope, "speculate", trace, "--no-progress"]
+        cmd = [kvscope_exe(), "speculate", trace, "--no-progress"]
         if method != "default":
             cmd += ["--method", method, "--k", "4", "--lookup", lookup or "2-4"]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        print(out.stdout.strip())
-        # CPU seconds too: on a shared host the wall time says as much about the neighbours as about the command
+        stdout, wall, cpu = timed_command(cmd)
+        print(stdout.strip())
         print(f"==> {' '.join(cmd[1:])}: {wall:.1f} s process start to exit, {cpu:.1f} s CPU (target < 60 s wall)\n",
               flush=True)
     return 0
