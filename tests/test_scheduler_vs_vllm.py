@@ -57,9 +57,9 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
         _, _, preempted, load = share_n_preempted_load
         if preempted == 0:
             return 0.97
-        # Where it preempts, which request vLLM preempts and when follows the server's step times.  A host that
-        # may not run the client real-time (not root, no CAP_SYS_NICE) keeps the old floor there; so does a host
-        # busy with other work (1-min load average above BUSY_LOAD_PER_CORE per core: CI's other tests beside
+        # Where it preempts, which request vLLM preempts and when follows the server's step times.  A host
+        # that may not run the client real-time (not root, no CAP_SYS_NICE) keeps the old floor there; so does a
+        # host busy with other work (1-min load average above BUSY_LOAD_PER_CORE per core: CI's other tests beside
         # the server), whose neighbours put into the step times a noise no calibration predicts: at load 12 on
         # 2 cores 96.4 % at 8, at load 21-25 84.6 % and 94.3 % in two runs, against 99.1 % on a quiet host.
         if not realtime:
@@ -67,11 +67,12 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
         return 0.90 if load > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1) else 0.97
 
     for c in LEVELS:
-        # A level is one measurement and repeats are the unit of run-to-run noise: one below the bar is measured
-        # once more (fresh cache) and the better run kept, both printed.
+        # A level is one measurement and repeats are the unit of run-to-run noise: one below the bar is
+        # measured once more (fresh cache) and the better run kept, both printed.
         for attempt in range(2):
             run_dir = tmp_path / f"run-c{c}-{attempt}"
-            df, preempted, load = measure_level(traces[c], server.endpoint, c, run_dir, client_priority_mode="auto")
+            df, preempted, load = measure_level(traces[c], server.endpoint, c, run_dir,
+                                                client_priority_mode="auto")
             exact, n, _ = replay_informed_match(traces[c], df, cal)
             runs.setdefault(c, []).append((exact / n, n, preempted, load))
             realtime &= load_summary(run_dir).client.priority == "realtime"
