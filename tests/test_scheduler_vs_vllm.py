@@ -58,10 +58,10 @@ def test_replay_informed_predicts_97_percent_of_requests_exactly_at_every_level(
         if preempted == 0:
             return 0.97
         # Where it preempts, which request vLLM preempts and when follows the server's step times.  A host
-        # that may not run the client real-time (not root, no CAP_SYS_NICE) keeps the old floor there; so does a
-        # host busy with other work (1-min load average above BUSY_LOAD_PER_CORE per core: CI's other tests beside
-        # the server), whose neighbours put into the step times a noise no calibration predicts: at load 12 on
-        # 2 cores 96.4 % at 8, at load 21-25 84.6 % and 94.3 % in two runs, against 99.1 % on a quiet host.
+        # that may not run the client real-time (not root, no CAP_SYS_NICE) keeps the old floor there; so does
+        # a host busy with other work (1-min load average above BUSY_LOAD_PER_CORE per core: CI's other tests
+        # beside the server), whose neighbours put into the step times a noise no calibration predicts: at
+        # load 12 on 2 cores 96.4 % at 8, at load 21-25 84.6 % and 94.3 % in two runs, 99.1 % on a quiet host.
         if not realtime:
             return 0.70
         return 0.90 if load > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1) else 0.97
