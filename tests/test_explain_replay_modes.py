@@ -193,3 +193,22 @@ def test_live_substitute_gives_the_prompts_a_live_replay_sends(traces):
                 substitute[trace.output_segment_id(rid)] = generated[rid]
     assert trace.live_substitute(0, {}) == {}
     assert json.loads((traces / "traces" / "agent" / "trace.json").read_text())["num_requests"] == trace.num_requests
+
+
+def test_a_prefix_a_concurrent_request_was_still_computing_is_not_eviction():
+    """Two sessions open with the same 64 tokens, sent together: the second cannot hit what the first has not
+    finished computing. An unbounded cache in request order would have served it; in the run's order nothing
+    was cached yet, so nothing was lost."""
+    from kvscope.harness.analysis.explain import RequestView, explain
+
+    shared = np.arange(100, 164, dtype=np.int32)
+    later = np.concatenate([shared, np.arange(7, 40, dtype=np.int32)])
+    views = [RequestView(0, "a", 0, -1, shared, None), RequestView(1, "b", 0, -1, shared.copy(), None),
+             RequestView(2, "a", 1, 0, later, None)]
+    order = [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 2)]
+    ex = explain(views, B, observed=[0, 0, 64], order=order)
+    assert [a.cause for a in ex.requests] == [None, Cause.NOT_YET_CACHED, None]
+    assert _split(ex) == {Cause.NOT_YET_CACHED: 48} and ex.requests[1].evicted_tokens == 0
+    # the same run with the second request sent after the first finished: then the server lost it
+    ex = explain(views, B, observed=[0, 0, 64], order=[(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)])
+    assert _split(ex) == {Cause.EVICTED: 48} and ex.requests[1].evicted_tokens == 48
