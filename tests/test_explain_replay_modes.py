@@ -124,9 +124,12 @@ def test_a_recorded_replay_at_concurrency_1_on_a_pool_that_never_evicts_claims_n
     res = _results(traces, [(row, rec)])
     [wx] = X.explain_workloads(res)
     sentence = X.cause_sentence(wx, [wx])
-    assert sentence.startswith("agent: the replay's substituted answers") and "eviction" not in sentence
+    assert sentence.startswith("agent: the replay's substitution of answers") and "eviction" not in sentence
     assert "in a live replay" in sentence
     assert all(f.question != "habit" for f in X.explain_findings([wx]))
+    what_if = X.what_if_frame([wx])
+    assert "replayed live (no substituted answers)" in set(what_if["scenario"])
+    assert set(X.what_if_palette(what_if)) == set(what_if["scenario"])
     # and the report's eviction claim agrees: nothing was cached and then lost
     assert eviction_by_cell(res)["evicted_tokens"].sum() == 0
     assert eviction_claim(res).value == "none"

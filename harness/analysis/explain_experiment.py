@@ -49,8 +49,9 @@ CAUSE_WORDS = {
     Cause.COMPACTION: "compaction (history replaced by a summary)",
     Cause.EVICTED: "eviction (the prefix was cached earlier in this run, then evicted)",
     Cause.PREFIX_CHANGED: "a changed prefix",
-    Cause.REPLAY_SUBSTITUTED_OUTPUT: ("the replay's substituted answers (a recorded-mode replay sends the trace's "
-                                      "answer, not the one the server generated and cached: a replay artefact)"),
+    Cause.REPLAY_SUBSTITUTED_OUTPUT: ("the replay's substitution of answers (a recorded-mode replay sends the "
+                                      "trace's answer, not the one the server generated and cached: a replay "
+                                      "artefact)"),
     Cause.NOT_YET_CACHED: "a prefix still being computed by a concurrent request (never cached before: not eviction)",
 }
 #: Causes that are a shortfall of the run rather than a habit of the history: never the page's habit headline.
@@ -208,12 +209,17 @@ def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
             continue
         rows.append({"workload": wx.workload, "scenario": "as observed", "cause": None,
                      "hit_rate": wx.explanation.hit_rate})
-        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}", "cause": c.cause,
+        rows += [{"workload": wx.workload, "scenario": _scenario(c.cause), "cause": c.cause,
                   "hit_rate": c.what_if_hit_rate} for c in wx.explanation.causes]
-        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}, at the run's KV pool", "cause": c.cause,
+        rows += [{"workload": wx.workload, "scenario": f"{_scenario(c.cause)}, at the run's KV pool", "cause": c.cause,
                   "hit_rate": c.what_if_hit_rate_pool} for c in wx.explanation.causes
                  if c.what_if_hit_rate_pool is not None]
     return pd.DataFrame(rows, columns=["workload", "scenario", "cause", "hit_rate"])
+
+
+def _scenario(cause: Cause) -> str:
+    """A what-if's name: the cause removed; a recorded replay's substitution is removed by replaying live."""
+    return "replayed live (no substituted answers)" if cause == Cause.REPLAY_SUBSTITUTED_OUTPUT else f"without {cause}"
 
 
 def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
@@ -227,8 +233,8 @@ def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
         return to_hex((0.55 * r + 0.45, 0.55 * g + 0.45, 0.55 * b + 0.45))
 
     causes = list(dict.fromkeys(frame["cause"].dropna()))
-    colours = {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999") for c in causes},
-               **{f"without {c}, at the run's KV pool": light(CAUSE_COLOURS.get(c, "#999999")) for c in causes}}
+    colours = {"as observed": "#444444", **{_scenario(c): CAUSE_COLOURS.get(c, "#999999") for c in causes},
+               **{f"{_scenario(c)}, at the run's KV pool": light(CAUSE_COLOURS.get(c, "#999999")) for c in causes}}
     return {k: v for k, v in colours.items() if k in set(frame["scenario"])}
 
 
