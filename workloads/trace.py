@@ -137,7 +137,7 @@ class Trace:
         self.requests["prompt_segment_ids"] = pd.Series(self._prompt_ids, index=self.requests.index,
                                                         dtype=object)
         self._out_ids = self.requests["output_segment_id"].to_numpy(np.int64)
-        self._earlier: dict[int, list[int]] | None = None  # request id -> its session's earlier requests
+        self._earlier: dict[int, tuple[list[int], int]] | None = None  # request id -> (its session, its place)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -191,17 +191,12 @@ class Trace:
         trace's plan."""
         if not generated:
             return {}
-        if self._earlier is None:
-            df = self.requests
-            order = df.sort_values(["session_id", "step"], kind="stable")
-            earlier: dict[int, list[int]] = {}
-            for _, rids in order.groupby("session_id", sort=False)["request_id"]:
-                ids = rids.astype(int).tolist()
-                for k, rid in enumerate(ids):
-                    earlier[rid] = ids[:k]
-            self._earlier = earlier
-        return {int(self._out_ids[q]): generated[q] for q in self._earlier.get(int(request_id), ())
-                if q in generated and self._out_ids[q] >= 0}
+        if self._earlier is None:  # each session's requests in step order, and where each request stands in it
+            order = self.requests.sort_values(["session_id", "step"], kind="stable")
+            sessions = [g.astype(int).tolist() for _, g in order.groupby("session_id", sort=False)["request_id"]]
+            self._earlier = {rid: (ids, k) for ids in sessions for k, rid in enumerate(ids)}
+        ids, k = self._earlier.get(int(request_id), ((), 0))
+        return {int(self._out_ids[q]): generated[q] for q in ids[:k] if q in generated and self._out_ids[q] >= 0}
 
     def output_segment_id(self, request_id: int) -> int:
         """Segment holding the planned output (-1 if only a length is known). Later prompts of the session
