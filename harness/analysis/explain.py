@@ -1129,8 +1129,6 @@ def replay_mode(records: Any) -> str | None:
 def observed_from_records(records: Any, num_requests: int) -> list[int | None]:
     """The server's cached tokens per trace request from a replay run's records (successful attempts; None
     where the run has none for a request, or the server did not report them)."""
-    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
-
     ok = records[records["error_class"].isna()] if "error_class" in records else records
     ok = ok[ok["cached_tokens"].notna()]
     got = dict(zip(ok["request_id"].astype(int).tolist(), ok["cached_tokens"].astype(int).tolist()))
