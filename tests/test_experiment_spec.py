@@ -18,6 +18,9 @@ def test_shipped_specs_validate_and_plan_in_stated_order():
     assert {c.split("__")[0] for c in cells} == {"baseline", "no-prefix-cache", "ngram-k4"}
     assert spec.sweep is not None and len(spec.sweep.levels) >= 5
     assert spec.sweep.ttft_slo.unloaded_factor == 3  # relative: a capacity on slow and fast machines alike
+    # the history carries what the server generated, as a real agent's does (recorded mode's planned answers
+    # never match what the server cached: an artefact a reader would take for eviction)
+    assert spec.replay.mode == "live"
     assert spec.predicted is not None and spec.predicted_workloads() == [
         "agent-coding", "agent-coding-timestamped", "agent-coding-compaction"]  # the grid's: sweep_only left out
     assert {(c.gpu, c.model, c.tp) for c in spec.predicted.configs.values()} == {

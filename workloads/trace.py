@@ -137,6 +137,7 @@ class Trace:
         self.requests["prompt_segment_ids"] = pd.Series(self._prompt_ids, index=self.requests.index,
                                                         dtype=object)
         self._out_ids = self.requests["output_segment_id"].to_numpy(np.int64)
+        self._earlier: dict[int, tuple[list[int], int]] | None = None  # request id -> (its session, its place)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -180,6 +181,22 @@ class Trace:
         parts = [np.asarray(substitute[int(s)], dtype=np.int32) if int(s) in substitute
                  else self.segment_tokens(int(s)) for s in ids]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def live_substitute(self, request_id: int, generated: Mapping[int, Sequence[int] | np.ndarray]
+                        ) -> dict[int, Sequence[int] | np.ndarray]:
+        """What a live replay put in place of the planned answers in this request's prompt: the output segment
+        of each earlier request of its session that the server answered (``generated``: request id -> the
+        token ids it generated) maps to those tokens. ``prompt_token_ids(rid, trace.live_substitute(rid, g))``
+        is the prompt a live replay sent, so analyses read a live run on the tokens the server saw, not on the
+        trace's plan."""
+        if not generated:
+            return {}
+        if self._earlier is None:  # each session's requests in step order, and where each request stands in it
+            order = self.requests.sort_values(["session_id", "step"], kind="stable")
+            sessions = [g.astype(int).tolist() for _, g in order.groupby("session_id", sort=False)["request_id"]]
+            self._earlier = {rid: (ids, k) for ids in sessions for k, rid in enumerate(ids)}
+        ids, k = self._earlier.get(int(request_id), ((), 0))
+        return {int(self._out_ids[q]): generated[q] for q in ids[:k] if q in generated and self._out_ids[q] >= 0}
 
     def output_segment_id(self, request_id: int) -> int:
         """Segment holding the planned output (-1 if only a length is known). Later prompts of the session

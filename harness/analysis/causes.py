@@ -21,4 +21,10 @@ class Cause(StrEnum):
     HISTORY_TRUNCATED = "history_truncated"
     COMPACTION = "compaction"
     EVICTED = "evicted"
+    #: A recorded-mode replay sent the trace's planned answer where the server had generated another: the blocks
+    #: holding the parent's output can never match, in any cache. An artefact of the replay, not of the traffic.
+    REPLAY_SUBSTITUTED_OUTPUT = "replay_substituted_output"
+    #: The prefix was computed by a request still running when this one was sent (concurrent sessions sharing
+    #: it): it had never been cached before this request, so it was not evicted.
+    NOT_YET_CACHED = "not_yet_cached"
     PREFIX_CHANGED = "prefix_changed"  # traces without message structure: a segment changed, the trace says no more

@@ -11,8 +11,10 @@ object (`common._derived`), and every page that mentions the quantity renders th
 with ``claim`` / ``claim_value``, so ``tests/test_claims.py`` can render a constructed experiment and check that
 no two pages state different values for one key.
 
-* **Eviction** is read from evictions, not from the gauge: per caching cell, the tokens an infinite cache would
-  have served (the exact simulator on the workload's trace, `explain_experiment`) that the server did not.
+* **Eviction** is read from evictions, not from the gauge: per caching cell, the tokens an unbounded cache would
+  have served from blocks cached earlier in that run (the exact simulator on the tokens its server held, in
+  the run's order: `explain.run_eviction`) that the server did not. A recorded replay's planned answers, which
+  the server never held, are not eviction.
 * **Speculative payoff** follows the A/B verdicts on output throughput (hierarchical bootstrap, `ab.compare`):
   *pays* only where most comparisons are *better* and none *worse*; what got worse is named beside it (any
   metric with a *worse* verdict, and the like-for-like point estimates of TTFT p50, ITL p99 and goodput).
@@ -25,11 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
 from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
-from kvscope.harness.analysis.explain_experiment import explained_workloads
+from kvscope.harness.analysis.explain_experiment import cell_eviction
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -71,36 +72,11 @@ def tag(f: Finding, claim: Claim) -> Finding:
 
 # ---- eviction ------------------------------------------------------------------------------------------------
 def eviction_by_cell(res: ExperimentResults) -> pd.DataFrame:
-    """Per caching cell: prompt tokens, cached tokens, the tokens an infinite cache would have served (the exact
-    simulator on the workload's trace), and ``evicted_tokens``: the sum over requests of what the infinite cache
-    served beyond what the server did. A shortfall is eviction: the prefix was there and the pool dropped it."""
-    cols = ["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "infinite_cached_tokens",
-            "evicted_tokens", "hit_rate", "infinite_hit_rate"]
-    ok = res.ok_requests()
-    c = _ok_cells(res)
-    if not len(ok) or not len(c) or "prefix_caching" not in c:
-        return pd.DataFrame(columns=cols)
-    base = {wx.workload: np.array([a.predicted_cached_tokens for a in wx.explanation.requests], dtype=float)
-            for wx in explained_workloads(res)}
-    rows = []
-    for _, cell in c[c["prefix_caching"].map(lambda v: v is True)].iterrows():
-        b = base.get(str(cell["workload"]))
-        r = ok[ok["cell"] == cell["cell"]]
-        if b is None or not len(r):
-            continue
-        ids = r["request_id"].to_numpy(int)
-        inside = ids < len(b)
-        r, ids = r[inside], ids[inside]
-        got = r["cached_tokens"].fillna(0).to_numpy(float)
-        ideal = b[ids]
-        prompt = float(r["prompt_tokens"].sum())
-        rows.append({"cell": cell["cell"], "server": cell["server"], "workload": cell["workload"],
-                     "load": str(cell["load"]), "prompt_tokens": prompt, "cached_tokens": float(got.sum()),
-                     "infinite_cached_tokens": float(ideal.sum()),
-                     "evicted_tokens": float(np.clip(ideal - got, 0, None).sum()),
-                     "hit_rate": float(got.sum()) / prompt if prompt else math.nan,
-                     "infinite_hit_rate": float(ideal.sum()) / prompt if prompt else math.nan})
-    return pd.DataFrame(rows, columns=cols)
+    """Per caching cell: prompt tokens, cached tokens, the tokens an unbounded cache would have served in that
+    run (blocks cached earlier in it, from the tokens its server held), and ``evicted_tokens``: the part of
+    those the server did not serve (`explain_experiment.cell_eviction`). A shortfall there is eviction: the
+    prefix was cached and the pool dropped it; a recorded replay's substituted answers never count."""
+    return cell_eviction(res)
 
 
 def eviction_claim(res: ExperimentResults) -> Claim | None:

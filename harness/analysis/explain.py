@@ -12,7 +12,21 @@ between messages in generated text-mode traces), and the message-level differenc
 ``message_edited``        an earlier message changed in place, the messages after it are the same
 ``history_truncated``     messages dropped or a message cut short, nothing new in their place
 ``compaction``            the history was replaced by new content (a summary) and the prompt got shorter
-``evicted``               the prefix was there (infinite-cache simulation hits) but the server did not hit
+
+Three causes are shortfalls of the run, not of the history; each is checked per request against the exact
+simulator (:mod:`kvscope.harness.cachemodel.simulator`) with an unbounded pool on the tokens the server really
+held (the prompts as sent, the answers it generated):
+
+``replay_substituted_output`` a recorded-mode replay sent the trace's planned answer where the server had
+                          generated and cached another: the blocks after the parent's prompt can never match
+                          (the simulation on the planned answers hits, the one on the generated answers not)
+``not_yet_cached``        the unbounded simulation in request order hits, the one in the run's own send /
+                          finish order does not: a concurrent request was still computing the prefix
+``evicted``               the unbounded simulation in the run's order hits (the block was cached earlier in
+                          this run) and the server did not: cached, then lost
+
+A live-mode run is read on the prompts it sent (its session's earlier answers as generated) and the answers
+the server generated, so its history is what the server saw and ``replay_substituted_output`` cannot occur.
 
 *Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
 message where it was changed in place, and later messages the predecessor also had) that this request did not
@@ -24,8 +38,10 @@ prompt, diverging at token 0 from a predecessor it shares nothing with, recomput
 What-if: each break of a cause becomes a token *patch* (this request's diverging span replaced by the
 predecessor's; for compaction and truncation the predecessor's full history put back), applied to the request
 and to every later request that carries the same span, newest patch first; the patched trace goes through the
-exact simulator (:mod:`kvscope.harness.cachemodel.simulator`, infinite cache) and the observed shortfall against
-the simulation (evictions) is carried over. ``evicted``'s what-if is the infinite-cache hit rate.
+exact simulator (:mod:`kvscope.harness.cachemodel.simulator`, infinite cache) caching what the server could
+cache (a recorded replay's generated answers, never its planned ones, so no what-if credits reuse the replay
+cannot get), and the run's eviction and not-yet-cached losses are carried over. A shortfall cause's what-if
+puts its lost tokens back: ``evicted``'s is an infinite cache, ``replay_substituted_output``'s a live replay.
 
 Memory (5,000 generated timestamped sessions, every request breaking the cache: the heaviest case,
 ``benchmarks/explain_scale.py``): a pass over the trace keeps, per request, only its attribution row; prompts
@@ -131,6 +147,10 @@ class Attribution:
     # The provider's own prompt size for this call (imported transcripts: its tokenizer, with the system prompt
     # and tools the log does not hold), so observed and predicted reads compare as shares of their prompts.
     provider_prompt_tokens: int | None = None
+    #: What an unbounded cache would have served from the tokens the server held, in this run's send / finish
+    #: order: the blocks cached earlier in this run (eviction is only ever claimed below this).
+    reachable_cached_tokens: int = 0
+    substituted_tokens: int = 0  # lost to a recorded replay's planned answers (``replay_substituted_output``)
 
 
 @dataclass(slots=True)
@@ -428,7 +448,8 @@ def event_order(records: Any) -> list[tuple[int, int]] | None:
 
     if records is None or not {"sent_s", "done_s", "request_id"} <= set(records.columns):
         return None
-    ok = records[records["error_class"].isna()] if "error_class" in records else records
+    cols = ["request_id", "sent_s", "done_s"]
+    ok = records.loc[records["error_class"].isna(), cols] if "error_class" in records else records[cols]
     ok = ok.dropna(subset=["sent_s", "done_s"])
     if not len(ok):
         return None
@@ -445,7 +466,7 @@ def _prompts(views: Sequence[RequestView]) -> Iterator[np.ndarray]:
 
 def _prompt(views: Sequence[RequestView], rid: int) -> np.ndarray:
     """One request's prompt (a :class:`TraceViews` reads it from the trace without building the view)."""
-    return views.trace.prompt_token_ids(rid).astype(np.int32) if isinstance(views, TraceViews) else views[rid].prompt
+    return views.prompt(rid) if isinstance(views, TraceViews) else views[rid].prompt
 
 
 def _outputs(views: Sequence[RequestView]) -> Iterator[np.ndarray | None]:
@@ -624,15 +645,19 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None,
             provider_prompt: Sequence[int | None] | None = None, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
-            generated: Sequence[np.ndarray | None] | None = None) -> Explanation:
+            generated: Sequence[np.ndarray | None] | None = None, recorded_mode: bool = False) -> Explanation:
     """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
-    server's cached tokens per request (None: the infinite-cache simulation stands in). ``num_gpu_blocks``
-    (the run's KV pool, where known) adds each what-if at that pool size, in the run's send / finish ``order``
-    (:func:`event_order`) where given, caching what the server ``generated`` (:func:`generated_outputs`) where
-    given. ``progress``: a progress bar on
-    stderr per pass over the trace (:func:`progress_bar`)."""
+    server's cached tokens per request (None: the infinite-cache simulation stands in). ``order`` is the run's
+    send / finish order (:func:`event_order`): eviction is then claimed only for blocks an unbounded cache in
+    that order would have served, i.e. blocks cached earlier in this run and then lost. ``generated`` is what
+    the server generated (:func:`generated_outputs`); ``recorded_mode``: the views' outputs are the trace's
+    planned answers, which the replay sent in place of ``generated`` (the shortfall they cause is
+    ``replay_substituted_output``, and the what-ifs cache ``generated``, never the planned answers).
+    ``num_gpu_blocks`` (the run's KV pool, where known) adds each what-if at that pool size, in ``order``.
+    ``progress``: a progress bar on stderr per pass over the trace (:func:`progress_bar`)."""
     B = block_size
     n = len(views)
+    reach_seq, reach_run = _reach(views, B, observed is not None, order, generated, recorded_mode)
     # One pass: the infinite-cache simulation of each request (its hit needs only earlier requests) and its
     # attribution share the request's hashes; nothing of a request is kept once it is attributed but its row.
     hasher = IncrementalHasher(B, max_sessions=1024)
@@ -643,42 +668,91 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     patches: dict[str, _PatchList] = {}
     split: dict[str, int] = {}
     for v in progress_bar(views, total=n, desc="explain: attribute", unit="req", enabled=progress):
+        rid = v.request_id
         P = len(v.prompt)
         all_hashes = _hashes(v.prompt, v.output, B, hasher, v.session_id)
         in_cache = index.cached_blocks(all_hashes)  # the infinite-cache simulation, as InfiniteCacheStream
-        base.append(min(in_cache, (P - 1) // B if P else 0) * B)
-        seen = None if observed is None else observed[v.request_id]
-        obs.append(base[v.request_id] if seen is None else int(seen))
+        b = min(in_cache, (P - 1) // B if P else 0) * B
+        base.append(b)
+        seen = None if observed is None else observed[rid]
+        o = b if seen is None else int(seen)
+        obs.append(o)
         hashes = all_hashes[:P // B]
-        pred, k = index.best(v, views, hashes) if v.request_id > 0 else (None, 0)
+        pred, k = index.best(v, views, hashes) if rid > 0 else (None, 0)
         cap = ((P - 1) // B) * B if P else 0
         brk = classify(v, views[pred], k) if pred is not None else None
         had = 0 if pred is None else (brk.had if brk is not None else min(len(views[pred].had_tokens), P))
         expected = min(_block_floor(had, B), cap)
-        evicted = max(0, min(base[v.request_id], expected) - obs[v.request_id])
-        diverged = max(0, expected - max(base[v.request_id], obs[v.request_id])) if brk is not None else 0
+        # What the server could have served: in any cache, from the tokens it really held (rs), and from blocks
+        # cached before this request was sent in this run (rr). Each shortfall has its own cause.
+        rs = b if reach_seq is None else min(reach_seq[rid], b)
+        rr = rs if reach_run is None else min(reach_run[rid], rs)
+        shares = {
+            Cause.REPLAY_SUBSTITUTED_OUTPUT: max(0, min(b, expected) - max(rs, o)),
+            Cause.NOT_YET_CACHED: max(0, min(rs, expected) - max(rr, o)),
+            Cause.EVICTED: max(0, min(rr, expected) - o),
+        }
+        diverged = max(0, expected - max(b, o)) if brk is not None else 0
         cause, where = None, ""
-        if diverged and diverged >= evicted and brk is not None:
+        top = max(shares, key=shares.__getitem__)  # ties: the order above
+        if diverged and diverged >= shares[top] and brk is not None:
             cause, where = brk.cause, brk.where
-        elif evicted:
-            cause, where = Cause.EVICTED, f"cached {obs[v.request_id]} of {base[v.request_id]} predicted"
+        elif shares[top]:
+            cause, where = top, _share_where(top, o, b, rs, rr, pred)
         if diverged and brk is not None:
             split[brk.cause] = split.get(brk.cause, 0) + diverged
             if brk.patch is not None:
-                patches.setdefault(brk.cause, _PatchList()).append((v.request_id, brk.patch))
-        if evicted:
-            split[Cause.EVICTED] = split.get(Cause.EVICTED, 0) + evicted
-        rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
-                                where, pred, k if pred is not None else None, base[v.request_id], evicted))
-        index.add(v.request_id, all_hashes, P // B, in_cache)
+                patches.setdefault(brk.cause, _PatchList()).append((rid, brk.patch))
+        for c, tokens in shares.items():
+            if tokens:
+                split[c] = split.get(c, 0) + tokens
+        rows.append(Attribution(rid, v.session_id, v.step, P, o, diverged + sum(shares.values()), cause,
+                                where, pred, k if pred is not None else None, b, shares[Cause.EVICTED],
+                                reachable_cached_tokens=rr,
+                                substituted_tokens=shares[Cause.REPLAY_SUBSTITUTED_OUTPUT]))
+        index.add(rid, all_hashes, P // B, in_cache)
     del index, hasher  # one entry per distinct block chain: free them before the what-if simulations
-    causes = _totals(views, B, split, patches, base, obs, sum(r.prompt_tokens for r in rows), progress,
-                     num_gpu_blocks, order, generated)
+    causes = _totals(views, B, split, patches, obs, sum(r.prompt_tokens for r in rows), progress,
+                     num_gpu_blocks, order, generated, recorded_mode)
     preset = provider_preset or "openai-gpt-4.1"
     if provider_observed is not None:
         _provider_columns(views, rows, provider_observed, preset, provider_prompt)
     return Explanation(rows, causes, B, sum(r.prompt_tokens for r in rows), sum(obs),
                        sum(r.recomputed_tokens for r in rows), preset if provider_observed is not None else None)
+
+
+def _share_where(cause: Cause, observed: int, planned: int, reach: int, reach_run: int, pred: int | None) -> str:
+    if cause == Cause.REPLAY_SUBSTITUTED_OUTPUT:
+        return (f"request {pred}'s answer: the replay sent the trace's, the server had cached its own "
+                f"(cached {observed}, {planned} with the planned answers)")
+    if cause == Cause.NOT_YET_CACHED:
+        return f"cached {observed} of {reach}: the rest was still being computed by a concurrent request"
+    return f"cached {observed} of {reach_run} cached earlier in this run"
+
+
+def _served_outputs(views: Sequence[RequestView], generated: Sequence[np.ndarray | None] | None,
+                    recorded_mode: bool) -> Iterator[np.ndarray | None]:
+    """What each request left in the server's cache beyond its prompt: a recorded-mode replay's server cached
+    what it generated (None where unknown: its prompt blocks alone then, as nothing of an answer the replay
+    never sent again can match); otherwise the views' outputs (a live replay's are the generated ones)."""
+    if not recorded_mode:
+        return _outputs(views)
+    return iter(generated) if generated is not None else iter([None] * len(views))
+
+
+def _reach(views: Sequence[RequestView], B: int, observed: bool, order: Sequence[tuple[int, int]] | None,
+           generated: Sequence[np.ndarray | None] | None, recorded_mode: bool
+           ) -> tuple[list[int] | None, list[int] | None]:
+    """Per request, what an unbounded cache could have served from the tokens the server really held, in
+    request order (None: the views' own simulation, where outputs were not substituted) and in the run's
+    send / finish order (None: no order known). Only with observed cached tokens: a simulation has no run."""
+    if not observed:
+        return None, None
+    seq = _simulate(_prompts(views), _served_outputs(views, generated, recorded_mode), _sessions(views), B) \
+        if recorded_mode else None
+    run = _simulate_events(_prompts(views), _served_outputs(views, generated, recorded_mode), B, None, order) \
+        if order is not None else None
+    return seq, run
 
 
 def _counted(items: Iterator[np.ndarray], bar: Any, lengths: list[int] | None = None) -> Iterator[np.ndarray]:
@@ -691,25 +765,29 @@ def _counted(items: Iterator[np.ndarray], bar: Any, lengths: list[int] | None = 
 
 
 def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
-            patches: dict[str, _PatchList], base: list[int],
-            obs: list[int], prompt_tokens: int, progress: bool = False,
+            patches: dict[str, _PatchList], obs: list[int], prompt_tokens: int, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
-            generated: Sequence[np.ndarray | None] | None = None) -> list[CauseTotal]:
+            generated: Sequence[np.ndarray | None] | None = None, recorded_mode: bool = False) -> list[CauseTotal]:
+    """Each cause's tokens, share and what-if. A cause that is a shortfall of this run (eviction, a prefix not
+    cached yet, a substituted answer) is put back as it was lost; a cause of the history is patched away and
+    the trace simulated again on what the server could cache (a recorded replay's generated answers, never
+    its planned ones: no what-if credits reuse the replay cannot get), with this run's eviction and
+    concurrency losses carried over."""
     total = sum(split.values())
-    shortfall = sum(o - b for o, b in zip(obs, base))  # <= 0: evictions
+    lost = split.get(Cause.EVICTED, 0) + split.get(Cause.NOT_YET_CACHED, 0)
     out = []
     for cause, n in sorted(split.items(), key=lambda kv: -kv[1]):
         pool_rate = None
-        if cause == Cause.EVICTED:
-            rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, prompt_tokens)
+        if cause in _RUN_SHORTFALLS:
+            rate = (sum(obs) + n) / max(1, prompt_tokens)
         else:
             lengths: list[int] = []
             bar = progress_bar(None, total=len(views), desc=f"explain: what-if {cause}", unit="req",
                                enabled=progress)
             cached = _simulate(_counted(_apply_patches(views, patches.get(cause, [])), bar, lengths),
-                               _outputs(views), _sessions(views), B)
+                               _served_outputs(views, generated, recorded_mode), _sessions(views), B)
             bar.close()
-            rate = (sum(cached) + shortfall) / max(1, sum(lengths))
+            rate = (sum(cached) - lost) / max(1, sum(lengths))
             if num_gpu_blocks:
                 outputs = _outputs(views) if generated is None else \
                     (g if g is not None else o for g, o in zip(generated, _outputs(views)))
@@ -718,6 +796,11 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
                 pool_rate = round(sum(pool) / max(1, sum(lengths)), 6)
         out.append(CauseTotal(cause, n, n / total if total else 0.0, round(rate, 6), pool_rate))
     return out
+
+
+#: Causes that are a shortfall of the run against what its server could have served, not a change of the
+#: history: their what-if puts the lost tokens back rather than patching the trace.
+_RUN_SHORTFALLS = {Cause.EVICTED, Cause.NOT_YET_CACHED, Cause.REPLAY_SUBSTITUTED_OUTPUT}
 
 
 def _provider_columns(views: Sequence[RequestView], rows: list[Attribution], provider_observed: Sequence[int | None],
@@ -747,8 +830,13 @@ class TraceViews(Sequence[RequestView]):
     request's predecessor is almost always recent (its session parent, the previous request), and an older
     one is rebuilt from the trace."""
 
-    def __init__(self, trace: Any, extras: Any = None, window: int = 256) -> None:
+    def __init__(self, trace: Any, extras: Any = None, window: int = 256,
+                 live_generated: dict[int, np.ndarray] | None = None) -> None:
         self.trace = trace
+        #: A live replay's generated answers (request id -> token ids): each prompt is then the one the replay
+        #: sent (its session's earlier answers as generated, :meth:`Trace.live_substitute`) and each output the
+        #: one the server generated, so the attribution reads the tokens the server saw.
+        self.live_generated = live_generated or {}
         df = trace.requests
         self._msgs = df["messages"].tolist()
         self._session = [str(x) for x in df["session_id"].tolist()]
@@ -781,19 +869,34 @@ class TraceViews(Sequence[RequestView]):
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
+    def prompt(self, rid: int) -> np.ndarray:
+        """One request's prompt as sent (int32), without building its view."""
+        sub = self.trace.live_substitute(rid, self.live_generated) if self.live_generated else None
+        return self.trace.prompt_token_ids(rid, sub).astype(np.int32)
+
+    def output(self, rid: int) -> np.ndarray | None:
+        """One request's answer: the server's in a live replay (where it answered), else the trace's."""
+        got = self.live_generated.get(rid)
+        return got if got is not None else self.trace.output_token_ids(rid)
+
     def prompts(self):
         """Each request's prompt tokens, in order, without keeping them."""
-        return (self.trace.prompt_token_ids(i).astype(np.int32) for i in range(len(self)))
+        return (self.prompt(i) for i in range(len(self)))
 
     def outputs(self):
-        return (self.trace.output_token_ids(i) for i in range(len(self)))
+        return (self.output(i) for i in range(len(self)))
 
     def _spans(self, rid: int) -> list[tuple[str, int, int]]:
         """``(kind, start, end)`` of each prompt segment (:meth:`Trace.segment_map`, vectorised: generated
-        prompts hold hundreds of segments)."""
+        prompts hold hundreds of segments); a live replay's substituted answers at their generated length."""
         trace = self.trace
         ids = trace.prompt_segment_ids(rid)
         lengths = trace.seg_offsets[ids + 1] - trace.seg_offsets[ids]
+        if self.live_generated:
+            sub = trace.live_substitute(rid, self.live_generated)
+            if sub:
+                lengths = np.array([len(sub[int(i)]) if int(i) in sub else n for i, n in zip(ids, lengths)],
+                                   dtype=np.int64)
         ends = np.cumsum(lengths)
         return list(zip(trace.seg_kinds[ids].tolist(), (ends - lengths).tolist(), ends.tolist()))
 
@@ -801,16 +904,15 @@ class TraceViews(Sequence[RequestView]):
         raw = self._msgs[rid]
         messages = json.loads(raw) if raw else None
         spans = self._spans(rid)
-        return RequestView(rid, self._session[rid], self._step[rid], self._parent[rid],
-                           self.trace.prompt_token_ids(rid).astype(np.int32), self.trace.output_token_ids(rid),
-                           messages, self._tools.get(rid), _message_ends(messages, spans), spans,
+        return RequestView(rid, self._session[rid], self._step[rid], self._parent[rid], self.prompt(rid),
+                           self.output(rid), messages, self._tools.get(rid), _message_ends(messages, spans), spans,
                            self._transition[rid], self._arrival[rid])
 
 
-def views_from_trace(trace, extras=None) -> TraceViews:
+def views_from_trace(trace, extras=None, live_generated: dict[int, np.ndarray] | None = None) -> TraceViews:
     """The trace's requests as :class:`RequestView` s (built on demand, see :class:`TraceViews`); ``extras``
-    is ``read_exchanges(trace_dir)`` (tools)."""
-    return TraceViews(trace, extras)
+    is ``read_exchanges(trace_dir)`` (tools); ``live_generated``: a live replay's answers (the prompts it sent)."""
+    return TraceViews(trace, extras, live_generated=live_generated)
 
 
 def _message_ends(messages: list[dict] | None, spans: list[tuple[str, int, int]]) -> list[int] | None:
@@ -964,22 +1066,72 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
         if est.seconds >= ESTIMATE_ABOVE_S:
 
             print(est.line(), file=sys.stderr, flush=True)
-    views = views_from_trace(trace, extras)
+    mode = replay_mode(observed_records)
+    order = event_order(observed_records) if observed_records is not None else None
+    generated = generated_outputs(observed_records, trace.num_requests) if observed_records is not None else None
+    live = None
+    if mode == "live" and generated is not None:  # the prompts it sent carried these answers
+        live = {rid: g for rid, g in enumerate(generated) if g is not None}
+    views = views_from_trace(trace, extras, live)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
-    order = event_order(observed_records) if num_gpu_blocks else None
-    generated = generated_outputs(observed_records, trace.num_requests) if num_gpu_blocks else None
     return explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
-                   num_gpu_blocks=num_gpu_blocks, order=order, generated=generated)
+                   num_gpu_blocks=num_gpu_blocks, order=order, generated=generated,
+                   recorded_mode=mode == "recorded")
+
+
+@dataclass(frozen=True)
+class RunEviction:
+    """One replay run against an unbounded cache, request by request (trace request ids; -1 / 0 where the run
+    has no successful record): ``cached_tokens`` the server reported, ``reachable_cached_tokens`` what an
+    unbounded cache would have served from the tokens the server held (the prompts as sent, the answers it
+    generated) in the run's own send / finish order, i.e. the blocks cached earlier in this run, and
+    ``evicted_tokens`` the part of those the server did not serve: cached, then lost."""
+
+    request_ids: np.ndarray
+    cached_tokens: np.ndarray
+    reachable_cached_tokens: np.ndarray
+    evicted_tokens: np.ndarray
+
+
+def run_eviction(trace: Any, records: Any, block_size: int) -> RunEviction:
+    """:class:`RunEviction` of a replay run (its records) of ``trace``: the eviction a report may claim. A
+    recorded-mode replay's planned answers, which the server never held, and a prefix a concurrent request was
+    still computing are not eviction (``explain`` names them)."""
+    n = trace.num_requests
+    mode = replay_mode(records)
+    generated = generated_outputs(records, n)
+    live = {r: g for r, g in enumerate(generated) if g is not None} if mode == "live" and generated else None
+    views = views_from_trace(trace, None, live)
+    order = event_order(records)
+    if order is not None:  # the run's order alone (request order would only ever add a prefix still running)
+        reach = np.asarray(_simulate_events(_prompts(views), _served_outputs(views, generated, mode == "recorded"),
+                                            block_size, None, order), np.int64)
+    else:
+        reach = np.asarray(_simulate(_prompts(views), _served_outputs(views, generated, mode == "recorded"),
+                                     _sessions(views), block_size), np.int64)
+    observed = observed_from_records(records, n)
+    ids = np.array([i for i, o in enumerate(observed) if o is not None], np.int64)
+    got = np.array([observed[i] for i in ids], np.int64)
+    reach = reach[ids] if len(ids) else np.zeros(0, np.int64)
+    return RunEviction(ids, got, reach, np.clip(reach - got, 0, None))
+
+
+def replay_mode(records: Any) -> str | None:
+    """``live`` or ``recorded``: how a replay run's records say its prompts were built (the records' ``mode``;
+    None where they do not say, and their cached tokens are read against the trace as it is)."""
+    if records is None or "mode" not in getattr(records, "columns", ()):
+        return None
+    modes = set(records["mode"].dropna().astype(str))
+    return modes.pop() if len(modes) == 1 and modes <= {"live", "recorded"} else None
 
 
 def observed_from_records(records: Any, num_requests: int) -> list[int | None]:
     """The server's cached tokens per trace request from a replay run's records (successful attempts; None
     where the run has none for a request, or the server did not report them)."""
-    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
-
-    got = {int(r.request_id): int(r.cached_tokens) for r in records.itertuples()
-           if not isinstance(r.error_class, str) and pd.notna(r.cached_tokens)}
+    ok = records[records["error_class"].isna()] if "error_class" in records else records
+    ok = ok[ok["cached_tokens"].notna()]
+    got = dict(zip(ok["request_id"].astype(int).tolist(), ok["cached_tokens"].astype(int).tolist()))
     return [got.get(i) for i in range(num_requests)]
 
 

@@ -21,18 +21,21 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.causes import Cause
-from kvscope.harness.analysis.common import _derived, _pct
+from kvscope.harness.analysis.common import _derived, _ok_cells, _pct
 from kvscope.harness.analysis.explain import (
     Explanation,
     ProviderAgreement,
     explain_trace,
     provider_comparison,
+    run_eviction,
 )
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.workloads.trace import Trace
 
 NOTEBOOK = "explain"
 SIMULATED = "simulation (infinite cache)"
@@ -44,13 +47,20 @@ CAUSE_WORDS = {
     Cause.MESSAGE_EDITED: "an earlier message edited in place",
     Cause.HISTORY_TRUNCATED: "truncated history",
     Cause.COMPACTION: "compaction (history replaced by a summary)",
-    Cause.EVICTED: "eviction (the prefix was cached, then evicted)",
+    Cause.EVICTED: "eviction (the prefix was cached earlier in this run, then evicted)",
     Cause.PREFIX_CHANGED: "a changed prefix",
+    Cause.REPLAY_SUBSTITUTED_OUTPUT: ("the replay's substitution of answers (a recorded-mode replay sends the "
+                                      "trace's answer, not the one the server generated and cached: a replay "
+                                      "artefact)"),
+    Cause.NOT_YET_CACHED: "a prefix still being computed by a concurrent request (never cached before: not eviction)",
 }
+#: Causes that are a shortfall of the run rather than a habit of the history: never the page's habit headline.
+RUN_SHORTFALLS = {Cause.EVICTED, Cause.REPLAY_SUBSTITUTED_OUTPUT, Cause.NOT_YET_CACHED}
 #: One colour per cause, the same on every figure of the page.
 CAUSE_COLOURS = {Cause.VOLATILE_FIELD: "#d62728", Cause.SYSTEM_PROMPT_CHANGED: "#9467bd",
                  Cause.TOOLS_CHANGED: "#8c564b", Cause.MESSAGE_EDITED: "#e377c2", Cause.HISTORY_TRUNCATED: "#7f7f7f",
-                 Cause.COMPACTION: "#bcbd22", Cause.EVICTED: "#17becf", Cause.PREFIX_CHANGED: "#ff7f0e"}
+                 Cause.COMPACTION: "#bcbd22", Cause.EVICTED: "#17becf", Cause.PREFIX_CHANGED: "#ff7f0e",
+                 Cause.REPLAY_SUBSTITUTED_OUTPUT: "#aec7e8", Cause.NOT_YET_CACHED: "#c5b0d5"}
 
 
 @dataclass
@@ -128,6 +138,51 @@ def explain_workloads(res: ExperimentResults) -> list[WorkloadExplanation]:
     return out
 
 
+def cell_eviction(res: ExperimentResults) -> pd.DataFrame:
+    """Per caching cell with request records: prompt tokens, cached tokens, the tokens an unbounded cache would
+    have served in that run (``infinite_cached_tokens``: blocks cached earlier in it, from the tokens its server
+    held, :func:`~kvscope.harness.analysis.explain.run_eviction`; never below what the server served) and
+    ``evicted_tokens``: what was cached and then lost. Computed once per results object."""
+    return _derived(res, ("cell_eviction",), lambda: _cell_eviction(res))
+
+
+_EVICTION_COLUMNS = ["cell", "server", "workload", "load", "prompt_tokens", "cached_tokens", "infinite_cached_tokens",
+                     "evicted_tokens", "hit_rate", "infinite_hit_rate"]
+
+
+def _cell_eviction(res: ExperimentResults) -> pd.DataFrame:
+    ok = res.ok_requests()
+    c = _ok_cells(res)
+    if not len(ok) or not len(c) or "prefix_caching" not in c:
+        return pd.DataFrame(columns=_EVICTION_COLUMNS)
+    traces: dict[str, Trace | None] = {}
+    records_of = dict(tuple(res.requests.groupby("cell", sort=False)))
+    ok_of = dict(tuple(ok.groupby("cell", sort=False)))
+    rows = []
+    for _, cell in c[c["prefix_caching"].map(lambda v: v is True)].iterrows():
+        w = str(cell["workload"])
+        if w not in traces:
+            tdir = res.trace_dir(w)
+            traces[w] = Trace.read(tdir) if tdir is not None and (Path(tdir) / "trace.json").is_file() else None
+        trace = traces[w]
+        records = records_of.get(cell["cell"])
+        r = ok_of.get(cell["cell"])
+        if trace is None or records is None or r is None or not len(r):
+            continue
+        block = nan_to_none(cell.get("block_size"), int) or int(trace.meta.get("block_size_hint") or 16)
+        ev = run_eviction(trace, records, block)
+        r = r[r["request_id"].to_numpy(int) < trace.num_requests]
+        prompt = float(r["prompt_tokens"].sum())
+        got = float(r["cached_tokens"].fillna(0).sum())
+        ideal = float(np.maximum(ev.reachable_cached_tokens, ev.cached_tokens).sum())
+        rows.append({"cell": cell["cell"], "server": cell["server"], "workload": cell["workload"],
+                     "load": str(cell["load"]), "prompt_tokens": prompt, "cached_tokens": got,
+                     "infinite_cached_tokens": ideal, "evicted_tokens": float(ev.evicted_tokens.sum()),
+                     "hit_rate": got / prompt if prompt else math.nan,
+                     "infinite_hit_rate": ideal / prompt if prompt else math.nan})
+    return pd.DataFrame(rows, columns=_EVICTION_COLUMNS)
+
+
 # ---- tidy frames ---------------------------------------------------------------------------------------------
 def cause_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
     """One row per (workload, cause): recomputed tokens, share of the workload's recomputed tokens, the requests
@@ -154,12 +209,17 @@ def what_if_frame(explained: list[WorkloadExplanation]) -> pd.DataFrame:
             continue
         rows.append({"workload": wx.workload, "scenario": "as observed", "cause": None,
                      "hit_rate": wx.explanation.hit_rate})
-        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}", "cause": c.cause,
+        rows += [{"workload": wx.workload, "scenario": _scenario(c.cause), "cause": c.cause,
                   "hit_rate": c.what_if_hit_rate} for c in wx.explanation.causes]
-        rows += [{"workload": wx.workload, "scenario": f"without {c.cause}, at the run's KV pool", "cause": c.cause,
+        rows += [{"workload": wx.workload, "scenario": f"{_scenario(c.cause)}, at the run's KV pool", "cause": c.cause,
                   "hit_rate": c.what_if_hit_rate_pool} for c in wx.explanation.causes
                  if c.what_if_hit_rate_pool is not None]
     return pd.DataFrame(rows, columns=["workload", "scenario", "cause", "hit_rate"])
+
+
+def _scenario(cause: Cause) -> str:
+    """A what-if's name: the cause removed; a recorded replay's substitution is removed by replaying live."""
+    return "replayed live (no substituted answers)" if cause == Cause.REPLAY_SUBSTITUTED_OUTPUT else f"without {cause}"
 
 
 def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
@@ -173,8 +233,8 @@ def what_if_palette(frame: pd.DataFrame) -> dict[str, str]:
         return to_hex((0.55 * r + 0.45, 0.55 * g + 0.45, 0.55 * b + 0.45))
 
     causes = list(dict.fromkeys(frame["cause"].dropna()))
-    colours = {"as observed": "#444444", **{f"without {c}": CAUSE_COLOURS.get(c, "#999999") for c in causes},
-               **{f"without {c}, at the run's KV pool": light(CAUSE_COLOURS.get(c, "#999999")) for c in causes}}
+    colours = {"as observed": "#444444", **{_scenario(c): CAUSE_COLOURS.get(c, "#999999") for c in causes},
+               **{f"{_scenario(c)}, at the run's KV pool": light(CAUSE_COLOURS.get(c, "#999999")) for c in causes}}
     return {k: v for k, v in colours.items() if k in set(frame["scenario"])}
 
 
@@ -248,10 +308,14 @@ def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation]
     if not ex.causes or not ex.recomputed_tokens:
         return None
     top = ex.causes[0]
-    where = _typical_where(wx, top.cause) if top.cause != Cause.EVICTED else ""  # eviction's where is per request
+    where = _typical_where(wx, top.cause) if top.cause not in RUN_SHORTFALLS else ""  # theirs is per request
     words = CAUSE_WORDS.get(top.cause, top.cause.replace("_", " "))
     if top.cause == Cause.EVICTED:
         cache = " with an infinite cache (no eviction)"
+    elif top.cause == Cause.REPLAY_SUBSTITUTED_OUTPUT:
+        cache = " in a live replay (the server's own answers in the history, as a real agent's)"
+    elif top.cause == Cause.NOT_YET_CACHED:
+        cache = " had each concurrent request finished before the next one needing its prefix was sent"
     else:
         cache = " with an infinite cache"
         if top.what_if_hit_rate_pool is not None:
@@ -259,7 +323,7 @@ def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation]
                       "(in the run's order)")
     ref = reference_of(wx, explained or [])
     measured = ""
-    if ref is not None and top.cause != Cause.EVICTED:
+    if ref is not None and top.cause not in RUN_SHORTFALLS:
         measured = (f"; {ref.workload}, the same sessions without it, measured {_pct(ref.explanation.hit_rate)}"
                     + (f" on {ref.server}" if ref.server else " (simulated)"))
     return (f"{wx.workload}: {words}{f', {where},' if where else ''} causes {_pct(top.share)} of the "
@@ -284,8 +348,11 @@ def what_if_title(explained: list[WorkloadExplanation]) -> str:
         return "No cause to remove"
     wx, c = best
     pool = "" if c.what_if_hit_rate_pool is None else f", {_pct(c.what_if_hit_rate_pool)} at the run's KV pool"
-    return (f"Removing {c.cause.replace('_', ' ')} from {wx.workload} would take its hit rate from "
-            f"{_pct(wx.explanation.hit_rate)} to {_pct(c.what_if_hit_rate)} with an infinite cache{pool}")
+    rates = f"from {_pct(wx.explanation.hit_rate)} to {_pct(c.what_if_hit_rate)}"
+    if c.cause == Cause.REPLAY_SUBSTITUTED_OUTPUT:
+        return f"Replaying {wx.workload} live (the server's own answers in the history) would take its hit rate {rates}"
+    return (f"Removing {c.cause.replace('_', ' ')} from {wx.workload} would take its hit rate {rates} "
+            f"with an infinite cache{pool}")
 
 
 def explain_findings(explained: list[WorkloadExplanation], max_causes: int = 2) -> list[Finding]:
@@ -301,7 +368,8 @@ def explain_findings(explained: list[WorkloadExplanation], max_causes: int = 2) 
         if sentence is None:
             continue
         top, ex = wx.explanation.causes[0], wx.explanation
-        out.append(Finding(question="habit" if not out else "cache_break", sentence=sentence, notebook=NOTEBOOK,
+        habit = top.cause not in RUN_SHORTFALLS and not any(f.question == "habit" for f in out)
+        out.append(Finding(question="habit" if habit else "cache_break", sentence=sentence, notebook=NOTEBOOK,
                            figure="recomputed_by_cause",
                            numbers={"recomputed_tokens": float(ex.recomputed_tokens), "share": top.share,
                                     "hit_rate": ex.hit_rate, "what_if_hit_rate": top.what_if_hit_rate,

@@ -8,9 +8,11 @@ turns traces and run directories into those rows and into the typed ``speculatio
 so the command line and the report cannot disagree.
 
 A *run* directory is predicted on the tokens its server generated (``output_token_ids`` in its records, kept
-since that field exists): the prompt as sent (recorded mode: the trace's; live mode: with the generated
-answers substituted) and the generated answer. A *trace* is predicted on its recorded outputs (what the
-agent's own model said), which is the question before deploying.
+since that field exists): the prompt as sent (recorded mode: the trace's; live mode: with its session's
+earlier answers as generated) and the generated answer. A *trace* is predicted on its recorded outputs (what
+the agent's own model said), which is the question before deploying. An experiment's page predicts each
+workload on the tokens one of its cells generated, so the prediction and the server's measured acceptance are
+counted on the same tokens (a recorded replay's planned answers are not what the server drafted against).
 """
 
 from __future__ import annotations
@@ -119,30 +121,36 @@ def _run_as_trace(run_dir: Path) -> Trace:
     if "output_token_ids" not in recs.columns:
         raise KvscopeError(f"{run_dir}: the run's records keep no generated token ids (recorded before "
                            "kvscope kept output_token_ids); give the trace instead")
-    recs = recs[recs["error_class"].isna()].sort_values(["request_id", "attempt"]).drop_duplicates(
-        "request_id", keep="last")
     live = manifest.options.get("mode") == "live" if isinstance(getattr(manifest, "options", None), dict) else False
+    out = generated_trace(trace, recs, live, f"run {run_dir.name}")
+    if out is None:
+        raise KvscopeError(f"{run_dir}: no successful request with generated token ids")
+    return out
+
+
+def generated_trace(trace: Trace, records: pd.DataFrame, live: bool, name: str) -> Trace | None:
+    """The prompts a run of ``trace`` sent and the tokens its server generated, as a trace (None: no successful
+    request kept its generated ids). A live run's prompts carry its session's earlier answers as generated
+    (:meth:`Trace.live_substitute`, as the replay built them); a recorded run's are the trace's own."""
+    recs = records[records["error_class"].isna()] if "error_class" in records else records
+    recs = recs.sort_values(["request_id", "attempt"] if "attempt" in recs else ["request_id"]).drop_duplicates(
+        "request_id", keep="last")
     generated = {int(r): np.asarray(t if t is not None else [], np.int32)
                  for r, t in zip(recs["request_id"], recs["output_token_ids"])}
+    answered = {r: g for r, g in generated.items() if g.size}
     b = TraceBuilder()
-    for rid in sorted(generated):
-        out = generated[rid]
-        if out.size == 0:
-            continue
+    for rid in sorted(answered):
+        out = answered[rid]
         row = trace.requests.iloc[rid]
-        sub = None
-        if live:
-            sub = {trace.output_segment_id(int(q)): generated[int(q)] for q in [row["parent_request_id"]]
-                   if int(q) >= 0 and int(q) in generated}
-        prompt = trace.prompt_token_ids(rid, sub)
+        prompt = trace.prompt_token_ids(rid, trace.live_substitute(rid, answered) if live else None)
         pid = b.shared_segment(prompt, SegmentKind.IMPORTED)
         oid = b.add_segment(out, SegmentKind.ASSISTANT)
         b.add_request(session_id=str(row["session_id"]), step=int(row["step"]), parent_request_id=-1,
                       arrival_s=float(rid), session_start_s=0.0, prompt_segment_ids=[pid], output_segment_id=oid,
                       output_tokens=int(out.size), transition=Transition(row["transition"]))
     if not b.rows:
-        raise KvscopeError(f"{run_dir}: no successful request with generated token ids")
-    return b.build({"name": f"run {run_dir.name}"})
+        return None
+    return b.build({"name": name})
 
 
 def recorded_output_lengths(trace: Trace) -> np.ndarray:
@@ -187,7 +195,7 @@ def prediction_table(data: SpeculationFile | Sequence[SpeculationFile]) -> pd.Da
     rows = []
     for f in files:
         for m in f.methods:
-            rows.append({"trace": f.trace_name or f.trace, "method": m.method, "setting": m.label,
+            rows.append({"trace": f.trace_name or f.trace, "tokens": f.trace, "method": m.method, "setting": m.label,
                          "requests": m.requests, "acceptance_rate": m.acceptance_rate,
                          "mean_acceptance_length": m.mean_acceptance_length, "tokens_per_step": m.tokens_per_step,
                          "draft_share_of_steps": m.draft_share_of_steps,
@@ -250,11 +258,45 @@ def _server_max_model_len(res, server: str) -> int | None:
     return entry.config.get("max_model_len") or (entry.facts.max_model_len if entry.facts else None)
 
 
+def _cell_trace(res, cell: str, cache: dict[str, Trace | None]) -> Trace | None:
+    """A cell's run as a trace of the tokens it sent and generated (:func:`_run_as_trace`), read once per page."""
+    if cell not in cache:
+        cell_dir = res.cell_dirs.get(cell)
+        try:
+            cache[cell] = None if cell_dir is None else _run_as_trace(Path(cell_dir))
+        except KvscopeError:
+            cache[cell] = None
+    return cache[cell]
+
+
+def _generated_tokens_of(res, workload: str, cache: dict[str, Trace | None]) -> tuple[str, Trace] | None:
+    """(cell, its run as a trace of the tokens sent and generated) for the workload's first ok cell whose records
+    keep the generated ids: a speculative cell first (lowest load, first repeat), so the predicted row of its
+    configuration is on the very tokens its measured acceptance counts; None where no cell kept them."""
+    c = res.cells
+    if not len(c) or "workload" not in c:
+        return None
+    sel = c[c["workload"].astype(str) == workload]
+    if "status" in sel:
+        sel = sel[sel["status"] == "ok"]
+    plain = ~sel["speculative"].fillna(False).astype(bool) if "speculative" in sel else True
+    sel = sel.assign(_plain=plain, _c=pd.to_numeric(sel.get("concurrency", 0), errors="coerce"),
+                     _r=pd.to_numeric(sel.get("repeat", 0), errors="coerce"))
+    for _, row in sel.sort_values(["_plain", "_c", "_r", "cell"], na_position="last").iterrows():
+        trace = _cell_trace(res, str(row["cell"]), cache)
+        if trace is not None:
+            return str(row["cell"]), trace
+    return None
+
+
 def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The speculative page's data for an experiment (or a single run):
 
-    * every method predicted per workload on the trace's recorded outputs (n-gram at the experiment's own
-      settings and at k with lookup 2-4 and 1-3, suffix decoding, oracle): the question before deploying;
+    * every method predicted per workload (n-gram at the experiment's own settings and at k with lookup 2-4
+      and 1-3, suffix decoding, oracle) on the tokens one of its cells sent and its server generated
+      (:func:`_generated_tokens_of`): the tokens the measured acceptance is counted on, so predicted and
+      measured compare; on the trace's recorded outputs only where no cell kept its generated ids (the
+      ``tokens`` column says which);
     * acceptance by position for the same;
     * each speculative cell's measured acceptance beside the model's prediction of that same configuration on
       the tokens the server generated in that cell (``output_token_ids``), where the records keep them.
@@ -267,6 +309,7 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
     configs: list[SpecConfig] = list(dict.fromkeys([*own.values(), *default_configs(k)]))
     files = []
     workloads = sorted(set(cells["workload"])) if len(cells) else []
+    generated: dict[str, Trace | None] = {}  # cell -> its run as a trace of the tokens sent and generated
 
     for w in workloads:
         td = res.trace_dir(w)
@@ -275,19 +318,19 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
         trace = Trace.read(td)
         if (trace.requests["output_segment_id"] < 0).all():
             continue
-        f = predict_methods(trace, configs, source=str(td))
+        tokens, source = _generated_tokens_of(res, w, generated), str(td)
+        if tokens is not None:
+            cell, trace = tokens
+            source = f"{cell}: the tokens its server generated"
+        f = predict_methods(trace, configs, source=source)
         f.trace_name = w
         files.append(f)
     rows = []
     if len(cells) and "speculative" in cells:
         for _, c in cells[cells["speculative"] == True].iterrows():
             cfg = own.get(c["server"])
-            cell_dir = res.cell_dirs.get(c["cell"])
-            if cfg is None or cell_dir is None:
-                continue
-            try:
-                trace = _run_as_trace(Path(cell_dir))
-            except KvscopeError:
+            trace = _cell_trace(res, str(c["cell"]), generated) if cfg is not None else None
+            if trace is None:
                 continue
             s = simulate(trace, cfg, _server_max_model_len(res, c["server"])).summary()
             rows.append({"cell": c["cell"], "server": c["server"], "workload": c["workload"],
