@@ -265,7 +265,8 @@ class Capacity:
             return text + (f"; KV ceiling: it preempts from {self._level(ceiling)}" if ceiling is not None
                            else "; no preemption within the levels")
         held = f"{self.capacity:g}" if self.kind != "concurrency" else f"{int(self.capacity)}"
-        what = f"concurrent {self.workload} sessions" if self.kind == "concurrency" else f"{self.workload} sessions/s"
+        what = (f"concurrent {self.workload} session{'s' if held != '1' else ''}" if self.kind == "concurrency"
+                else f"{self.workload} sessions/s")
         text = f"{self.server} holds {held} {what} at {slo}"
         at = next(p for p in self.points if p.load == self.capacity)
         text += f" (at {self._level(at.load)}: {self.level_verdict(at)})"
