@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kvscope.harness.analysis.capacity import (LoadPoint, capacity_from_points, interpolated_crossing,
-                                               mean_in_flight, next_bisection_load, point_meets_slo)
+                                               TtftSlo, mean_in_flight, next_bisection_load, point_meets_slo)
 
 
 def curve(loads, knee: float, slope_ms: float = 40.0, base_ms: float = 50.0) -> list[LoadPoint]:
@@ -19,7 +19,9 @@ def test_capacity_is_the_highest_measured_load_meeting_the_slo_and_names_the_cei
     cap = capacity_from_points("baseline", "agent", "concurrency", pts, 250)
     assert cap.capacity == 4 and cap.ceiling == "slo"
     assert 4 < cap.interpolated < 8
-    assert cap.sentence().startswith("baseline holds 4 concurrent agent sessions at TTFT p90 ≤ 250 ms; at 8")
+    assert cap.sentence() == ("baseline holds 4 concurrent agent sessions at TTFT p90 ≤ 250 ms (at 4: TTFT p90 50 ms, "
+                              "80 % inside the SLO); at 8 it breaks the SLO (TTFT p90 290 ms, 16 % over the SLO: the "
+                              "latency criterion decided); each level ran once")
 
 
 def test_preemption_fails_a_level_even_within_the_latency_slo():
@@ -34,6 +36,12 @@ def test_no_ceiling_within_the_levels_and_nothing_passing_are_said_so():
     assert cap.capacity == 4 and cap.ceiling is None and "at least" in cap.sentence()
     none = capacity_from_points("s", "w", "session_rate", [LoadPoint(0.5, 0.9), LoadPoint(1.0, None)], 250)
     assert none.capacity is None and "none of the measured loads" in none.sentence()
+
+
+def test_the_ladder_bisects_below_an_under_driven_pass():
+    # 1 holds, 5 met the SLO with 4.1 in flight, 6 fails: the next level is between 1 and 5, not "done"
+    pts = [LoadPoint(1, 0.02, 0, 1.0), LoadPoint(5, 0.03, 0, 4.1), LoadPoint(6, 0.2, 2, 4.5)]
+    assert next_bisection_load(pts, 75, "concurrency") == 3
 
 
 def test_bisection_closes_the_gap_to_adjacent_concurrencies():
@@ -76,6 +84,42 @@ def test_mean_in_flight_and_under_driven_levels_are_flagged():
     assert mean_in_flight(["a", "b"], [0, 0], [4, 4]) == pytest.approx(2.0)
     pts = [LoadPoint(2, 0.05, mean_sessions_in_flight=1.0), LoadPoint(4, 0.05, mean_sessions_in_flight=3.9)]
     assert capacity_from_points("s", "w", "concurrency", pts, 250).under_driven == [2]
+
+
+def quickstart_sweep() -> list[LoadPoint]:
+    """The quickstart's baseline sweep (experiment 20261205-113415): level 5 passed with 4.10 of 5 sessions in
+    flight (the 8-session trace ran dry), 6 and 7 preempted; plus a driven level 4 the planned search now adds."""
+    return [LoadPoint(1, 0.0251, 0, 1.0), LoadPoint(4, 0.0300, 0, 3.89), LoadPoint(5, 0.0312, 0, 4.10),
+            LoadPoint(6, 0.1486, 2, 4.47), LoadPoint(7, 0.2753, 3, 5.44)]
+
+
+def test_an_under_driven_pass_does_not_count_toward_the_capacity_and_is_named():
+    # the old rule said "holds 5": level 5 only ever had 4.1 sessions in flight
+    slo = TtftSlo(unloaded_factor=3.0, number="3")
+    cap = capacity_from_points("baseline", "agent-sweep", "concurrency", quickstart_sweep(), slo)
+    assert cap.capacity == 4 and cap.ceiling == "preemption" and cap.under_driven == [5, 6, 7]
+    s = cap.sentence()
+    assert s.startswith("baseline holds 4 concurrent agent-sweep sessions at TTFT p90 ≤ 3x unloaded (25 ms, "
+                        "measured at concurrency 1) = 75 ms (at 4: TTFT p90 30 ms, 60 % inside the SLO, 3.9 sessions "
+                        "in flight); 5 met the SLO with only 4.1 sessions in flight on average (under-driven: below "
+                        "4.5, the level less 10 %), so it does not count; at 6 it preempts (2 preemptions, TTFT p90 "
+                        "149 ms, 97 % over the SLO, 4.5 sessions in flight (under-driven): both criteria fail)"), s
+    # without the driven level 4 nothing between 1 and 6 holds: the answer is 1, never the under-driven 5
+    without_4 = [p for p in quickstart_sweep() if p.load != 4]
+    assert capacity_from_points("baseline", "w", "concurrency", without_4, slo).capacity == 1
+    # an under-driven *failure* still fails: fewer sessions than asked already broke it
+    failing = [LoadPoint(1, 0.02, 0, 1.0), LoadPoint(4, 0.03, 0, 3.9), LoadPoint(5, 0.031, 1, 4.16)]
+    cap = capacity_from_points("ngram", "w", "concurrency", failing, slo)
+    assert cap.capacity == 4 and cap.ceiling == "preemption"
+    assert cap.sentence().endswith("at 5 it preempts (1 preemption, TTFT p90 31 ms, 48 % inside the SLO, 4.2 "
+                                   "sessions in flight (under-driven): the preemption criterion decided); each "
+                                   "level ran once (one preemption decides this edge)")
+
+
+def test_an_open_loop_level_is_never_under_driven():
+    pts = [LoadPoint(0.5, 0.05, 0, 0.2), LoadPoint(1.0, 0.06, 0, 0.3)]
+    cap = capacity_from_points("s", "w", "session_rate", pts, 250)
+    assert cap.capacity == 1.0 and cap.under_driven == []
 
 
 def test_a_predicted_level_is_read_by_its_median_run_not_its_worst():

@@ -63,7 +63,8 @@ def test_adaptive_sweep_stops_at_the_first_failure_then_bisects_to_the_ceiling()
     assert ran == [1, 2, 4, 8, 6, 5]  # 16 never runs; 6 then 5 close the gap between 4 and 8
     cap = sw.capacity()
     assert cap.capacity == 5 and cap.ceiling == "slo"
-    assert cap.sentence().startswith("a holds 5 concurrent w sessions at TTFT p90 ≤ 250 ms; at 6 it breaks")
+    assert cap.sentence().startswith("a holds 5 concurrent w sessions at TTFT p90 ≤ 250 ms (at 5: TTFT p90 50 ms, "
+                                     "80 % inside the SLO); at 6 it breaks")
 
 
 def test_bisections_are_bounded_and_a_fixed_sweep_runs_every_level():

@@ -55,7 +55,7 @@ def test_spec_parameters_and_extra_parameters():
          "cost": {"pricing": ["openai-gpt-4.1"], "gpu_hourly_usd": 3}})
     params = _parameters(spec, {"latency": {"bandwidth_gb_s": 900.0}})
     assert params["latency"] == {"slo_ttft_ms": 250.0, "bandwidth_gb_s": 900.0}
-    assert params["cost"] == {"pricing": ["openai-gpt-4.1"], "gpu_hourly_usd": 3.0}
+    assert params["cost"] == {"pricing": ["openai-gpt-4.1"], "hourly_usd": 3.0, "hardware": "the serving machine"}
     assert params["primer"] == {}
     with pytest.raises(KvscopeError, match=r"notebook latency: unknown parameter\(s\) slo_ttft; allowed: slo_ttft_ms"):
         _parameters(spec, {"latency": {"slo_ttft": 1}})

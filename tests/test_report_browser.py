@@ -159,3 +159,37 @@ def test_report_workers_one_per_cpu_by_default_at_most_one_per_notebook_and_the_
         monkeypatch.setenv("KVSCOPE_REPORT_WORKERS", bad)
         with pytest.raises(KvscopeError, match=f"KVSCOPE_REPORT_WORKERS='{bad}': allowed is a whole number"):
             report_workers(7)
+
+
+def test_the_index_states_the_driven_capacity_the_scale_and_self_hosted_cost(chromium, tiny_model_dir, tmp_path):
+    """The index of a constructed experiment (issue 37, points 3 and 5) as a reader sees it in Chromium: the
+    quickstart's recorded "holds 5" on a level with 4.1 sessions in flight is stated as what the points support,
+    with the under-driven level named; the three session counts are reconciled; the workload scale is a caveat;
+    self-hosted $ per 1,000 sessions stands beside the provider's, on the machine named as what it is."""
+    from kvscope.harness.analysis import findings as F
+    from kvscope.harness.report.render import write_index
+    from kvscope.workloads.generate import generate_from_file
+
+    from tests.test_capacity_report import quickstart
+    from tests.test_cost_report import CAP, SCALE, results
+
+    generate_from_file("agent-coding", tiny_model_dir, seed=3, scale=SCALE, sessions=3,
+                       max_context=CAP).write(tmp_path / "traces" / "agent")
+    res = results(tmp_path, {"pricing": ["anthropic-sonnet-5m"],
+                             "self_hosted": {"hourly_usd": 0.10, "hardware": "a 2-core CPU VM"}})
+    out = tmp_path / "report"
+    for page, data in (("concurrency", quickstart()), ("cost", res)):
+        fig = out / "figures" / page
+        fig.mkdir(parents=True)
+        F.write_page_findings(data, page, fig)
+    write_index(res, out, [])
+    (index,) = check_report_pages(out, pages=[out / "index.html"])
+    assert not index.problems, index.problems
+    text = index.visible_text
+    assert "baseline holds 1 concurrent agent-sweep session at" in text and "holds 5" not in text
+    assert ("5 met the SLO with only 4.1 sessions in flight on average (under-driven: below 4.5, the level less "
+            "10 %), so it does not count") in text
+    assert "Three session counts for one KV pool: vLLM's max_concurrency_at_max_len (2)" in text
+    assert "Scale: agent ran at prompt scale 0.02, outputs 0.15, contexts capped at 1,500 tokens" in text
+    assert "self-hosted on a 2-core CPU VM at $0.10 an hour: $0.33 per 1,000 sessions" in text
+    assert "GPU-hour" not in text

@@ -130,8 +130,8 @@ def test_the_cost_title_says_dearer_when_caching_costs_more():
 
 def test_self_hosted_cost_carries_the_hourly_rate_it_follows_from():
     res = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03, tok_per_s=500.0)])
-    [row] = cost.self_hosted_costs(res, gpu_hourly_usd=3.5).to_dict("records")
-    assert (row["gpu_hourly_usd"], row["gpus"]) == (3.5, 1)
+    [row] = cost.self_hosted_costs(res, hourly_usd=3.5, hardware="one H100 80GB").to_dict("records")
+    assert (row["hourly_usd"], row["hardware"]) == (3.5, "one H100 80GB")
     assert row["usd_per_mtok_output"] == pytest.approx(3.5 / 3600 / 500 * 1e6)
 
 

@@ -189,7 +189,7 @@ def test_report_reads_slo_and_cost_from_the_typed_spec(tmp_path):
     res = load_results(tmp_path)
     params = _parameters(res.spec, {})
     assert params["latency"] == {"slo_ttft_ms": 250.0}
-    assert params["cost"] == {"pricing": DEFAULT_PRICING, "gpu_hourly_usd": 2.0}
+    assert params["cost"] == {"pricing": DEFAULT_PRICING, "hourly_usd": 2.0, "hardware": "the serving machine"}
 
 
 def test_report_json_round_trips_and_earlier_entries_are_kept(tmp_path):

@@ -64,6 +64,18 @@ def test_a_wrong_prediction_searches_down_to_the_measured_edge_and_past_it():
     assert order == [1, 2, 3, 4, 5, 7, 6, 8]  # too pessimistic: next to the passing level above the edge, then bisect
 
 
+def test_an_under_driven_pass_is_searched_below_like_a_failure():
+    # the quickstart's baseline: 5 met the SLO with 4.1 of 5 sessions in flight, 6 and 7 preempt. The old plan
+    # measured 1, 5, 6, 7 and called the capacity 5; the level below the under-driven one is measured instead
+    plan = plan_from_prediction(_curve(8, lambda c: c < 6), SLO_MS, unloaded=True)
+    truth = {1: LoadPoint(1, PASS_S, 0, 1.0), 4: LoadPoint(4, PASS_S, 0, 3.9), 5: LoadPoint(5, PASS_S, 0, 4.1),
+             6: LoadPoint(6, FAIL_S, 2, 4.5), 7: LoadPoint(7, FAIL_S, 3, 5.4)}
+    measured: list[LoadPoint] = []
+    while (level := next_planned_level(plan, measured, SLO_MS, 3)) is not None:
+        measured.append(truth[level])
+    assert [p.load for p in measured] == [1, 5, 4, 6]
+
+
 def test_the_search_is_bounded():
     order, _, _ = _drive(64, predicted_edge=60, true_edge=3, max_extra=2, unloaded=True)
     assert order == [1, 59, 58, 29]  # two extra levels, then it stops with the edge between 1 and 29

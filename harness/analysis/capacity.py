@@ -6,10 +6,21 @@ search and the sentence a reader sees cannot disagree. Nothing here touches a se
 
 A load *meets the SLO* when its TTFT p90 is at most the SLO and the server did not preempt (vLLM's
 ``num_preemptions`` counter delta over the cell: a preempting server is past its KV ceiling whatever the
-latency says). The capacity is the highest *measured* passing load; the PCHIP interpolation of the measured
-margin (SLO − TTFT p90, as vLLM's ``bench sweep serve_sla`` does) is reported beside it as an estimate, never
-instead of it. A level whose mean sessions in flight fall short of its concurrency (the client, or the
-workload's session count, could not keep that many going) is flagged: its latency is that of a lower load.
+latency says). The capacity is the highest *measured* passing load that was *driven*; the PCHIP interpolation
+of the measured margin (SLO − TTFT p90, as vLLM's ``bench sweep serve_sla`` does) is reported beside it as an
+estimate, never instead of it.
+
+A closed-loop level is *driven* when its mean sessions in flight reach the level less a tolerance of 10 %
+(:data:`SHORTFALL_TOLERANCE`: 4.5 of 5). Below that (the workload's sessions ran out before the level was
+filled, so the tail ran at a lower load) the level is *under-driven*: its latency is that of a lower load, so a
+pass there proves nothing about the level and does not count toward the capacity (it is named in the
+sentence); a failure there still counts (a server that fails with fewer sessions in flight fails with more).
+The planned search treats such a pass as not shown to hold and measures below it. 10 % rather than a fixed
+half session: a closed loop over a finite trace always ends with a tail, and a share scales with the level
+(the quickstart's 8-session trace keeps 97 % of 4 in flight and 82 % of 5).
+
+Each level runs once, so the edge carries no interval; instead its sentence states how far inside or outside
+the SLO the deciding levels were and which criterion (latency or preemption) decided the first failing one.
 
 The SLO is absolute (``250`` ms) or relative to the server's own unloaded latency (``3x_unloaded``:
 :class:`TtftSlo`). A fixed 250 ms says nothing on a machine where one session alone already takes longer; a
@@ -33,12 +44,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Capacity", "LevelPlan", "LoadPoint", "TtftSlo", "capacity_from_points", "full_climb_levels",
            "interpolated_crossing", "kv_ceiling", "mean_in_flight", "measured_bracket", "next_bisection_load",
-           "next_planned_level", "parse_ttft_slo", "plan_from_prediction", "point_meets_slo", "predicted_point",
-           "predicted_points", "resolve_slo", "unloaded_point"]
+           "next_planned_level", "parse_ttft_slo", "plan_from_prediction", "point_holds", "point_meets_slo",
+           "predicted_point", "predicted_points", "resolve_slo", "under_driven", "unloaded_point"]
 
 SweepKind = Literal["concurrency", "session_rate"]
 SHORTFALL_TOLERANCE = 0.9
-"""A concurrency level is flagged when its mean sessions in flight are below this share of the level."""
+"""A concurrency level is under-driven (flagged, and not counted toward the capacity) when its mean sessions in
+flight are below this share of the level."""
 
 
 _RELATIVE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x_unloaded\s*$")
@@ -131,11 +143,17 @@ def point_meets_slo(point: LoadPoint, slo_ttft_p90_ms: float | None) -> bool:
     return point.ttft_p90_s * 1000.0 <= slo_ttft_p90_ms and not point.preemptions
 
 
-def under_driven(point: LoadPoint, kind: SweepKind) -> bool:
-    """A closed-loop level that never had its concurrency's worth of sessions in flight."""
+def under_driven(point: LoadPoint, kind: SweepKind = "concurrency") -> bool:
+    """A closed-loop level that never had its concurrency's worth of sessions in flight (less the tolerance)."""
     if kind != "concurrency" or point.mean_sessions_in_flight is None:
         return False
     return point.mean_sessions_in_flight < SHORTFALL_TOLERANCE * point.load
+
+
+def point_holds(point: LoadPoint, slo_ttft_p90_ms: float | None, kind: SweepKind = "concurrency") -> bool:
+    """The level meets the SLO *at the load it asked for*: it meets it and was driven. Only such a level
+    counts toward a capacity; an under-driven pass measured a lower load."""
+    return point_meets_slo(point, slo_ttft_p90_ms) and not under_driven(point, kind)
 
 
 def mean_in_flight(session_ids: Sequence[str], sent_s: Sequence[float], done_s: Sequence[float]) -> float | None:
@@ -164,10 +182,11 @@ def next_bisection_load(points: Sequence[LoadPoint], slo_ttft_p90_ms: float, kin
     None when the gap is closed (adjacent integers for concurrency, a relative gap ≤ `rate_resolution` for
     session rates) or there is no bracket (nothing passed, or nothing failed)."""
     ordered = sorted(points, key=lambda p: p.load)
-    failing = [p.load for p in ordered if not point_meets_slo(p, slo_ttft_p90_ms)]
+    # an under-driven pass bounds the bracket from above like a failure: the level was not shown to hold
+    failing = [p.load for p in ordered if not point_holds(p, slo_ttft_p90_ms, kind)]
     if not failing:
         return None
-    passing = [p.load for p in ordered if point_meets_slo(p, slo_ttft_p90_ms) and p.load < failing[0]]
+    passing = [p.load for p in ordered if point_holds(p, slo_ttft_p90_ms, kind) and p.load < failing[0]]
     if not passing:
         return None
     lo, hi = max(passing), failing[0]
@@ -230,25 +249,70 @@ class Capacity:
         return f"{int(load)}" if self.kind == "concurrency" else f"{load:g}/s"
 
     def sentence(self) -> str:
+        """The answer with its evidence at the edge: the capacity level's margin inside the SLO, any
+        under-driven pass above it (named, not counted) and the first failing level with the criterion that
+        decided it (:meth:`level_verdict`)."""
         slo = self.slo_text()
+        skipped = self._under_driven_passes()
         if self.capacity is None:
-            text = f"{self.server} meets {slo} at none of the measured loads on {self.workload}"
+            text = f"{self.server} meets {slo} at none of the measured{' driven' if skipped else ''} loads on {self.workload}"
             met = [f"{self._level(p.load)}: {'preempts' if p.preemptions else f'{p.ttft_p90_s * 1e3:.0f} ms'}"
                    for p in self.points if p.ttft_p90_s is not None and not math.isnan(p.ttft_p90_s)]
             if met:
                 text += "; the tightest TTFT p90 SLO each level meets: " + ", ".join(met)
+            text += "".join(f"; {self._under_driven_words(p)}" for p in skipped)
             ceiling = kv_ceiling(self.points)
             return text + (f"; KV ceiling: it preempts from {self._level(ceiling)}" if ceiling is not None
                            else "; no preemption within the levels")
         held = f"{self.capacity:g}" if self.kind != "concurrency" else f"{int(self.capacity)}"
-        what = f"concurrent {self.workload} sessions" if self.kind == "concurrency" else f"{self.workload} sessions/s"
+        what = (f"concurrent {self.workload} session{'s' if held != '1' else ''}" if self.kind == "concurrency"
+                else f"{self.workload} sessions/s")
         text = f"{self.server} holds {held} {what} at {slo}"
+        at = next(p for p in self.points if p.load == self.capacity)
+        text += f" (at {self._level(at.load)}: {self.level_verdict(at)})"
+        text += "".join(f"; {self._under_driven_words(p)}" for p in skipped if p.load > self.capacity)
         if self.ceiling is None:
-            return text + " (no ceiling within the levels: capacity is at least this)"
+            return text + "; no ceiling within the levels: capacity is at least this"
+        nxt = min((p for p in self.points if p.load > self.capacity and
+                   not point_meets_slo(p, self.slo_ttft_p90_ms)), key=lambda p: p.load)
         why = "preempts" if self.ceiling == "preemption" else "breaks the SLO"
-        nxt = min(p.load for p in self.points if p.load > self.capacity and
-                  not point_meets_slo(p, self.slo_ttft_p90_ms))  # type: ignore[arg-type]
-        return text + f"; at {nxt:g} it {why}"
+        single = " (one preemption decides this edge)" if nxt.preemptions == 1 and self._within(nxt) else ""
+        return text + f"; at {self._level(nxt.load)} it {why} ({self.level_verdict(nxt)}); each level ran once{single}"
+
+    def _within(self, p: LoadPoint) -> bool:
+        return (self.slo_ttft_p90_ms is not None and p.ttft_p90_s is not None and not math.isnan(p.ttft_p90_s)
+                and p.ttft_p90_s * 1e3 <= self.slo_ttft_p90_ms)
+
+    def _under_driven_passes(self) -> list[LoadPoint]:
+        return [p for p in self.points if point_meets_slo(p, self.slo_ttft_p90_ms) and under_driven(p, self.kind)]
+
+    def _under_driven_words(self, p: LoadPoint) -> str:
+        return (f"{self._level(p.load)} met the SLO with only {p.mean_sessions_in_flight:.1f} sessions in flight on "
+                f"average (under-driven: below {SHORTFALL_TOLERANCE * p.load:g}, the level less "
+                f"{(1 - SHORTFALL_TOLERANCE) * 100:.0f} %), so it does not count")
+
+    def level_verdict(self, p: LoadPoint) -> str:
+        """One level against the SLO in words: ``TTFT p90 34 ms, 51 % inside the SLO, 3.9 sessions in flight``;
+        for a failing level also which criterion decided it (``the preemption criterion decided``: its latency
+        was within the SLO) or that both did."""
+        parts = []
+        if p.preemptions:
+            parts.append(f"{p.preemptions:g} preemption{'s' if p.preemptions != 1 else ''}")
+        if p.ttft_p90_s is None or math.isnan(p.ttft_p90_s):
+            parts.append("no request answered")
+        elif self.slo_ttft_p90_ms:
+            ms = p.ttft_p90_s * 1e3
+            margin = (self.slo_ttft_p90_ms - ms) / self.slo_ttft_p90_ms
+            parts.append(f"TTFT p90 {ms:.0f} ms, {abs(margin) * 100:.0f} % {'inside' if margin >= 0 else 'over'} the SLO")
+        if p.mean_sessions_in_flight is not None:
+            parts.append(f"{p.mean_sessions_in_flight:.1f} sessions in flight"
+                         + (" (under-driven)" if under_driven(p, self.kind) else ""))
+        text = ", ".join(parts)
+        if point_meets_slo(p, self.slo_ttft_p90_ms) or p.ttft_p90_s is None or math.isnan(p.ttft_p90_s):
+            return text
+        if p.preemptions:
+            return text + (": the preemption criterion decided" if self._within(p) else ": both criteria fail")
+        return text + ": the latency criterion decided"
 
 
 def resolve_slo(slo: TtftSlo, points: Sequence[LoadPoint], kind: SweepKind = "concurrency",
@@ -282,7 +346,7 @@ def capacity_from_points(server: str, workload: str, kind: SweepKind, points: Se
     if slo_ms is None:
         return Capacity(server, workload, kind, None, None, None, None,
                         [p.load for p in points if under_driven(p, kind)], list(points), **extra)
-    passing = [p.load for p in points if point_meets_slo(p, slo_ms)]
+    passing = [p.load for p in points if point_holds(p, slo_ms, kind)]  # met and driven
     best = max(passing) if passing else None
     above = [p for p in points if not point_meets_slo(p, slo_ms) and (best is None or p.load > best)]
     ceiling: Literal["slo", "preemption"] | None = None
@@ -339,10 +403,10 @@ def measured_bracket(candidates: Sequence[float], measured: Sequence[LoadPoint],
     ``candidates``; -1 when nothing passed, ``len(candidates)`` when nothing above it failed. The edge is found
     when they are adjacent."""
     index = {load: i for i, load in enumerate(candidates)}
-    passing = [index[p.load] for p in measured if p.load in index and point_meets_slo(p, slo_ttft_p90_ms)]
+    passing = [index[p.load] for p in measured if p.load in index and point_holds(p, slo_ttft_p90_ms)]
     hi_pass = max(passing) if passing else -1
-    failing = [index[p.load] for p in measured
-               if p.load in index and index[p.load] > hi_pass and not point_meets_slo(p, slo_ttft_p90_ms)]
+    failing = [index[p.load] for p in measured  # an under-driven pass included: not shown to hold
+               if p.load in index and index[p.load] > hi_pass and not point_holds(p, slo_ttft_p90_ms)]
     return hi_pass, min(failing) if failing else len(candidates)
 
 
@@ -359,6 +423,9 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
        most ``max_extra`` levels beyond the targets;
     3. the candidate just past the measured edge, so the evidence does not end at the first failure.
 
+    A level that met the SLO under-driven (:func:`under_driven`) counts as not shown to hold: the search goes
+    below it, so the capacity rests on a driven level.
+
     ``slo_ttft_p90_ms`` None (a relative SLO before its unloaded level answered) asks for the lowest level
     only."""
     done = {p.load for p in measured}
@@ -367,7 +434,7 @@ def next_planned_level(plan: LevelPlan, measured: Sequence[LoadPoint], slo_ttft_
     if slo_ttft_p90_ms is None:
         lowest = plan.candidates[0]
         return None if lowest in done else lowest
-    failing = [p.load for p in measured if not point_meets_slo(p, slo_ttft_p90_ms)]
+    failing = [p.load for p in measured if not point_holds(p, slo_ttft_p90_ms)]  # under-driven passes too
     first_fail = min(failing) if failing else None
     for target in plan.targets:
         if first_fail is not None and target > first_fail:

@@ -18,17 +18,21 @@ no two pages state different values for one key.
 * **Speculative payoff** follows the A/B verdicts on output throughput (hierarchical bootstrap, `ab.compare`):
   *pays* only where most comparisons are *better* and none *worse*; what got worse is named beside it (any
   metric with a *worse* verdict, and the like-for-like point estimates of TTFT p50, ITL p99 and goodput).
-* **Capacity** is the sweep's recorded answer, with what was measured (which levels, their TTFT p90) and what
-  the scheduler model predicts (the first level it fails, its eviction cliff) when no measured level passes.
+* **Capacity** is the sweep's answer re-read from its recorded levels by today's rule (:func:`sweep_capacity`:
+  an under-driven level does not count, so a file whose recorded sentence says "holds 5" on a level that had
+  4.1 sessions in flight is stated as what its points support), with what was measured (which levels, their
+  TTFT p90, the under-driven ones marked) and what the scheduler model predicts (the first level it fails, its
+  eviction cliff). A speculative configuration whose capacity is below its baseline's says so in what gets worse.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
-from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
+from kvscope.harness.analysis.capacity import (Capacity, LoadPoint, capacity_from_points, point_meets_slo,
+                                               predicted_point, under_driven)
 from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
 from kvscope.harness.analysis.explain_experiment import cell_eviction
 from kvscope.harness.common.numbers import nan_to_none
@@ -37,7 +41,7 @@ from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import compared_statistic
 
 __all__ = ["Claim", "capacity_claims", "contradictions", "eviction_by_cell", "eviction_claim",
-           "speculative_claims", "speculative_recommendation", "tag"]
+           "speculative_claims", "speculative_recommendation", "sweep_capacity", "tag"]
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base:
             gs, gb = pairs["goodput_fraction_s"].mean(), pairs["goodput_fraction_b"].mean()
             if pd.notna(gs) and pd.notna(gb) and gs < gb - 0.01:
                 parts.append(f"goodput {_pct(gs)} against {_pct(gb)} (point estimates, same cells)")
+    parts += _capacity_losses(res, server, base)
     return "; ".join(parts)
 
 
@@ -232,12 +237,34 @@ def _level(load: float) -> str:
     return f"c{load:g}"
 
 
+def sweep_capacity(e) -> Capacity:
+    """A sweep's answer (an experiment.json ``capacity`` entry) re-read from its recorded levels by the rule of
+    :func:`~kvscope.harness.analysis.capacity.capacity_from_points`, against the SLO the sweep resolved: the
+    report states what the points support, whatever rule wrote the file (an under-driven level counted toward
+    the recorded capacity of files written before it stopped counting)."""
+    points = [LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell) for p in e.points]
+    words = {"slo_ttft_p90": e.slo_ttft_p90, "slo_unloaded_ttft_p90_ms": e.slo_unloaded_ttft_p90_ms,
+             "slo_unloaded_source": e.slo_unloaded_source}
+    if e.slo_ttft_p90_ms is None:
+        return Capacity(e.server, e.workload, e.kind, None, None, None, None,
+                        [p.load for p in points if under_driven(p, e.kind)], points, **words)
+    cap = capacity_from_points(e.server, e.workload, e.kind, points, e.slo_ttft_p90_ms)
+    return replace(cap, **words)
+
+
 def _capacity_claim(e) -> Claim:
     slo = e.slo_ttft_p90_ms
-    points = sorted(e.points, key=lambda p: p.load)
-    measured = ", ".join(f"{_level(p.load)} (TTFT p90 {p.ttft_p90_s * 1e3:.0f} ms"
-                         f"{', preempted' if p.preemptions else ''})" if p.ttft_p90_s is not None else
-                         f"{_level(p.load)} (no answer)" for p in points)
+    cap = sweep_capacity(e)
+    points = sorted(cap.points, key=lambda p: p.load)
+
+    def level_words(p: LoadPoint) -> str:
+        if p.ttft_p90_s is None:
+            return f"{_level(p.load)} (no answer)"
+        short = (f", {p.mean_sessions_in_flight:.1f} sessions in flight: under-driven" if under_driven(p, e.kind)
+                 else "")
+        return f"{_level(p.load)} (TTFT p90 {p.ttft_p90_s * 1e3:.0f} ms{', preempted' if p.preemptions else ''}{short})"
+
+    measured = ", ".join(level_words(p) for p in points)
     pred = e.predicted
     knee = cliff = predicted_capacity = None
     pred_words = ""
@@ -259,23 +286,47 @@ def _capacity_claim(e) -> Claim:
     elif pred is not None and pred.skipped:
         pred_words = f"; no prediction ({pred.skipped})"
     slo_text = _slo_text(e)
-    numbers = {"capacity_load": e.capacity, "slo_ttft_ms": slo, "levels_measured": float(len(points)),
+    numbers = {"capacity_load": cap.capacity, "slo_ttft_ms": slo, "levels_measured": float(len(points)),
+               "under_driven_levels": float(len(cap.under_driven)),
                "predicted_capacity": predicted_capacity, "predicted_first_failure": knee,
                "predicted_cliff": cliff}
-    if e.capacity is None:
+    if cap.capacity is None:
         only = "only " if len(points) == 1 else ""
         stop = (" (the sweep stops at the first failing level)" if len(points) == 1 else "")
-        sentence = (f"{e.server} meets {slo_text} at none of the measured loads on {e.workload}: {only}"
-                    f"{measured} {'was' if len(points) == 1 else 'were'} measured{stop}{pred_words}.")
+        skipped = "".join(f"; {cap._under_driven_words(p)}" for p in cap._under_driven_passes())
+        sentence = (f"{e.server} meets {slo_text} at none of the measured{' driven' if skipped else ''} loads on "
+                    f"{e.workload}: {only}{measured} {'was' if len(points) == 1 else 'were'} measured{stop}"
+                    f"{skipped}{pred_words}.")
         return Claim(f"capacity:{e.server}:{e.workload}", "none_measured", sentence, numbers)
-    held = f"{e.capacity:g}"
-    nxt = [p for p in points if p.load > e.capacity and not point_meets_slo(
-        LoadPoint(p.load, p.ttft_p90_s, p.preemptions), slo)]
-    tail = ("; no failing level within the measured ones (capacity is at least this)" if not nxt else
-            f"; at {_level(nxt[0].load)} it {'preempts' if nxt[0].preemptions else 'breaks the SLO'}")
-    sentence = (f"{e.server} holds {held} concurrent {e.workload} sessions at {slo_text}{tail}; measured: "
-                f"{measured}{pred_words}.")
+    held = f"{cap.capacity:g}"
+    sentence = f"{cap.sentence()}; measured: {measured}{pred_words}."
     return Claim(f"capacity:{e.server}:{e.workload}", f"holds_{held}", sentence, numbers)
+
+
+def _capacity_losses(res: ExperimentResults, server: str, base: str) -> list[str]:
+    """Where ``server``'s sweep holds fewer sessions than ``base``'s on the same workload: both capacities and,
+    at the level where ``server`` first fails, what failed and both TTFT p90s (one run per level)."""
+    entries = {(e.server, e.workload): e for e in (getattr(res.experiment, "capacity", None) or [])}
+    out = []
+    for (srv, workload), e in entries.items():
+        if srv != server or (base, workload) not in entries:
+            continue
+        mine, theirs = sweep_capacity(e), sweep_capacity(entries[(base, workload)])
+        if mine.capacity is None or theirs.capacity is None or mine.capacity >= theirs.capacity:
+            continue
+        text = (f"capacity on {workload} {theirs.capacity:g} → {mine.capacity:g} concurrent sessions "
+                f"({base} → {server})")
+        edge = min((p for p in mine.points if p.load > mine.capacity and not point_meets_slo(p, mine.slo_ttft_p90_ms)),
+                   key=lambda p: p.load, default=None)
+        other = next((p for p in theirs.points if edge is not None and p.load == edge.load), None)
+        if edge is not None:
+            why = "preempts" if edge.preemptions else "breaks the SLO"
+            text += f"; at {_level(edge.load)} it {why}"
+            if other is not None and edge.ttft_p90_s is not None and other.ttft_p90_s:
+                text += (f", TTFT p90 {other.ttft_p90_s * 1e3:.0f} → {edge.ttft_p90_s * 1e3:.0f} ms "
+                         f"({_signed_pct(edge.ttft_p90_s / other.ttft_p90_s - 1)})")
+        out.append(text + " (one run per level)")
+    return out
 
 
 def _slo_text(e) -> str:

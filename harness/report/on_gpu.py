@@ -13,6 +13,7 @@ import html
 import statistics
 from typing import Any
 
+from kvscope.harness.analysis.claims import capacity_claims
 from kvscope.harness.results.loaders import load_experiment_predictions
 
 PRED = '<span class="pred">predicted</span>'
@@ -95,8 +96,8 @@ def on_gpu_html(res: Any) -> str:
              f"spec (preset, seed, scales{_scale_text(res)}) with more sessions than the few this CPU drove, so the "
              "loads climb until past the SLO capacity and the eviction cliff (or the trace's sessions run out). "
              "Beside each workload: what this CPU measured on its smaller trace.</p>")]
-    for cap in res.experiment.capacity or []:
-        parts.append(f"<p>Measured on this CPU ({e(cap.server)}, {e(cap.workload)}): {e(cap.sentence)}</p>")
+    for claim in capacity_claims(res):  # the recorded levels read by today's rule (under-driven levels not counted)
+        parts.append(f"<p>Measured on this CPU: {e(claim.sentence)}</p>")
     by_config: dict[str, list[Any]] = {}
     for p in preds:
         by_config.setdefault(p.config, []).append(p)

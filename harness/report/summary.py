@@ -14,9 +14,10 @@ from pathlib import Path
 
 from kvscope.harness.results.findings_file import FINDINGS_NAME, Finding, FindingsFile, load_findings_file
 
-HEADLINE_QUESTIONS = ("recommendation", "habit", "capacity", "speculative", "ab")
+HEADLINE_QUESTIONS = ("recommendation", "habit", "capacity", "cost", "speculative", "ab")
 QUESTION_TITLES = {"recommendation": "Recommendations (from decided verdicts only)",
                    "habit": "What each history habit costs", "capacity": "Capacity under the SLO",
+                   "cost": "$ per 1,000 sessions: providers and self-hosted (at this experiment's scale: see caveats)",
                    "speculative": "Does speculative decoding pay?", "ab": "A/B verdicts"}
 VERDICT_STYLE = """<style>.v-better{background:#c8e6c9}.v-worse{background:#ffcdd2}.v-equivalent{background:#e3f2fd}
 .v-inconclusive{background:#f5f5f5;color:#666}.v-by_construction{background:#eeeeee;color:#999}

@@ -97,13 +97,47 @@ DEFAULT_PRICING = ["anthropic-sonnet-5m", "anthropic-sonnet-1h", "openai-gpt-4.1
                    "deepseek-v3.2"]
 
 
+class SelfHostedSpec(_Block):
+    """The machine the configurations were served on, priced by the hour and named as what it is.
+
+    Why a machine rather than a GPU: the quickstart serves on a 2-core CPU VM, and "$0.10 per GPU-hour" named
+    hardware it never had. ``hourly_usd`` is the whole machine's (all its accelerators); self-hosted $ per
+    million tokens and per 1,000 sessions follow from it and the throughput each cell measured."""
+
+    hourly_usd: float = Field(2.0, gt=0, description="$ per hour of the serving machine, all its accelerators")
+    hardware: str = Field("the serving machine", min_length=1,
+                          description="what the machine is, as the report names it ('2-core CPU VM', '1x H100 80GB')")
+
+
 class CostSpec(_Block):
-    """Inputs of the cost report (notebooks/cost.ipynb)."""
+    """Inputs of the cost report (notebooks/cost.ipynb). ``self_hosted`` replaced ``gpu_hourly_usd`` /
+    ``gpu_name`` (read still, as the same machine's hourly price and name; giving both forms is an error)."""
 
     pricing: list[str] = Field(default_factory=lambda: list(DEFAULT_PRICING),
                                description="provider pricing presets (kvscope cost --help) or preset YAML files")
-    gpu_hourly_usd: float = Field(2.0, gt=0, description="self-hosted $/GPU-hour for cost per token")
-    gpu_name: str = Field("the serving machine", description="a label for the machine the price is for")
+    self_hosted: SelfHostedSpec = Field(default_factory=SelfHostedSpec,
+                                        description="the serving machine's hourly price and what it is")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not ({"gpu_hourly_usd", "gpu_name"} & data.keys()):
+            return data
+        if "self_hosted" in data:
+            raise ValueError("cost: give self_hosted {hourly_usd, hardware} or the older gpu_hourly_usd / gpu_name, "
+                             "not both")
+        data = dict(data)
+        machine = {}
+        if "gpu_hourly_usd" in data:
+            machine["hourly_usd"] = data.pop("gpu_hourly_usd")
+        if "gpu_name" in data:
+            machine["hardware"] = data.pop("gpu_name")
+        return {**data, "self_hosted": machine}
+
+    @property
+    def gpu_hourly_usd(self) -> float:
+        """The older name of ``self_hosted.hourly_usd``, for readers written against it."""
+        return self.self_hosted.hourly_usd
 
     @field_validator("pricing")
     @classmethod

@@ -8,8 +8,9 @@ from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.capacity import LoadPoint, kv_ceiling, point_meets_slo, predicted_point
-from kvscope.harness.analysis.claims import capacity_claims, eviction_claim
+from kvscope.harness.analysis.capacity import (SHORTFALL_TOLERANCE, LoadPoint, kv_ceiling, point_holds,
+                                               point_meets_slo, predicted_point, under_driven, unloaded_point)
+from kvscope.harness.analysis.claims import capacity_claims, eviction_claim, sweep_capacity
 from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.gpus import load_gpus
@@ -63,8 +64,12 @@ def load_curve(res: ExperimentResults) -> pd.DataFrame:
         c = c.merge(mm, on="cell", how="left").merge(pre, on="cell", how="left")
     c = c.assign(load_value=c["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float))
     c = c[c["load_value"].notna()]  # a replay at the trace's own start times has no load level to plot
+    heads = {name: e.headline for name, e in (res.experiment.cells.items() if res.experiment is not None else [])}
+    c = c.assign(sessions_in_flight=[getattr(heads.get(n), "mean_sessions_in_flight", None) for n in c["cell"]],
+                 under_driven=[bool(getattr(heads.get(n), "under_driven", None)) for n in c["cell"]])
     cols = ["server", "workload", "load", "load_value", "repeat", "req_per_s", "ttft_p50_s", "ttft_p90_s",
-            "ttft_p99_s", "tpot_p50_s", "max_running", "max_waiting", "max_kv_usage", "preemptions"]
+            "ttft_p99_s", "tpot_p50_s", "max_running", "max_waiting", "max_kv_usage", "preemptions",
+            "sessions_in_flight", "under_driven"]
     return c.reindex(columns=cols).sort_values(["server", "workload", "load_value"])
 
 
@@ -89,8 +94,9 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
                          "ttft_p90_ms": None if p.ttft_p90_s is None else p.ttft_p90_s * 1e3,
                          "hit_rate": None if head is None else head.hit_rate, "preemptions": p.preemptions,
                          "preempted": bool(p.preemptions), "preemptions_p10": None, "preemptions_p90": None,
-                         "meets_slo": point_meets_slo(LoadPoint(p.load, p.ttft_p90_s, p.preemptions),
-                                                      e.slo_ttft_p90_ms)})
+                         "sessions_in_flight": p.mean_sessions_in_flight,
+                         "under_driven": under_driven(_point(p), e.kind),
+                         "meets_slo": point_meets_slo(_point(p), e.slo_ttft_p90_ms)})
         for lv in (e.predicted.levels if e.predicted is not None else []):
             point = predicted_point(lv.load, lv.ttft_p90_s,
                                     lv.preemptions if lv.preemptions_p50 is None else lv.preemptions_p50)
@@ -99,6 +105,7 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
                          "ttft_p90_ms": None if lv.ttft_p90_s is None else lv.ttft_p90_s * 1e3,
                          "hit_rate": lv.hit_rate, "preemptions": lv.preemptions, "preempted": bool(point.preemptions),
                          "preemptions_p10": lv.preemptions_p10, "preemptions_p90": lv.preemptions_p90,
+                         "sessions_in_flight": None, "under_driven": False,
                          "meets_slo": point_meets_slo(point, e.slo_ttft_p90_ms)})
     if not rows:
         return pd.DataFrame()
@@ -114,8 +121,9 @@ def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
     rows = []
     for e in getattr(res.experiment, "capacity", None) or []:
         p = e.predicted
+        measured = sweep_capacity(e).capacity  # today's rule on the recorded levels (under-driven ones not counted)
         rows.append({"server": e.server, "workload": e.workload, "slo_ttft_p90_ms": e.slo_ttft_p90_ms,
-                     "measured_capacity": e.capacity, "predicted_capacity": None if p is None else p.capacity,
+                     "measured_capacity": measured, "predicted_capacity": None if p is None else p.capacity,
                      "predicted_cliff": None if p is None else p.cliff,
                      "measured_kv_ceiling": kv_ceiling([LoadPoint(q.load, q.ttft_p90_s, q.preemptions)
                                                         for q in e.points]),
@@ -123,7 +131,7 @@ def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
                      "note": "no prediction recorded" if p is None else (p.skipped or ""),
                      "headline": f"{e.server} on {e.workload}: capacity "
                                  + (f"predicted {_level(p.capacity)}, " if p is not None and not p.skipped else
-                                    "not predicted, ") + f"measured {_level(e.capacity)}",
+                                    "not predicted, ") + f"measured {_level(measured)}",
                      "sentence": f"{e.server} on {e.workload}: " + (
                          "no prediction recorded" if p is None else p.sentence or f"no prediction ({p.skipped})")})
     return pd.DataFrame(rows)
@@ -131,6 +139,97 @@ def capacity_predictions(res: ExperimentResults) -> pd.DataFrame:
 
 def _level(x: float | None) -> str:
     return "none" if x is None else f"{x:g}"
+
+
+def _point(p) -> LoadPoint:
+    """A recorded sweep level (experiment.json) as the capacity rule reads it."""
+    return LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell)
+
+
+def sweep_levels(res: ExperimentResults) -> pd.DataFrame:
+    """One row per measured sweep level: its TTFT p90, preemptions, mean sessions in flight and whether it was
+    under-driven (fewer than 90 % of the level's sessions in flight: `analysis.capacity.under_driven`), whether
+    it meets the SLO and whether it counts toward the capacity (met *and* driven), and the tightest TTFT p90 SLO
+    it meets (none past the KV ceiling) as a multiple of the sweep's unloaded figure. Empty without a sweep."""
+    rows = []
+    for c in getattr(res.experiment, "capacity", None) or []:
+        pts = [_point(p) for p in c.points]
+        ceiling = kv_ceiling(pts)
+        low = unloaded_point(pts)
+        base_ms = c.slo_unloaded_ttft_p90_ms or (low.ttft_p90_s * 1000 if low is not None and low.ttft_p90_s else None)
+        for p in sorted(pts, key=lambda p: p.load):
+            ms = None if p.ttft_p90_s is None else p.ttft_p90_s * 1000
+            rows.append({"server": c.server, "workload": c.workload, "load": p.load, "ttft_p90_ms": ms,
+                         "preemptions": p.preemptions, "sessions_in_flight": p.mean_sessions_in_flight,
+                         "under_driven": under_driven(p, c.kind), "slo_ms": c.slo_ttft_p90_ms,
+                         "tightest_slo_met_ms": None if p.preemptions else ms,
+                         "x_unloaded": None if p.preemptions or ms is None or not base_ms else round(ms / base_ms, 2),
+                         "past_kv_ceiling": ceiling is not None and p.load >= ceiling,
+                         "meets_slo": point_meets_slo(p, c.slo_ttft_p90_ms),
+                         "counts_toward_capacity": point_holds(p, c.slo_ttft_p90_ms, c.kind)})
+    return pd.DataFrame(rows)
+
+
+def capacity_reconciliation(res: ExperimentResults) -> Finding | None:
+    """One sentence that sets the three session counts of this page against each other for the swept servers'
+    KV pool: vLLM's ``max_concurrency_at_max_len`` (the pool over ``max_model_len``: every session at its full
+    window), the footprint table's (the pool over a session's median context at its last step, nothing shared)
+    and the sweep's measured capacity (sessions at every step at once, their common prefix cached once). None
+    without a sweep or the server's KV facts."""
+    entries = getattr(res.experiment, "capacity", None) or []
+    servers = res.experiment.servers if res.experiment is not None else {}
+    swept = [(e, servers[e.server].facts) for e in entries
+             if e.server in servers and servers[e.server].facts is not None
+             and servers[e.server].facts.kv_capacity_tokens]
+    if not swept:
+        return None
+    e0, facts = swept[0]
+    pool = int(facts.kv_capacity_tokens)
+    parts = []
+    if facts.max_concurrency is not None and facts.max_model_len:
+        parts.append(f"vLLM's max_concurrency_at_max_len ({facts.max_concurrency:g}) divides the {pool:,}-token KV "
+                     f"pool by max_model_len ({facts.max_model_len:,} tokens), as if every session filled its window")
+    numbers: dict[str, float | None] = {"kv_capacity_tokens": float(pool), "max_concurrency_at_max_len":
+                                        facts.max_concurrency}
+    fp = session_footprint(res)
+    mine = fp[fp["workload"] == e0.workload] if len(fp) else fp
+    if len(mine):
+        last = mine.sort_values("step").iloc[-1]
+        parts.append(f"the footprint table ({last['sessions_that_fit']:.0f}) divides it by the median context of "
+                     f"{e0.workload}'s sessions at their last step ({last['median_context_tokens']:,.0f} tokens, "
+                     f"{last['blocks']:.0f} blocks), sharing nothing")
+        numbers["footprint_sessions_that_fit"] = float(last["sessions_that_fit"])
+    shared = _shared_prefix_tokens(res, e0.workload)
+    held = []
+    for e, _ in swept:
+        cap = sweep_capacity(e)
+        ceiling = kv_ceiling(cap.points)
+        held.append(f"{'none' if cap.capacity is None else f'{cap.capacity:g}'} ({e.server}"
+                    + (f", preempting from c{ceiling:g}" if ceiling is not None else "") + ")")
+        numbers[f"measured_capacity_{e.server}"] = cap.capacity
+    share_words = ("" if shared is None else
+                   f", sharing a {shared:,.0f}-token common prefix held once in the cache" if shared else
+                   ", sharing no prefix across sessions (no session's first request hit another's blocks)")
+    parts.append(f"the sweep ran {e0.workload} sessions at every step at once{share_words}, and held "
+                 f"{' and '.join(held)} driven sessions within the SLO (a level counts when at least "
+                 f"{SHORTFALL_TOLERANCE * 100:.0f} % of its sessions were in flight)")
+    return Finding(question="capacity", notebook="concurrency", figure="footprint", numbers=numbers,
+                   sentence="Three session counts for one KV pool: " + "; ".join(parts) + ".")
+
+
+def _shared_prefix_tokens(res: ExperimentResults, workload: str) -> float | None:
+    """The median prefix a session's first request shares with the sessions before it (the infinite-cache
+    prediction of its cached tokens: nothing of its own is cached yet), over the workload's sessions after the
+    first; None where the records carry no prediction."""
+    ok = res.ok_requests()
+    if not len(ok) or "predicted_cached_tokens" not in ok:
+        return None
+    w = ok[ok["workload"] == workload]
+    if not len(w):
+        return None
+    first = w.sort_values("step").groupby(["cell", "session_id"], sort=False).head(1)
+    per_session = first.groupby("session_id")["predicted_cached_tokens"].max().dropna()
+    return float(per_session.iloc[1:].median()) if len(per_session) > 1 else None
 
 
 def find_knee(curve: pd.DataFrame, metric: str = "ttft_p90_s", factor: float = 2.0) -> pd.DataFrame:
@@ -209,9 +308,13 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
     experiment ran a sweep, its recorded answers are the capacity (`experiment.json` `capacity`, decided by
     :mod:`kvscope.harness.analysis.capacity`, preemptions included); the grid's levels fill in the rest."""
     entries = getattr(res.experiment, "capacity", None) or []  # the sweeps' recorded answers, if any
-    # typed entries (experiment.json): the capacity claims, with the levels measured and the prediction
+    # typed entries (experiment.json): the capacity claims, with the levels measured and the prediction, and
+    # the sentence that reconciles them with vLLM's and the footprint table's session counts
+    typed = all(hasattr(e, "points") for e in entries)
     swept = [c.finding("capacity", "concurrency", "predicted_vs_measured") for c in capacity_claims(res)] \
-        if all(hasattr(e, "points") for e in entries) else [_sweep_finding(e) for e in entries]
+        if typed else [_sweep_finding(e) for e in entries]
+    if typed and swept and (why := capacity_reconciliation(res)) is not None:
+        swept.append(why)
     levels = capacity_by_level(res)
     if swept:
         done = {e.server for e in entries}

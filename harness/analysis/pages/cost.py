@@ -1,12 +1,24 @@
-"""The cost page (notebooks/cost.ipynb): provider prompt-caching prices against vLLM's hits, TTL sensitivity, self-hosted cost per token."""
+"""The cost page (notebooks/cost.ipynb): provider prompt-caching prices against vLLM's hits, TTL sensitivity,
+self-hosted cost per token and per 1,000 sessions, and the workload scale every $ figure depends on.
+
+Why the scale is stated with the costs: a CPU experiment runs its workloads at a fraction of their presets'
+prompt lengths (the quickstart: 0.02, contexts capped at 2,000 tokens), so "$ per 1,000 sessions" is for
+sessions ~50x shorter than the preset's, and "prompts below the provider's minimum" holds for these short
+prompts, not for full-size ones; the caveat (:func:`scale_caveat`) says both, on the page and the index.
+Self-hosted cost is the serving machine's hourly price (spec ``cost.self_hosted``: what the machine is, and its
+price) times each cell's duration, per session it completed, so it sits beside the provider's per 1,000 sessions.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
+from pathlib import PurePath
 from typing import Any
 
 import pandas as pd
+from kvscope.harness.analysis.claims import sweep_capacity
 from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.trace_io import load_trace
@@ -160,10 +172,11 @@ def ttl_sensitivity(res: ExperimentResults, preset: str, ttls_s: Iterable[float]
     return pd.DataFrame(rows)
 
 
-def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: int = 1) -> pd.DataFrame:
-    """$ per million output (and total) tokens at the throughput each cell measured, at ``gpu_hourly_usd`` per GPU
-    and hour for ``num_gpus`` GPUs; the rate and GPU count are columns of the table, so a $/Mtok is never shown
-    without the price it follows from."""
+def self_hosted_costs(res: ExperimentResults, hourly_usd: float, hardware: str = "the serving machine"
+                      ) -> pd.DataFrame:
+    """$ per million output (and total) tokens at the throughput each cell measured, at ``hourly_usd`` an hour
+    of the serving machine (``hardware``: what it is); the machine and its rate are columns of the table, so a
+    $/Mtok is never shown without the price it follows from."""
     rows = []
     for _, c in res.cells.iterrows():
         out_tps = c.get("output_tok_per_s")
@@ -171,10 +184,130 @@ def self_hosted_costs(res: ExperimentResults, gpu_hourly_usd: float, num_gpus: i
         if not out_tps or (isinstance(out_tps, float) and math.isnan(out_tps)):
             continue
         rows.append({"server": c["server"], "workload": c["workload"], "load": c["load"], "repeat": c.get("repeat"),
-                     "gpu_hourly_usd": gpu_hourly_usd, "gpus": num_gpus, "output_tok_per_s": out_tps,
-                     "usd_per_mtok_output": self_hosted_cost(gpu_hourly_usd, num_gpus, out_tps)["usd_per_mtok"],
-                     "usd_per_mtok_all": self_hosted_cost(gpu_hourly_usd, num_gpus, all_tps)["usd_per_mtok"]})
+                     "hardware": hardware, "hourly_usd": hourly_usd, "output_tok_per_s": out_tps,
+                     "usd_per_mtok_output": self_hosted_cost(hourly_usd, 1, out_tps)["usd_per_mtok"],
+                     "usd_per_mtok_all": self_hosted_cost(hourly_usd, 1, all_tps)["usd_per_mtok"]})
     return pd.DataFrame(rows)
+
+
+def self_hosted_per_session(res: ExperimentResults, hourly_usd: float, hardware: str = "the serving machine"
+                            ) -> pd.DataFrame:
+    """Self-hosted $ per 1,000 sessions per configuration, workload and load: the machine's hourly price times
+    each cell's duration over the sessions it completed, the median over repeats. The machine served only this
+    replay, at the cell's load (think and tool time as the spec's ``time_scale`` left it), so a busier machine
+    (a higher load within the SLO) costs less per session; ``usd_per_1000_sessions_provider`` is the cheapest
+    provider preset's figure for the same workload with caching (:func:`provider_costs`), set beside it.
+    ``within_capacity``: False for a sweep level above its configuration's capacity (it broke the SLO or
+    preempted, or was under-driven), whose $ per session no deployment within the SLO would see."""
+    cols = ["server", "workload", "load", "hardware", "hourly_usd", "repeats", "sessions", "duration_s",
+            "usd_per_1000_sessions", "usd_per_1000_sessions_provider", "provider", "within_capacity"]
+    ok = res.ok_requests()
+    c = res.cells
+    if not len(ok) or not len(c) or "duration_s" not in c:
+        return pd.DataFrame(columns=cols)
+    sessions = ok.groupby("cell")["session_id"].nunique()
+    beyond = _cells_beyond_capacity(res)
+    rows = []
+    for _, cell in c[c["status"] == "ok"].iterrows() if "status" in c else c.iterrows():
+        n, dur = int(sessions.get(cell["cell"], 0)), cell.get("duration_s")
+        if not n or dur is None or not math.isfinite(float(dur)) or dur <= 0:
+            continue
+        rows.append({"server": cell["server"], "workload": cell["workload"], "load": str(cell["load"]),
+                     "sessions": n, "duration_s": float(dur), "within_capacity": cell["cell"] not in beyond,
+                     "usd_per_1000_sessions": hourly_usd * float(dur) / 3600.0 / n * 1000.0})
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    per = pd.DataFrame(rows).groupby(["server", "workload", "load"], sort=False).agg(
+        repeats=("sessions", "size"), sessions=("sessions", "median"), duration_s=("duration_s", "median"),
+        usd_per_1000_sessions=("usd_per_1000_sessions", "median"),
+        within_capacity=("within_capacity", "all")).reset_index()
+    per.insert(3, "hardware", hardware)
+    per.insert(4, "hourly_usd", hourly_usd)
+    names = list(res.spec.cost.pricing) if res.spec is not None else []
+    pc = provider_costs(res, names, workloads=list(dict.fromkeys(per["workload"]))) if names else pd.DataFrame()
+    cheapest = (pc.sort_values("usd_per_1000_sessions").groupby("workload").head(1).set_index("workload")
+                if len(pc) else pd.DataFrame(columns=["usd_per_1000_sessions", "preset"]))
+    per["usd_per_1000_sessions_provider"] = per["workload"].map(cheapest["usd_per_1000_sessions"]).astype(float)
+    per["provider"] = per["workload"].map(cheapest["preset"])
+    return per[cols]
+
+
+def _cells_beyond_capacity(res: ExperimentResults) -> set[str]:
+    """The sweep cells above their configuration's capacity (`claims.sweep_capacity`: met and driven)."""
+    out = set()
+    for e in getattr(res.experiment, "capacity", None) or []:
+        if not hasattr(e, "points"):
+            continue
+        cap = sweep_capacity(e).capacity
+        out |= {PurePath(p.cell).name for p in e.points if p.cell and (cap is None or p.load > cap)}
+    return out
+
+
+def workload_scale(res: ExperimentResults) -> pd.DataFrame:
+    """Per workload: the preset it was generated from, its prompt and output scales and its context cap (the
+    experiment spec's ``workloads``), and from its trace how many of its sessions reached the cap. Empty for a
+    single replay with no spec (its trace's scale alone is not enough to say what was shortened)."""
+    cols = ["workload", "preset", "scale", "output_scale", "max_context", "sessions", "sessions_capped"]
+    workloads = (res.spec.model_extra or {}).get("workloads") if res.spec is not None else None
+    if not isinstance(workloads, dict):
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for name, ref in workloads.items():
+        ref = ref if isinstance(ref, dict) else {}
+        meta: dict[str, Any] = {}
+        tdir = res.trace_dir(name)
+        if tdir is not None and (tdir / "trace.json").is_file():
+            meta = json.loads((tdir / "trace.json").read_text())
+        scale = ref.get("scale", meta.get("scale"))
+        if scale is None:
+            continue
+        rows.append({"workload": name, "preset": ref.get("spec", name), "scale": float(scale),
+                     "output_scale": ref.get("output_scale"), "max_context": ref.get("max_context"),
+                     "sessions": meta.get("num_sessions", ref.get("sessions")),
+                     "sessions_capped": meta.get("truncated_sessions")})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def scale_caveat(res: ExperimentResults) -> tuple[str, dict[str, float | None]] | None:
+    """The workload scale and what it does to the cost page's figures, where any workload ran below full scale
+    or under a context cap: $ per 1,000 sessions are for the shortened sessions, and the share of prompts
+    below a provider's minimum cacheable length is that of the short prompts (beside it: the share the same
+    prompts at full scale would have, prompt / scale, ignoring the cap)."""
+    sc = workload_scale(res)
+    short = sc[(sc["scale"] < 1) | sc["max_context"].notna()] if len(sc) else sc
+    if not len(short):
+        return None
+    groups = []
+    for (scale, out, cap), g in short.groupby(["scale", "output_scale", "max_context"], dropna=False, sort=False):
+        capped = g["sessions_capped"].dropna()
+        words = f"prompt scale {scale:g}" + (f", outputs {out:g}" if out is not None and pd.notna(out) else "")
+        if cap is not None and pd.notna(cap):
+            words += f", contexts capped at {int(cap):,} tokens"
+            if len(capped):
+                words += f" ({int(capped.sum())} of {int(g['sessions'].fillna(0).sum())} sessions ended early at the cap)"
+        groups.append(f"{', '.join(g['workload'])} ran at {words}")
+    scale = float(short["scale"].min())
+    text = (f"Scale: {'; '.join(groups)}. Every $ per 1,000 sessions here is for these shortened sessions: a "
+            f"session at the presets' full length has ~{1 / scale:,.0f}x the prompt tokens, so its input cost is "
+            "that much higher")
+    numbers: dict[str, float | None] = {"min_prompt_scale": scale}
+    ok = res.ok_requests()
+    names = list(res.spec.cost.pricing) if res.spec is not None else []
+    if len(ok) and names and scale < 1:
+        preset = max(names, key=lambda n: load_preset(n).min_prefix_tokens)
+        minimum = load_preset(preset).min_prefix_tokens
+        scales = ok["workload"].map(dict(zip(sc["workload"], sc["scale"]))).fillna(1.0)
+        below = float((ok["prompt_tokens"] < minimum).mean())
+        full = float((ok["prompt_tokens"] / scales < minimum).mean())
+        text += (f"; {_pct(below)} of these prompts are below {preset}'s {minimum:,}-token minimum cacheable length, "
+                 f"where at full scale {_pct(full)} would be")
+        numbers |= {"share_below_minimum": below, "share_below_minimum_full_scale": full}
+    return text + ".", numbers
+
+
+@caveat("workload_scale", "cost")
+def _caveat_scale(res: ExperimentResults):
+    return scale_caveat(res)
 
 
 def cost_findings(res: ExperimentResults) -> list[Finding]:
@@ -185,13 +318,26 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
     if not len(pc):
         return []
     out = []
+    machine = res.spec.cost.self_hosted if res.spec is not None else None
+    own = self_hosted_per_session(res, machine.hourly_usd, machine.hardware) if machine is not None else pd.DataFrame()
     for wl, g in pc.groupby("workload", sort=False):
         best = g.sort_values("usd_per_1000_sessions").iloc[0]
+        numbers = {"usd_per_1000_sessions": float(best["usd_per_1000_sessions"])}
+        mine = own[(own["workload"] == wl) & own["within_capacity"]].sort_values("usd_per_1000_sessions") \
+            if len(own) else own
+        self_words = ""
+        if len(mine) and machine is not None:
+            cheap = mine.iloc[0]
+            self_words = (f"; self-hosted on {machine.hardware} at ${machine.hourly_usd:,.2f} an hour: "
+                          f"${cheap['usd_per_1000_sessions']:,.2f} per 1,000 sessions ({cheap['server']} at "
+                          f"{cheap['load']}, {cheap['duration_s']:.0f} s for {cheap['sessions']:.0f} sessions)")
+            numbers["self_hosted_usd_per_1000_sessions"] = float(cheap["usd_per_1000_sessions"])
         out.append(Finding(question="cost", notebook="cost", figure="provider_cost_per_session",
-                           sentence=f"{wl}: cheapest is {best['preset']} at ${best['usd_per_1000_sessions']:,.2f} per "
-                                    f"1,000 sessions with caching (${best['usd_per_1000_sessions_no_cache']:,.2f} "
-                                    f"without; same {int(best['sessions'])} sessions).",
-                           numbers={"usd_per_1000_sessions": float(best["usd_per_1000_sessions"])}))
+                           sentence=f"{wl}: cheapest provider is {best['preset']} at "
+                                    f"${best['usd_per_1000_sessions']:,.2f} per 1,000 sessions with caching "
+                                    f"(${best['usd_per_1000_sessions_no_cache']:,.2f} without; same "
+                                    f"{int(best['sessions'])} sessions){self_words}.",
+                           numbers=numbers))
     habits = habit_costs(res, names[:1])
     for h in habits.itertuples():
         out.append(Finding(question="cost", notebook="cost", figure="habit_cost",
@@ -230,13 +376,14 @@ def _caveat_min_cacheable(res: ExperimentResults):
 
 
 def _cost_from_spec(spec: ExperimentSpecCore) -> dict[str, Any]:
-    """The spec's pricing presets and GPU price."""
-    return {"pricing": list(spec.cost.pricing), "gpu_hourly_usd": float(spec.cost.gpu_hourly_usd)}
+    """The spec's pricing presets and the serving machine: its hourly price and what it is."""
+    return {"pricing": list(spec.cost.pricing), "hourly_usd": float(spec.cost.self_hosted.hourly_usd),
+            "hardware": spec.cost.self_hosted.hardware}
 
 
 @report_page("cost", "Cost: provider prompt caching and self-hosting", order=50, questions=("cost",),
              figures=("provider_cost_per_session", "habit_cost", "ttl_sensitivity"),
-             parameters=("pricing", "gpu_hourly_usd"), key_figures=("provider_cost_per_session",),
+             parameters=("pricing", "hourly_usd", "hardware"), key_figures=("provider_cost_per_session",),
              from_spec=_cost_from_spec)
 def _cost_page(ctx: PageContext) -> list[Finding]:
     return cost_findings(ctx.res)
