@@ -20,5 +20,6 @@ class Cause(StrEnum):
     MESSAGE_EDITED = "message_edited"
     HISTORY_TRUNCATED = "history_truncated"
     COMPACTION = "compaction"
+    MODEL_SWITCH = "model_switch"  # routed runs: the session's previous step ran on another model (its own cache)
     EVICTED = "evicted"
     PREFIX_CHANGED = "prefix_changed"  # traces without message structure: a segment changed, the trace says no more

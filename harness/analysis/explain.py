@@ -13,6 +13,8 @@ between messages in generated text-mode traces), and the message-level differenc
 ``history_truncated``     messages dropped or a message cut short, nothing new in their place
 ``compaction``            the history was replaced by new content (a summary) and the prompt got shorter
 ``evicted``               the prefix was there (infinite-cache simulation hits) but the server did not hit
+``model_switch``          routed runs (``model_switch`` given): the part of that shortfall the session's previous
+                          model held, recomputed because this step ran on another model (its own cache)
 
 *Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
 message where it was changed in place, and later messages the predecessor also had) that this request did not
@@ -155,6 +157,8 @@ class Explanation:
     cached_tokens: int
     recomputed_tokens: int
     provider_preset: str | None = None
+    #: Routed runs: the policy's summary and what the other stickiness would change (`analysis.explain_routing`).
+    routing: dict[str, Any] | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -163,8 +167,11 @@ class Explanation:
     def to_json(self) -> dict[str, Any]:
         keys = ("request_id", "session_id", "step", "prompt_tokens", "cached_tokens", "recomputed_tokens", "cause",
                 "where")
-        return {"requests": [{k: getattr(a, k) for k in keys} for a in self.requests],
-                "causes": [asdict(c) for c in self.causes]}
+        out = {"requests": [{k: getattr(a, k) for k in keys} for a in self.requests],
+               "causes": [asdict(c) for c in self.causes]}
+        if self.routing is not None:
+            out["routing"] = self.routing
+        return out
 
 
 @dataclass(slots=True)
@@ -624,8 +631,11 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None,
             provider_prompt: Sequence[int | None] | None = None, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
-            generated: Sequence[np.ndarray | None] | None = None) -> Explanation:
-    """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
+            generated: Sequence[np.ndarray | None] | None = None,
+            model_switch: Sequence[tuple[int, str]] | None = None) -> Explanation:
+    """Attribute every request's recomputed tokens to a cause (see the module doc). ``model_switch`` (routed
+    runs, :mod:`~kvscope.harness.analysis.explain_routing`): per request, the tokens its session's previous
+    model held but its own did not, and where; that much of a shortfall is ``model_switch``, not eviction. ``observed`` are the
     server's cached tokens per request (None: the infinite-cache simulation stands in). ``num_gpu_blocks``
     (the run's KV pool, where known) adds each what-if at that pool size, in the run's send / finish ``order``
     (:func:`event_order`) where given, caching what the server ``generated`` (:func:`generated_outputs`) where
@@ -657,9 +667,14 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         expected = min(_block_floor(had, B), cap)
         evicted = max(0, min(base[v.request_id], expected) - obs[v.request_id])
         diverged = max(0, expected - max(base[v.request_id], obs[v.request_id])) if brk is not None else 0
+        switched, switch_where = model_switch[v.request_id] if model_switch is not None else (0, "")
+        switched = min(evicted, switched)
+        evicted -= switched
         cause, where = None, ""
-        if diverged and diverged >= evicted and brk is not None:
+        if diverged and diverged >= max(evicted, switched) and brk is not None:
             cause, where = brk.cause, brk.where
+        elif switched and switched >= evicted:
+            cause, where = Cause.MODEL_SWITCH, switch_where
         elif evicted:
             cause, where = Cause.EVICTED, f"cached {obs[v.request_id]} of {base[v.request_id]} predicted"
         if diverged and brk is not None:
@@ -668,7 +683,10 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
                 patches.setdefault(brk.cause, _PatchList()).append((v.request_id, brk.patch))
         if evicted:
             split[Cause.EVICTED] = split.get(Cause.EVICTED, 0) + evicted
-        rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id], diverged + evicted, cause,
+        if switched:
+            split[Cause.MODEL_SWITCH] = split.get(Cause.MODEL_SWITCH, 0) + switched
+        rows.append(Attribution(v.request_id, v.session_id, v.step, P, obs[v.request_id],
+                                diverged + evicted + switched, cause,
                                 where, pred, k if pred is not None else None, base[v.request_id], evicted))
         index.add(v.request_id, all_hashes, P // B, in_cache)
     del index, hasher  # one entry per distinct block chain: free them before the what-if simulations
@@ -702,6 +720,8 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
         pool_rate = None
         if cause == Cause.EVICTED:
             rate = sum(max(o, b) for o, b in zip(obs, base)) / max(1, prompt_tokens)
+        elif cause == Cause.MODEL_SWITCH:  # every session's history kept on the model it moved to
+            rate = (sum(obs) + n) / max(1, prompt_tokens)
         else:
             lengths: list[int] = []
             bar = progress_bar(None, total=len(views), desc=f"explain: what-if {cause}", unit="req",
@@ -905,9 +925,11 @@ def check_explain_fits(est: ExplainEstimate, available_bytes: int) -> None:
 
 
 def explain_path(path: str, block_size: int | None = None, provider_preset: str | None = None,
-                 progress: bool = False, available_bytes: int | None = None) -> Explanation:
+                 progress: bool = False, available_bytes: int | None = None, routing: Any = None,
+                 labels: Any = None) -> Explanation:
     """``kvscope explain TRACE|RUN_DIR``: a trace (observed cache reads from its exchanges, if recorded) or a
-    replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
+    replay run directory (observed = the run's measured cached tokens, trace from its manifest). ``routing``
+    (a model-routing spec) and ``labels``: see :func:`explain_trace`."""
     # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.harness.results.loaders import load_run_manifest
 
@@ -917,23 +939,28 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
         if not (trace_dir / "trace.json").is_file():
             raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
         return explain_trace(trace_dir, block_size, provider_preset, observed_records=read_records(p),
-                             progress=progress, estimate=True, available_bytes=available_bytes)
+                             progress=progress, estimate=True, available_bytes=available_bytes, routing=routing,
+                             labels=labels)
     if not (p / "trace.json").is_file():
         raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
     return explain_trace(p, block_size, provider_preset, progress=progress, estimate=True,
-                         available_bytes=available_bytes)
+                         available_bytes=available_bytes, routing=routing, labels=labels)
 
 
 def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset: str | None = None,
                   observed_records: Any = None, progress: bool = False,
                   num_gpu_blocks: int | None = None, estimate: bool = False,
-                  available_bytes: int | None = None) -> Explanation:
+                  available_bytes: int | None = None, routing: Any = None, labels: Any = None) -> Explanation:
     """Explain one trace directory. ``observed_records`` (a replay run's records frame) gives the server's
     cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
     infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
     ``observed_*`` columns) is put beside the provider cache model's prediction either way. ``estimate``
     (the CLI): before any work, refuse a trace whose estimated peak exceeds the memory available
-    (``available_bytes``, default this machine's) and print the time and memory estimate of a long one."""
+    (``available_bytes``, default this machine's) and print the time and memory estimate of a long one.
+    ``routing``: a model-routing spec (dict or YAML/JSON path, ``kvscope route``'s) routes the trace's requests
+    between models (decisions from a rule, the ``labels`` file's columns, or the run's records); each model's
+    pool then stands in for the observed cache reads unless the run's are given, and the shortfall the
+    session's previous model held is attributed to ``model_switch`` (:mod:`.explain_routing`)."""
     # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import Trace
 
@@ -969,8 +996,17 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
     order = event_order(observed_records) if num_gpu_blocks else None
     generated = generated_outputs(observed_records, trace.num_requests) if num_gpu_blocks else None
-    return explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
-                   num_gpu_blocks=num_gpu_blocks, order=order, generated=generated)
+    routed = None
+    if routing is not None:
+        from kvscope.harness.analysis.explain_routing import route_for_explain  # deferred: only routed runs
+
+        routed = route_for_explain(trace_dir, routing, labels, observed_records)
+        observed = observed if observed_records is not None else routed.cached_tokens
+    ex = explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
+                 num_gpu_blocks=num_gpu_blocks, order=order, generated=generated,
+                 model_switch=routed.model_switch if routed is not None else None)
+    ex.routing = routed.summary if routed is not None else None
+    return ex
 
 
 def observed_from_records(records: Any, num_requests: int) -> list[int | None]:
