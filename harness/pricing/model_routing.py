@@ -59,6 +59,26 @@ def routed_cost(routed: Sequence[RoutedRequest], prices: dict[str, tuple[str, Pr
             "wasted_attempts_usd": wasted, "per_model": per}
 
 
+def session_costs(routed: Sequence[RoutedRequest], prices: dict[str, tuple[str, Pricing]]) -> dict[str, float]:
+    """USD per session, billed as :func:`routed_cost` bills the whole (so they add up to its total): the unit a
+    verdict between two policies resamples, since a session's requests share their history."""
+    by: dict[str, list[RoutedRequest]] = {}
+    for r in routed:
+        by.setdefault(str(r.session_id), []).append(r)
+    return {sid: routed_cost(rs, prices)["total_usd"] for sid, rs in by.items()}
+
+
+def self_hosted_routed_cost(busy_s_by_model: dict[str, float], gpu_hourly_usd_by_model: dict[str, float],
+                            sessions: int) -> dict:
+    """Self-hosted cost of a routed policy: each model's GPU-seconds (the time its server spent on the policy's
+    attempts, wasted ones included) at that model's $ per GPU-hour; in total and per 1,000 sessions."""
+    per = {m: busy_s_by_model.get(m, 0.0) / 3600.0 * gpu_hourly_usd_by_model[m] for m in gpu_hourly_usd_by_model}
+    total = sum(per.values())
+    return {"total_usd": total, "usd_per_1k_sessions": total * 1000 / max(sessions, 1),
+            "gpu_hours": {m: busy_s_by_model.get(m, 0.0) / 3600.0 for m in gpu_hourly_usd_by_model},
+            "per_model_usd": per}
+
+
 @dataclass
 class PolicyEvaluation:
     """One policy on one trace: per-request predictions, totals and cost."""
@@ -194,6 +214,8 @@ __all__ = [
     "model_prices",
     "routed_cost",
     "rule_grid",
+    "self_hosted_routed_cost",
+    "session_costs",
     "stickiness_counterfactual",
     "sweep",
 ]
