@@ -117,3 +117,70 @@ def test_a_scheduler_block_size_other_than_the_specs_is_refused(trace_dir):
         run_routed_scheduler(M.route_requests(inputs.facts, spec), inputs.facts, inputs.requests_by_block, spec,
                              {"small": SchedulerConfig(32), "large": SchedulerConfig(16)},
                              {"small": COST, "large": SLOW}, SessionTiming(concurrency=2))
+
+
+# ------------------------------------------------------------------------------------------ kvscope route --concurrency
+
+def _calibration(path):
+    from kvscope.harness.results.loaders import write_result_file
+    from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+
+    write_result_file(path, CalibrationFile, CalibrationFile(
+        created_at=0.0, server=CalibrationServer(block_size=16, max_num_batched_tokens=256),
+        cost=CalibrationCost(base_s=0.004, per_token_s=3e-5, per_seq_s=2e-4, per_context_token_s=1e-7,
+                             request_overhead_s=0.006, per_prefill_pair_s=2e-8),
+        fit_r2=0.95, fit_median_rel_error=0.05))
+    return path
+
+
+def test_route_under_concurrency_prices_latency_and_self_hosting(trace_dir, tmp_path, capsys):
+    import json
+
+    from kvscope.harness.cli.main import main
+    from kvscope.harness.pricing.model_routing import evaluate_policy_timed
+    from kvscope.harness.results.loaders import load_calibration
+
+    cal = _calibration(tmp_path / "cal.json")
+    out = tmp_path / "route.json"
+    rc = main(["route", str(trace_dir), "--policy", "cascade", "--cascade-max-output-tokens", "10", "--concurrency",
+               "3", "--calibration", str(cal), "--large-time-factor", "3", "--small-gpu-hourly-usd", "1",
+               "--large-gpu-hourly-usd", "4", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "at concurrency 3" in text and "self-hosted" in text
+    d = json.loads(out.read_text())
+    lat, sh = d["latency"], d["self_hosted"]
+    # the JSON is the pricing layer's evaluation under concurrency, figure for figure
+    spec = M.load_spec({"policy": {"kind": "cascade", "max_output_tokens": 10}})
+    c = load_calibration(cal)
+    ev = evaluate_policy_timed(spec, M.load_routing_inputs(trace_dir, [16]), c.cost_model(), c.scheduler_config(), 3,
+                               large_time_factor=3, gpu_hourly_usd={"small": 1.0, "large": 4.0})
+    assert lat["ttft_p50_s"] == pytest.approx(ev.latency["ttft_p50_s"]) and d["cached_tokens"] == ev.totals["cached_tokens"]
+    # an escalated request waits for the small answer: its TTFT is above the median
+    assert lat["escalated_ttft_p50_s"] > lat["ttft_p50_s"]
+    busy = {m: s["busy_s"] for m, s in lat["servers"].items()}
+    assert sh["total_usd"] == pytest.approx(busy["small"] / 3600 * 1 + busy["large"] / 3600 * 4)
+    assert "ttft_p50_s" in d["other_stickiness"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--concurrency", "2"], "--concurrency needs --calibration"),
+    (["--calibration", "CAL"], "--calibration is read with --concurrency"),
+    (["--concurrency", "2", "--calibration", "CAL", "--sweep"], "--sweep ranks variants"),
+    (["--small-gpu-hourly-usd", "1", "--large-gpu-hourly-usd", "2"], "needs --concurrency"),
+    (["--concurrency", "2", "--calibration", "CAL", "--small-gpu-hourly-usd", "1"], "give both"),
+])
+def test_route_concurrency_flags_bad_input_is_one_line_exit_2(trace_dir, tmp_path, capsys, extra, needle):
+    from kvscope.harness.cli.main import main
+
+    cal = str(_calibration(tmp_path / "cal.json"))
+    rc = main(["route", str(trace_dir), "--no-progress", *[cal if x == "CAL" else x for x in extra]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_route_large_time_factor_must_be_positive(trace_dir, capsys):
+    from kvscope.harness.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["route", str(trace_dir), "--large-time-factor", "0"])
+    assert exc.value.code == 2 and "--large-time-factor" in capsys.readouterr().err
