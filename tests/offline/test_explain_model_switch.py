@@ -127,3 +127,42 @@ def test_cli_bad_routing_input_is_one_line_exit_2(trace_dir, tmp_path, capsys, c
     rc, _out, err = _run(argv, capsys)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def _routed_run(trace_dir: Path, run: Path, spec: dict) -> Path:
+    """A replay run directory as a routed replay leaves it: its manifest names the trace, its records carry each
+    request's serving model and the servers' cached tokens (here: the routing model's, as if exact)."""
+    from kvscope.harness.results.loaders import MANIFEST_NAME, write_result_file
+    from kvscope.harness.results.records import PARQUET_NAME, RECORD_FIELDS
+    from kvscope.harness.results.schemas import HostInfo, ManifestFile, TraceRef
+
+    routed = route_for_explain(trace_dir, spec).routed
+    run.mkdir(parents=True)
+    write_result_file(run / MANIFEST_NAME, ManifestFile, ManifestFile(
+        kvscope_version="t", vllm_version=None, trace=TraceRef(path=str(trace_dir), sha256="x", name=None, seed=None),
+        options={}, endpoints=["http://small", "http://large"], server_config=None,
+        host=HostInfo(hostname="h", platform="p", cpus=2), started_at=0.0, ended_at=1.0, aborted=None,
+        prefix_cache_reset=None))
+    rows = pd.DataFrame({f: None for f in RECORD_FIELDS}, index=range(len(routed)))
+    rows = rows.assign(request_id=[r.request_id for r in routed], session_id=[str(r.session_id) for r in routed],
+                       step=[r.step for r in routed], prompt_tokens=[r.prompt_tokens for r in routed],
+                       cached_tokens=[r.cached_tokens for r in routed], output_tokens=[r.output_tokens for r in routed],
+                       in_window=True, attempt=0, model=[r.model for r in routed])
+    rows.to_parquet(run / PARQUET_NAME)
+    return run
+
+
+def test_a_routed_runs_measured_reads_and_recorded_decisions(trace_dir, tmp_path, capsys):
+    run = _routed_run(trace_dir, tmp_path / "run", ALTERNATING)
+    switch = sum(r.model_switch_tokens for r in route_for_explain(trace_dir, ALTERNATING).routed)
+    # without --routing the run's per-model reads look like evictions from one cache
+    rc, out, _ = _run(["explain", str(run), "--no-progress"], capsys)
+    assert rc == 0 and "evicted" in out.split("cause ")[-1] and "model_switch" not in out
+    # with the rule, or with the decisions the run recorded, they are model switches
+    for spec in (ALTERNATING, {"policy": {"kind": "recorded"}}):
+        f = tmp_path / "routing.json"
+        f.write_text(json.dumps(spec))
+        rc, out, _ = _run(["explain", str(run), "--routing", str(f), "--no-progress", "--json", str(tmp_path / "e.json")],
+                          capsys)
+        got = json.loads((tmp_path / "e.json").read_text())
+        assert rc == 0 and {c["cause"]: c["recomputed_tokens"] for c in got["causes"]} == {"model_switch": switch}
