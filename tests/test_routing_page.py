@@ -105,10 +105,25 @@ def test_verdicts_and_a_recommendation_only_from_decided_ones(whatifs):
     assert decided, v
     cheapest = table[table["policy"].isin(decided)].sort_values("usd_per_1000_sessions").iloc[0]
     assert f"route {cheapest['policy']}" in rec.sentence and rec.numbers["saving"] > 0
-    # with every verdict undecided, nothing is recommended
+    # the index gets one line: how many workloads have a decided policy, and which
+    [line] = P.index_recommendation(table, v.reset_index())
+    assert line.question == "recommendation" and line.numbers == {"workloads": 1.0, "decided": 1.0}
+    assert f"agent: {cheapest['policy']} (" in line.sentence
+    # with every verdict undecided, nothing is recommended, on the page or on the index
     undecided = v.reset_index().assign(verdict="inconclusive")
     [none] = P.recommendation(table, undecided, P.sticky_recovery(table))
     assert "nothing is recommended" in none.sentence and "route " not in none.sentence
+    [none] = P.index_recommendation(table, undecided)
+    assert "nothing is recommended" in none.sentence and none.numbers["decided"] == 0
+
+
+def test_too_few_sessions_decide_nothing(tmp_path):
+    res = load_results(build_experiment(tmp_path / "two", sessions=2))
+    table, per_session = P.routing_whatifs(res)
+    v = P.cost_verdicts(table, per_session)
+    assert set(v["verdict"]) == {"inconclusive"} and (v["sessions"] == 2).all()
+    # all-small is still cheaper in every session: the point estimate says so, the verdict does not decide it
+    assert v.set_index("policy").loc["all-small", "ci_high"] < 0
 
 
 def test_without_measured_latency_cost_is_still_priced(experiment, tmp_path):

@@ -42,6 +42,8 @@ NOTEBOOK = "routing"
 REFERENCE = "all-large"
 #: Bootstrap draws of a cost verdict (sessions resampled, paired).
 RESAMPLES = 2000
+#: Fewer sessions than this give no verdict (a bootstrap over one or two sessions only repeats them).
+MIN_SESSIONS = 3
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ def cost_verdicts(table: pd.DataFrame, per_session: dict, resamples: int = RESAM
         point = float(d.mean())
         margin = MARGIN_RELATIVE * float(a.mean())
         word, lo, hi = _verdict(boot, point, margin)
+        if len(d) < MIN_SESSIONS:
+            word = "inconclusive"
         rows.append({"workload": workload, "policy": name, "reference": REFERENCE, "usd_per_session_diff": point,
                      "ci_low": lo, "ci_high": hi, "relative": point / a.mean() if a.mean() else math.nan,
                      "margin": margin, "sessions": len(d), "verdict": word})
@@ -238,35 +242,46 @@ def cost_verdicts(table: pd.DataFrame, per_session: dict, resamples: int = RESAM
                                        "ci_high", "relative", "margin", "sessions", "verdict"])
 
 
-def recommendation(table: pd.DataFrame, verdicts: pd.DataFrame, recovery: pd.DataFrame) -> list[Finding]:
+def decided_choices(table: pd.DataFrame, verdicts: pd.DataFrame) -> dict[str, pd.Series | None]:
     """Per workload: the cheapest routing policy (all-small aside: it is the floor, not a routing decision) whose
-    cost verdict against all-large is decided *better*, with its predicted TTFT change and what sticky routing
-    recovers; where none is decided, a sentence saying so. Never drawn from an undecided point estimate."""
-    out = []
-    if not len(table):
-        return out
+    cost verdict against all-large is decided *better* (its row of ``table``, with ``verdict_*`` columns), or None.
+    Never a point estimate: an undecided policy is never chosen, however cheap."""
+    out: dict[str, pd.Series | None] = {}
     for workload, g in table.groupby("workload", sort=True):
         v = verdicts[(verdicts["workload"] == workload) & (verdicts["verdict"] == "better")
                      & (verdicts["policy"] != "all-small")]
-        ref = g[g["policy"] == REFERENCE].iloc[0]
         if not len(v):
+            out[workload] = None
+            continue
+        best = g[g["policy"].isin(set(v["policy"]))].sort_values(["usd_per_1000_sessions", "policy"]).iloc[0]
+        vb = v[v["policy"] == best["policy"]].iloc[0]
+        out[workload] = pd.concat([best, vb[["relative", "ci_low", "ci_high", "sessions"]].add_prefix("verdict_")])
+    return out
+
+
+def recommendation(table: pd.DataFrame, verdicts: pd.DataFrame, recovery: pd.DataFrame) -> list[Finding]:
+    """The page's sentence per workload (``cost``): its :func:`decided_choices` policy with the saving, its
+    interval, the share on the large model, the predicted TTFT change and what sticky routing recovers; where no
+    policy is decided, a sentence saying nothing is recommended."""
+    out = []
+    for workload, best in decided_choices(table, verdicts).items():
+        g = table[table["workload"] == workload]
+        ref = g[g["policy"] == REFERENCE].iloc[0]
+        if best is None:
             undecided = verdicts[(verdicts["workload"] == workload) & (verdicts["policy"] != "all-small")]
-            out.append(Finding(question="recommendation", notebook=NOTEBOOK, figure="routing_cost_latency",
+            out.append(Finding(question="cost", notebook=NOTEBOOK, figure="routing_cost_latency",
                                sentence=f"{workload}: no routing policy is decidedly cheaper than all-large on these "
                                         f"{int(ref['sessions'])} sessions (verdicts: "
                                         f"{', '.join(sorted(set(undecided['verdict']))) or 'none'}); "
                                         "nothing is recommended.",
                                numbers={"sessions": float(ref["sessions"])}))
             continue
-        cand = g[g["policy"].isin(set(v["policy"]))].sort_values(["usd_per_1000_sessions", "policy"])
-        best = cand.iloc[0]
-        vb = v[v["policy"] == best["policy"]].iloc[0]
-        saving = -float(vb["relative"])
+        saving = -float(best["verdict_relative"])
         ttft = best["ttft_p50_ms"] - ref["ttft_p50_ms"]
         words = (f"{workload}: route {best['policy']} — {saving:.0%} cheaper than all-large "
                  f"(${best['usd_per_1000_sessions']:,.2f} vs ${ref['usd_per_1000_sessions']:,.2f} per 1,000 sessions, "
-                 f"decided over {int(vb['sessions'])} sessions), {best['large_share']:.0%} of requests on the large "
-                 "model")
+                 f"decided over {int(best['verdict_sessions'])} sessions), {best['large_share']:.0%} of requests on "
+                 "the large model")
         if not math.isnan(ttft):
             words += f", predicted TTFT p50 {ttft:+,.0f} ms"
         rec = recovery[(recovery["workload"] == workload)
@@ -284,11 +299,31 @@ def recommendation(table: pd.DataFrame, verdicts: pd.DataFrame, recovery: pd.Dat
                 words += (f"; it loses {r['lost_pp']:.1f} pp of hit rate to model switches, which sticky routing does "
                           f"not recover (hit rate {r['recovered_pp']:+.1f} pp)")
             numbers.update(lost_pp=float(r["lost_pp"]), recovered_pp=float(r["recovered_pp"]))
-        out.append(Finding(question="recommendation", notebook=NOTEBOOK, figure="routing_cost_latency",
+        out.append(Finding(question="cost", notebook=NOTEBOOK, figure="routing_cost_latency",
                            sentence=words + ". Quality is not modelled: check the answers before routing.",
-                           numbers=numbers, interval=(float(vb["ci_low"]), float(vb["ci_high"])),
+                           numbers=numbers, interval=(float(best["verdict_ci_low"]), float(best["verdict_ci_high"])),
                            interval_of="usd_per_session_diff"))
     return out
+
+
+def index_recommendation(table: pd.DataFrame, verdicts: pd.DataFrame) -> list[Finding]:
+    """One line for the index's recommendations: on how many workloads a routing policy is decidedly cheaper than
+    all-large, each with its policy and saving (the page holds the sentences); where none is decided, it says
+    nothing is recommended."""
+    choices = decided_choices(table, verdicts)
+    if not choices:
+        return []
+    decided = {w: b for w, b in choices.items() if b is not None}
+    numbers = {"workloads": float(len(choices)), "decided": float(len(decided))}
+    if not decided:
+        return [Finding(question="recommendation", notebook=NOTEBOOK, figure="routing_cost_latency",
+                        sentence=f"Model routing (offline what-if): no policy is decidedly cheaper than all-large on "
+                                 f"any of {len(choices)} workload(s); nothing is recommended.", numbers=numbers)]
+    parts = "; ".join(f"{w}: {b['policy']} ({b['verdict_relative']:+.0%})" for w, b in decided.items())
+    return [Finding(question="recommendation", notebook=NOTEBOOK, figure="routing_cost_latency",
+                    sentence=f"Model routing (offline what-if, quality not modelled): a policy is decidedly cheaper "
+                             f"than all-large on {len(decided)} of {len(choices)} workloads — {parts}.",
+                    numbers=numbers)]
 
 
 def switch_findings(recovery: pd.DataFrame) -> list[Finding]:
@@ -319,4 +354,4 @@ def _routing_page(ctx: PageContext) -> list[Finding]:
     table, per_session = ctx.get("whatifs", lambda: routing_whatifs(ctx.res))
     verdicts = ctx.get("verdicts", lambda: cost_verdicts(table, per_session))
     recovery = sticky_recovery(table)
-    return recommendation(table, verdicts, recovery) + switch_findings(recovery)
+    return index_recommendation(table, verdicts) + recommendation(table, verdicts, recovery) + switch_findings(recovery)
