@@ -84,23 +84,28 @@ def latency_fit(res: ExperimentResults) -> LatencyFit | None:
                       float(tpot.median()) if len(tpot) else 0.0, len(d), ", ".join(map(str, servers)) or "the runs")
 
 
-def policies(inputs: RoutingInputs) -> dict[str, dict]:
-    """The what-if policies of one trace, by name: the two fixed ones, then each rule and cascade per-step and
-    sticky. Thresholds follow the trace (its median prompt, its 75th-percentile answer)."""
+def policies(inputs: RoutingInputs) -> dict[str, tuple[str, dict]]:
+    """The what-if policies of one trace, by name: (family, spec fields). The two fixed ones, then each rule and
+    cascade per-step and sticky. Thresholds follow the trace (its median prompt, its 75th-percentile answer), so
+    the names do too; the family names the policy across traces (a figure's colours)."""
     prompts = np.array([f.prompt_tokens for f in inputs.facts]) if inputs.facts else np.zeros(1)
     outputs = np.array([f.output_tokens for f in inputs.facts]) if inputs.facts else np.ones(1)
     median_prompt = int(np.median(prompts))
     p75_out = max(1, int(np.percentile(outputs, 75)))
-    out = {"all-small": {"policy": {"kind": "all-small"}}, REFERENCE: {"policy": {"kind": "all-large"}}}
+    out = {"all-small": ("all-small", {"policy": {"kind": "all-small"}}),
+           REFERENCE: (REFERENCE, {"policy": {"kind": "all-large"}})}
     kinds = {
-        "tool output → large": {"kind": "rule", "rules": [{"model": "large", "input_kind": ["tool_output"]}]},
-        f"prompt ≥ {median_prompt:,} → large": {"kind": "rule", "rules": [{"model": "large",
-                                                                          "min_prompt_tokens": median_prompt}]},
-        f"cascade: answer > {p75_out} tokens": {"kind": "cascade", "max_output_tokens": p75_out},
+        "tool output → large": ("tool output → large",
+                                {"kind": "rule", "rules": [{"model": "large", "input_kind": ["tool_output"]}]}),
+        f"prompt ≥ {median_prompt:,} → large": ("prompt ≥ median → large",
+                                                {"kind": "rule", "rules": [{"model": "large",
+                                                                            "min_prompt_tokens": median_prompt}]}),
+        f"cascade: answer > {p75_out} tokens": ("cascade: answer > p75",
+                                                {"kind": "cascade", "max_output_tokens": p75_out}),
     }
-    for name, pol in kinds.items():
-        out[name] = {"policy": pol, "stickiness": "per-step"}
-        out[f"{name}, sticky"] = {"policy": pol, "stickiness": "sticky-after-escalation"}
+    for name, (family, pol) in kinds.items():
+        out[name] = (family, {"policy": pol, "stickiness": "per-step"})
+        out[f"{name}, sticky"] = (family, {"policy": pol, "stickiness": "sticky-after-escalation"})
     return out
 
 
@@ -149,7 +154,7 @@ def routing_whatifs(res: ExperimentResults, small_pricing: str = "gemini-2.5-fla
             skipped[workload] = str(exc)
             continue
         prices = None
-        for name, body in policies(inputs).items():
+        for name, (family, body) in policies(inputs).items():
             spec = load_spec({"models": models, **body}, f"routing what-if {name}")
             prices = prices or model_prices(spec)
             ev = evaluate_policy(spec, inputs, prices=prices)
@@ -159,7 +164,7 @@ def routing_whatifs(res: ExperimentResults, small_pricing: str = "gemini-2.5-fla
                                              t["sessions"])
             per_session[(workload, name)] = session_costs(ev.routed, prices)
             rows.append({
-                "workload": workload, "policy": name, "stickiness": spec.stickiness,
+                "workload": workload, "policy": name, "family": family, "stickiness": spec.stickiness,
                 "usd_per_1000_sessions": ev.cost["usd_per_1k_sessions"],
                 "self_hosted_usd_per_1000_sessions": hosted["usd_per_1k_sessions"] if fit is not None else math.nan,
                 "token_hit_ratio": t["token_hit_ratio"],
