@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kvscope.harness.analysis.causes import Cause
 from kvscope.harness.analysis.explain import explain_trace
 from kvscope.harness.analysis.explain_routing import route_for_explain
@@ -166,3 +168,26 @@ def test_a_routed_runs_measured_reads_and_recorded_decisions(trace_dir, tmp_path
                           capsys)
         got = json.loads((tmp_path / "e.json").read_text())
         assert rc == 0 and {c["cause"]: c["recomputed_tokens"] for c in got["causes"]} == {"model_switch": switch}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), sessions=st.integers(1, 4), steps=st.integers(2, 6),
+       kinds=st.sets(st.sampled_from(["task", "user", "tool_output"]), min_size=1),
+       threshold=st.sampled_from([0, 60, 150]), sticky=st.booleans())
+def test_every_rules_switch_tokens_are_attributed_to_model_switch(tmp_path_factory, seed, sessions, steps, kinds,
+                                                                   threshold, sticky):
+    """Any rule on any append-only trace: the attribution's model_switch total is the routing model's, request
+    for request, and nothing of a routed shortfall is left as eviction (unbounded pools evict nothing)."""
+    shape = [[(20 + (seed + 7 * s + 13 * k) % 50, 3 + (seed + s + k) % 9) for k in range(steps)]
+             for s in range(sessions)]
+    trace = write_trace(tmp_path_factory.mktemp("ms") / "t", shape, seed=seed)
+    spec = {"policy": {"kind": "rule", "rules": [{"model": "large", "input_kind": sorted(kinds),
+                                                  "min_prompt_tokens": threshold}]},
+            "stickiness": "sticky-after-escalation" if sticky else "per-step"}
+    ex = explain_trace(trace, 16, routing=spec)
+    routed = {r.request_id: r.model_switch_tokens for r in route_for_explain(trace, spec).routed}
+    causes = _causes(ex)
+    assert causes.get(Cause.MODEL_SWITCH, 0) == sum(routed.values())
+    assert Cause.EVICTED not in causes
+    for a in ex.requests:
+        assert a.recomputed_tokens == routed[a.request_id]
