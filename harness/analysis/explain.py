@@ -635,8 +635,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             model_switch: Sequence[tuple[int, str]] | None = None) -> Explanation:
     """Attribute every request's recomputed tokens to a cause (see the module doc). ``model_switch`` (routed
     runs, :mod:`~kvscope.harness.analysis.explain_routing`): per request, the tokens its session's previous
-    model held but its own did not, and where; that much of a shortfall is ``model_switch``, not eviction. ``observed`` are the
-    server's cached tokens per request (None: the infinite-cache simulation stands in). ``num_gpu_blocks``
+    model held but its own did not, and where; that much of a shortfall is ``model_switch``, not eviction.
+    ``observed`` are the server's cached tokens per request (None: the infinite-cache simulation stands in). ``num_gpu_blocks``
     (the run's KV pool, where known) adds each what-if at that pool size, in the run's send / finish ``order``
     (:func:`event_order`) where given, caching what the server ``generated`` (:func:`generated_outputs`) where
     given. ``progress``: a progress bar on

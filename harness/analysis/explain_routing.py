@@ -100,8 +100,8 @@ def routing_lines(summary: dict[str, Any]) -> list[str]:
     """``kvscope explain``'s routing block: the policy, each model's share and hit ratio, the switches, and what
     the other stickiness would save."""
     s, o = summary, summary["other_stickiness"]
-    lines = [f"routing: {s['policy']} [{s['stickiness']}], {s['requests']} requests, escalations "
-             f"{s['escalation_rate']:.1%}, {s['usd_per_1k_sessions']:,.2f} $ per 1,000 sessions"]
+    lines = [(f"routing: {s['policy']} [{s['stickiness']}], {s['requests']} requests, escalations "
+              f"{s['escalation_rate']:.1%}, {s['usd_per_1k_sessions']:,.2f} $ per 1,000 sessions")]
     for m, d in s["per_model"].items():
         lines.append(f"  {m:<12} {d['requests']:>6} served, hit ratio {d['token_hit_ratio']:.1%}, "
                      f"{d['total_usd']:,.4f} $ ({d['preset']})")

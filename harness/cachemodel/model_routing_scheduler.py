@@ -119,10 +119,11 @@ def _attempt_sim_requests(attempts: Sequence[Sequence[Attempt]], facts: Sequence
 def run_routed_scheduler(attempts: Sequence[Sequence[Attempt]], facts: Sequence[RequestFacts],
                          requests_by_block: dict[int, list[SimRequest]], spec: ModelRoutingSpec,
                          configs: dict[str, SchedulerConfig], costs: dict[str, StepCost],
-                         timing: SessionTiming = SessionTiming(), *, fast_forward: bool = True) -> RoutedScheduleRun:
+                         timing: SessionTiming | None = None, *, fast_forward: bool = True) -> RoutedScheduleRun:
     """Every attempt through its model's scheduler model, sessions closed-loop (``timing.concurrency``) or
     open-loop (their trace arrival times), as ``kvscope replay`` sends them; see the module doc.  ``configs`` and
     ``costs``: each model's server settings (its block size must be the spec's) and step costs."""
+    timing = timing if timing is not None else SessionTiming()
     if timing.arrivals_s is not None:
         raise ValueError("pinned arrivals: use run_routed_pinned (the servers are independent then)")
     names = spec.model_names

@@ -268,8 +268,9 @@ def _check_timed_flags(a: argparse.Namespace) -> None:
 
 def _timed(a: argparse.Namespace, spec, inputs):
     """The evaluation under concurrency for a spec (this one, or its other stickiness) on the trace read once."""
-    from kvscope.harness.pricing.model_routing import evaluate_policy_timed  # deferred: keeps `kvscope --help` fast
-    from kvscope.harness.results.loaders import load_calibration  # deferred: keeps `kvscope --help` fast
+    # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.pricing.model_routing import evaluate_policy_timed
+    from kvscope.harness.results.loaders import load_calibration
 
     cal = load_calibration(a.calibration)
     hourly = None

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from kvscope.harness.cachemodel.model_routing import (
     INPUT_KINDS,
     STICKINESS,

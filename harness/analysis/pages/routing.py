@@ -25,8 +25,13 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.ab import ALPHA, MARGIN_RELATIVE
 from kvscope.harness.analysis.registry import PageContext, report_page
+from kvscope.harness.cachemodel.model_routing import (
+    RoutedRequest,
+    RoutingInputs,
+    load_routing_inputs,
+    load_spec,
+)
 from kvscope.harness.common.errors import KvscopeError
-from kvscope.harness.cachemodel.model_routing import RoutedRequest, RoutingInputs, load_routing_inputs, load_spec
 from kvscope.harness.pricing.model_routing import (
     evaluate_policy,
     model_prices,
@@ -66,7 +71,7 @@ def latency_fit(res: ExperimentResults) -> LatencyFit | None:
         return None
     cells = res.cells
     if len(cells) and {"prefix_caching", "speculative"} <= set(cells.columns):
-        keep = cells[(cells["prefix_caching"] == True) & (cells["speculative"] != True)]["cell"]  # noqa: E712
+        keep = cells[(cells["prefix_caching"] == True) & (cells["speculative"] != True)]["cell"]
         if len(keep):
             ok = ok[ok["cell"].isin(set(keep))]
     d = ok[["ttft_s", "prompt_tokens", "cached_tokens"]].apply(pd.to_numeric, errors="coerce").dropna()
