@@ -278,7 +278,7 @@ def run_routed_pinned(attempts: Sequence[Sequence[Attempt]], facts: Sequence[Req
     ``done_s[i][k]``), a recorded routed run's clock; the servers share nothing then, so each model's attempts
     go through :func:`~.scheduler.run_scheduler` alone.  Per model: (request index, attempt, result)."""
     sims = _attempt_sim_requests(attempts, facts, requests_by_block, spec)
-    out = {}
+    out: dict[str, list[tuple[int, int, ScheduledResult]]] = {}
     for m in spec.model_names:
         mine = [(i, k) for i, atts in enumerate(attempts) for k, a in enumerate(atts) if a.model == m]
         if not mine:

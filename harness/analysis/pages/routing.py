@@ -97,9 +97,10 @@ def policies(inputs: RoutingInputs) -> dict[str, tuple[str, dict]]:
     outputs = np.array([f.output_tokens for f in inputs.facts]) if inputs.facts else np.ones(1)
     median_prompt = int(np.median(prompts))
     p75_out = max(1, int(np.percentile(outputs, 75)))
-    out = {"all-small": ("all-small", {"policy": {"kind": "all-small"}}),
-           REFERENCE: (REFERENCE, {"policy": {"kind": "all-large"}})}
-    kinds = {
+    out: dict[str, tuple[str, dict[str, Any]]] = {
+        "all-small": ("all-small", {"policy": {"kind": "all-small"}}),
+        REFERENCE: (REFERENCE, {"policy": {"kind": "all-large"}})}
+    kinds: dict[str, tuple[str, dict[str, Any]]] = {
         "tool output → large": ("tool output → large",
                                 {"kind": "rule", "rules": [{"model": "large", "input_kind": ["tool_output"]}]}),
         f"prompt ≥ {median_prompt:,} → large": ("prompt ≥ median → large",
