@@ -134,6 +134,16 @@ def test_without_measured_latency_cost_is_still_priced(experiment, tmp_path):
     assert not math.isnan(table["token_hit_ratio"].iloc[0])
 
 
+def test_an_experiment_without_traces_has_nothing_to_route(experiment):
+    from kvscope.harness.analysis.registry import PageContext
+
+    res = load_results(experiment)
+    res.experiment = res.experiment.model_copy(update={"traces": {}})
+    table, per_session = P.routing_whatifs(res)
+    assert not len(table) and per_session == {}
+    assert P._routing_page(PageContext(res)) == []
+
+
 def test_the_page_renders_in_the_report_and_in_chromium(tmp_path):
     from kvscope.harness.report.browser import check_report_pages
     from kvscope.harness.report.render import render_report

@@ -258,6 +258,8 @@ def decided_choices(table: pd.DataFrame, verdicts: pd.DataFrame) -> dict[str, pd
     cost verdict against all-large is decided *better* (its row of ``table``, with ``verdict_*`` columns), or None.
     Never a point estimate: an undecided policy is never chosen, however cheap."""
     out: dict[str, pd.Series | None] = {}
+    if not len(table):
+        return out
     for workload, g in table.groupby("workload", sort=True):
         v = verdicts[(verdicts["workload"] == workload) & (verdicts["verdict"] == "better")
                      & (verdicts["policy"] != "all-small")]
