@@ -64,8 +64,8 @@ def test_spec_parameters_and_extra_parameters():
 
 
 def test_pages_run_and_are_listed_in_their_declared_order():
-    assert page_names() == ["primer", "hit_rates", "concurrency", "latency", "cost", "speculative", "explain",
-                            "ab_compare"]
+    assert page_names() == ["primer", "hit_rates", "concurrency", "latency", "cost", "routing", "speculative",
+                            "explain", "ab_compare"]
 
 
 THROWAWAY_PAGE = '''
@@ -104,7 +104,8 @@ def test_a_page_declared_in_one_module_is_found_by_the_report(tmp_path, monkeypa
     monkeypatch.setattr(pages_package, "__path__", [*pages_package.__path__, str(tmp_path)])
     try:
         assert page_names()[-1] == "throwaway" and page_names()[:-1] == [
-            "primer", "hit_rates", "concurrency", "latency", "cost", "speculative", "explain", "ab_compare"]
+            "primer", "hit_rates", "concurrency", "latency", "cost", "routing", "speculative", "explain",
+            "ab_compare"]
         assert page_by_name()["throwaway"].title == "Throwaway: a page declared in its module alone"
         spec = ExperimentSpecCore.model_validate({"name": "x", "cost": {"gpu_hourly_usd": 2}})
         assert _parameters(spec, {"throwaway": {"depth": 3}})["throwaway"] == {"budget_usd": 2.0, "depth": 3}

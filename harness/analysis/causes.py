@@ -20,6 +20,7 @@ class Cause(StrEnum):
     MESSAGE_EDITED = "message_edited"
     HISTORY_TRUNCATED = "history_truncated"
     COMPACTION = "compaction"
+    MODEL_SWITCH = "model_switch"  # routed runs: the session's previous step ran on another model (its own cache)
     EVICTED = "evicted"
     #: A recorded-mode replay sent the trace's planned answer where the server had generated another: the blocks
     #: holding the parent's output can never match, in any cache. An artefact of the replay, not of the traffic.

@@ -28,6 +28,12 @@ held (the prompts as sent, the answers it generated):
 A live-mode run is read on the prompts it sent (its session's earlier answers as generated) and the answers
 the server generated, so its history is what the server saw and ``replay_substituted_output`` cannot occur.
 
+In a routed run (``model_switch`` given) the part of the ``evicted`` shortfall the session's previous model
+held is its own cause:
+
+``model_switch``          the previous step ran on another model, with its own cache: the history is
+                          recomputed on this one
+
 *Recomputed tokens* are tokens the predecessor already had (the common prefix, the rest of the diverging
 message where it was changed in place, and later messages the predecessor also had) that this request did not
 get from the cache, floored to whole blocks and capped like vLLM's hit (``(P-1)//B`` blocks); new tokens are
@@ -175,6 +181,8 @@ class Explanation:
     cached_tokens: int
     recomputed_tokens: int
     provider_preset: str | None = None
+    #: Routed runs: the policy's summary and what the other stickiness would change (`analysis.explain_routing`).
+    routing: dict[str, Any] | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -183,8 +191,11 @@ class Explanation:
     def to_json(self) -> dict[str, Any]:
         keys = ("request_id", "session_id", "step", "prompt_tokens", "cached_tokens", "recomputed_tokens", "cause",
                 "where")
-        return {"requests": [{k: getattr(a, k) for k in keys} for a in self.requests],
-                "causes": [asdict(c) for c in self.causes]}
+        out = {"requests": [{k: getattr(a, k) for k in keys} for a in self.requests],
+               "causes": [asdict(c) for c in self.causes]}
+        if self.routing is not None:
+            out["routing"] = self.routing
+        return out
 
 
 @dataclass(slots=True)
@@ -645,7 +656,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
             provider_observed: Sequence[int | None] | None = None, provider_preset: str | None = None,
             provider_prompt: Sequence[int | None] | None = None, progress: bool = False,
             num_gpu_blocks: int | None = None, order: Sequence[tuple[int, int]] | None = None,
-            generated: Sequence[np.ndarray | None] | None = None, recorded_mode: bool = False) -> Explanation:
+            generated: Sequence[np.ndarray | None] | None = None, recorded_mode: bool = False,
+            model_switch: Sequence[tuple[int, str]] | None = None) -> Explanation:
     """Attribute every request's recomputed tokens to a cause (see the module doc). ``observed`` are the
     server's cached tokens per request (None: the infinite-cache simulation stands in). ``order`` is the run's
     send / finish order (:func:`event_order`): eviction is then claimed only for blocks an unbounded cache in
@@ -654,7 +666,9 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
     planned answers, which the replay sent in place of ``generated`` (the shortfall they cause is
     ``replay_substituted_output``, and the what-ifs cache ``generated``, never the planned answers).
     ``num_gpu_blocks`` (the run's KV pool, where known) adds each what-if at that pool size, in ``order``.
-    ``progress``: a progress bar on stderr per pass over the trace (:func:`progress_bar`)."""
+    ``model_switch`` (routed runs, :mod:`~kvscope.harness.analysis.explain_routing`): per request, the tokens
+    its session's previous model held but its own did not, and where; that much of the ``evicted`` shortfall is
+    ``model_switch``. ``progress``: a progress bar on stderr per pass over the trace (:func:`progress_bar`)."""
     B = block_size
     n = len(views)
     reach_seq, reach_run = _reach(views, B, observed is not None, order, generated, recorded_mode)
@@ -687,10 +701,14 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         # cached before this request was sent in this run (rr). Each shortfall has its own cause.
         rs = b if reach_seq is None else min(reach_seq[rid], b)
         rr = rs if reach_run is None else min(reach_run[rid], rs)
-        shares = {
+        evicted = max(0, min(rr, expected) - o)
+        switched, switch_where = model_switch[rid] if model_switch is not None else (0, "")
+        switched = min(evicted, switched)
+        shares = {  # ties go to the first: a switch before eviction (the other model held it, not this one)
             Cause.REPLAY_SUBSTITUTED_OUTPUT: max(0, min(b, expected) - max(rs, o)),
             Cause.NOT_YET_CACHED: max(0, min(rs, expected) - max(rr, o)),
-            Cause.EVICTED: max(0, min(rr, expected) - o),
+            Cause.MODEL_SWITCH: switched,
+            Cause.EVICTED: evicted - switched,
         }
         diverged = max(0, expected - max(b, o)) if brk is not None else 0
         cause, where = None, ""
@@ -698,7 +716,8 @@ def explain(views: Sequence[RequestView], block_size: int, observed: Sequence[in
         if diverged and diverged >= shares[top] and brk is not None:
             cause, where = brk.cause, brk.where
         elif shares[top]:
-            cause, where = top, _share_where(top, o, b, rs, rr, pred)
+            where = switch_where if top == Cause.MODEL_SWITCH else _share_where(top, o, b, rs, rr, pred)
+            cause = top
         if diverged and brk is not None:
             split[brk.cause] = split.get(brk.cause, 0) + diverged
             if brk.patch is not None:
@@ -778,7 +797,7 @@ def _totals(views: Sequence[RequestView], B: int, split: dict[str, int],
     out = []
     for cause, n in sorted(split.items(), key=lambda kv: -kv[1]):
         pool_rate = None
-        if cause in _RUN_SHORTFALLS:
+        if cause in _RUN_SHORTFALLS or cause == Cause.MODEL_SWITCH:  # switch: history kept where it moved
             rate = (sum(obs) + n) / max(1, prompt_tokens)
         else:
             lengths: list[int] = []
@@ -1007,9 +1026,11 @@ def check_explain_fits(est: ExplainEstimate, available_bytes: int) -> None:
 
 
 def explain_path(path: str, block_size: int | None = None, provider_preset: str | None = None,
-                 progress: bool = False, available_bytes: int | None = None) -> Explanation:
+                 progress: bool = False, available_bytes: int | None = None, routing: Any = None,
+                 labels: Any = None) -> Explanation:
     """``kvscope explain TRACE|RUN_DIR``: a trace (observed cache reads from its exchanges, if recorded) or a
-    replay run directory (observed = the run's measured cached tokens, trace from its manifest)."""
+    replay run directory (observed = the run's measured cached tokens, trace from its manifest). ``routing``
+    (a model-routing spec) and ``labels``: see :func:`explain_trace`."""
     # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.harness.results.loaders import load_run_manifest
 
@@ -1019,23 +1040,28 @@ def explain_path(path: str, block_size: int | None = None, provider_preset: str 
         if not (trace_dir / "trace.json").is_file():
             raise KvscopeError(f"{p / 'manifest.json'}: trace.path {str(trace_dir)!r} is not a trace directory")
         return explain_trace(trace_dir, block_size, provider_preset, observed_records=read_records(p),
-                             progress=progress, estimate=True, available_bytes=available_bytes)
+                             progress=progress, estimate=True, available_bytes=available_bytes, routing=routing,
+                             labels=labels)
     if not (p / "trace.json").is_file():
         raise KvscopeError(f"{p}: neither a trace directory (trace.json) nor a run directory (manifest.json)")
     return explain_trace(p, block_size, provider_preset, progress=progress, estimate=True,
-                         available_bytes=available_bytes)
+                         available_bytes=available_bytes, routing=routing, labels=labels)
 
 
 def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset: str | None = None,
                   observed_records: Any = None, progress: bool = False,
                   num_gpu_blocks: int | None = None, estimate: bool = False,
-                  available_bytes: int | None = None) -> Explanation:
+                  available_bytes: int | None = None, routing: Any = None, labels: Any = None) -> Explanation:
     """Explain one trace directory. ``observed_records`` (a replay run's records frame) gives the server's
     cached tokens per request; without it a recorded trace's own cache reads (its exchanges) stand in, else the
     infinite-cache simulation. Provider usage the trace carries (recorded exchanges or an imported transcript's
     ``observed_*`` columns) is put beside the provider cache model's prediction either way. ``estimate``
     (the CLI): before any work, refuse a trace whose estimated peak exceeds the memory available
-    (``available_bytes``, default this machine's) and print the time and memory estimate of a long one."""
+    (``available_bytes``, default this machine's) and print the time and memory estimate of a long one.
+    ``routing``: a model-routing spec (dict or YAML/JSON path, ``kvscope route``'s) routes the trace's requests
+    between models (decisions from a rule, the ``labels`` file's columns, or the run's records); each model's
+    pool then stands in for the observed cache reads unless the run's are given, and the shortfall the
+    session's previous model held is attributed to ``model_switch`` (:mod:`.explain_routing`)."""
     # deferred: it loads pandas, pyarrow, which importing this module must not
     from kvscope.workloads.trace import Trace
 
@@ -1075,9 +1101,17 @@ def explain_trace(trace_dir: Any, block_size: int | None = None, provider_preset
     views = views_from_trace(trace, extras, live)
     if provider_preset is None:  # the provider whose usage the trace carries
         provider_preset = "anthropic-sonnet-5m" if trace.meta.get("observed_usage") == "anthropic" else None
-    return explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
-                   num_gpu_blocks=num_gpu_blocks, order=order, generated=generated,
-                   recorded_mode=mode == "recorded")
+    routed = None
+    if routing is not None:
+        from kvscope.harness.analysis.explain_routing import route_for_explain  # deferred: only routed runs
+
+        routed = route_for_explain(trace_dir, routing, labels, observed_records)
+        observed = observed if observed_records is not None else routed.cached_tokens
+    ex = explain(views, B, observed, provider, provider_preset, provider_prompt, progress=progress,
+                 num_gpu_blocks=num_gpu_blocks, order=order, generated=generated, recorded_mode=mode == "recorded",
+                 model_switch=routed.model_switch if routed is not None else None)
+    ex.routing = routed.summary if routed is not None else None
+    return ex
 
 
 @dataclass(frozen=True)

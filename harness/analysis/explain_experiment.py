@@ -47,6 +47,7 @@ CAUSE_WORDS = {
     Cause.MESSAGE_EDITED: "an earlier message edited in place",
     Cause.HISTORY_TRUNCATED: "truncated history",
     Cause.COMPACTION: "compaction (history replaced by a summary)",
+    Cause.MODEL_SWITCH: "a model switch (the previous step ran on another model, with its own cache)",
     Cause.EVICTED: "eviction (the prefix was cached earlier in this run, then evicted)",
     Cause.PREFIX_CHANGED: "a changed prefix",
     Cause.REPLAY_SUBSTITUTED_OUTPUT: ("the replay's substitution of answers (a recorded-mode replay sends the "
@@ -58,6 +59,7 @@ CAUSE_WORDS = {
 RUN_SHORTFALLS = {Cause.EVICTED, Cause.REPLAY_SUBSTITUTED_OUTPUT, Cause.NOT_YET_CACHED}
 #: One colour per cause, the same on every figure of the page.
 CAUSE_COLOURS = {Cause.VOLATILE_FIELD: "#d62728", Cause.SYSTEM_PROMPT_CHANGED: "#9467bd",
+                 Cause.MODEL_SWITCH: "#2ca02c",
                  Cause.TOOLS_CHANGED: "#8c564b", Cause.MESSAGE_EDITED: "#e377c2", Cause.HISTORY_TRUNCATED: "#7f7f7f",
                  Cause.COMPACTION: "#bcbd22", Cause.EVICTED: "#17becf", Cause.PREFIX_CHANGED: "#ff7f0e",
                  Cause.REPLAY_SUBSTITUTED_OUTPUT: "#aec7e8", Cause.NOT_YET_CACHED: "#c5b0d5"}

@@ -611,15 +611,17 @@ _TRACE_COLUMNS = ("request_id", "session_id", "step", "input_kind", "prompt_toke
 _NOT_SIGNALS = {"prompt_segment_ids", "messages"}
 
 
-def read_labels(path: str | Path, request_ids: Sequence[int]) -> Any:
-    """A per-request signal table (CSV, JSON lines or Parquet) with a ``request_id`` column and one column per
-    signal (a pass/fail label, ``mean_logprob`` from a recorded run, ...); its request ids must be exactly the
-    trace's."""
+def read_labels(path: Any, request_ids: Sequence[int]) -> Any:
+    """A per-request signal table (CSV, JSON lines or Parquet; or a data frame already read, e.g. a recorded
+    run's decisions, named by its ``source`` attribute) with a ``request_id`` column and one column per signal (a
+    pass/fail label, ``mean_logprob`` from a recorded run, ...); its request ids must be exactly the trace's."""
     import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
 
-    p = Path(path)
+    p = Path(path) if isinstance(path, (str, Path)) else Path(str(path.attrs.get("source", "labels")))
     try:
-        if p.suffix == ".parquet":
+        if not isinstance(path, (str, Path)):
+            df = path
+        elif p.suffix == ".parquet":
             df = pd.read_parquet(p)
         elif p.suffix in (".jsonl", ".json"):
             df = pd.read_json(p, lines=p.suffix == ".jsonl")
@@ -648,7 +650,7 @@ def read_labels(path: str | Path, request_ids: Sequence[int]) -> Any:
     return df.set_index("request_id").loc[list(request_ids)]
 
 
-def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: str | Path | None = None,
+def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: Any = None,
                         progress: Callable[[str], None] | None = None) -> RoutingInputs:
     """Read a kvscope trace dir once, hash it at every block size, and join the labels."""
     # deferred: it loads pandas, pyarrow, which importing this module must not

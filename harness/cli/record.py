@@ -65,6 +65,14 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                     help="provider cache model shown beside observed provider cache reads (default: "
                          "anthropic-sonnet-5m for Anthropic usage, else openai-gpt-4.1)")
     ex.add_argument("--all", action="store_true", help="list every request, not only those with recomputed tokens")
+    ex.add_argument("--routing", metavar="SPEC", default=None,
+                    help="a model-routing spec (YAML/JSON, as `kvscope route --spec`: models, policy, stickiness): "
+                         "route the requests between models, each with its own cache; the history a step "
+                         "recomputes because its session's previous step ran on another model is model_switch, "
+                         "and the summary says what the other stickiness would save. A recorded policy reads a "
+                         "RUN_DIR's records (or --labels)")
+    ex.add_argument("--labels", metavar="FILE", default=None,
+                    help="with --routing: per-request signals or decisions (CSV / JSONL / Parquet with request_id)")
     ex.add_argument("--no-progress", action="store_true", help="do not show progress bars (stderr)")
     ex.set_defaults(func=_cmd_explain)
 
@@ -205,7 +213,10 @@ def _print_trace(out: Path) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from kvscope.harness.analysis.explain import explain_path  # deferred: keeps `kvscope --help` fast
 
-    ex = explain_path(args.path, args.block_size, args.provider, progress=not args.no_progress)
+    if args.labels and not args.routing:
+        raise ConfigError("--labels needs --routing SPEC")
+    ex = explain_path(args.path, args.block_size, args.provider, progress=not args.no_progress,
+                      routing=args.routing, labels=args.labels)
     if args.json:
         # json.dump writes as it encodes; json.dumps(indent=...) first holds every fragment of the text in a
         # list (346 k requests: ~0.5 GB beside an 84 MB file)
@@ -262,4 +273,8 @@ def format_explanation(ex, every: bool = False) -> str:
         lines.append("(no recomputed tokens)")
     if ex.provider_preset:
         lines += ["", *provider_comparison_lines(ex)]
+    if ex.routing is not None:
+        from kvscope.harness.analysis.explain_routing import routing_lines  # deferred: keeps `kvscope --help` fast
+
+        lines += ["", *routing_lines(ex.routing)]
     return "\n".join(lines)

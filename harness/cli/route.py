@@ -24,6 +24,8 @@ examples:
   kvscope route traces/agent --policy recorded --labels decisions.csv   (columns request_id, model[, escalated])
   kvscope route traces/agent --sweep --thresholds 0,20000,50000,100000
   kvscope route traces/agent --spec routing.yaml     (models, policy, stickiness; flags override it)
+  kvscope route traces/agent --policy cascade --cascade-max-output-tokens 400 --concurrency 4 \
+      --calibration calibration.json --large-time-factor 3 --small-gpu-hourly-usd 1 --large-gpu-hourly-usd 4
 """
 
 
@@ -101,6 +103,19 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=argtypes.positive_int, default=20, metavar="K", help="--sweep: rows to print")
     p.add_argument("--pareto", action="store_true",
                    help="--sweep: print only the outcomes that send more to the large model than every cheaper one")
+    p.add_argument("--concurrency", type=argtypes.positive_int, default=None, metavar="N",
+                   help="predict under concurrency: N sessions at once (closed loop, no think time), each model a "
+                        "scheduler model of its own (needs --calibration): cached tokens per model's scheduler, "
+                        "TTFT / e2e percentiles with escalation round trips, each server's busy time")
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="with --concurrency: a calibration.json of the small model's server (its step costs and "
+                        "scheduler settings; `kvscope capacity --server` writes one)")
+    p.add_argument("--large-time-factor", type=argtypes.positive_float, default=3.0, metavar="F",
+                   help="with --concurrency: the other models' step costs are the calibration's times F (default 3)")
+    for which in ("small", "large"):
+        p.add_argument(f"--{which}-gpu-hourly-usd", type=argtypes.non_negative_float, default=None, metavar="USD",
+                       help=f"with --concurrency: $ per GPU-hour of the {which} model's server, for the self-hosted "
+                            "cost of each policy (its server's busy time)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_route)
 
@@ -170,6 +185,7 @@ def _cmd_route(a: argparse.Namespace) -> int:
     )
 
     show = not a.no_progress and sys.stderr.isatty()
+    _check_timed_flags(a)
     base = _spec_dict(a)
     spec = load_spec(base, a.spec or "route flags")
     try:
@@ -210,10 +226,15 @@ def _cmd_route(a: argparse.Namespace) -> int:
                   f"[{r['stickiness']}]{same}")
         return 0
     fast = False if a.exact else None
-    with _progress(show, 2 * len(inputs.facts), "requests") as bar:
-        bar.unit = "request"
-        ev = evaluate_policy(spec, inputs, fast=fast, progress=bar.update)
-        alt, alt_ev = stickiness_counterfactual(spec, inputs, ev, fast=fast, progress=bar.update)
+    if a.concurrency is not None:
+        timed = _timed(a, spec, inputs)
+        ev = timed(spec)
+        alt, alt_ev = stickiness_counterfactual(spec, inputs, ev, timed=timed)
+    else:
+        with _progress(show, 2 * len(inputs.facts), "requests") as bar:
+            bar.unit = "request"
+            ev = evaluate_policy(spec, inputs, fast=fast, progress=bar.update)
+            alt, alt_ev = stickiness_counterfactual(spec, inputs, ev, fast=fast, progress=bar.update)
     out = {"trace": str(a.trace), **ev.summary(), "other_stickiness": alt, "read_s": t_load,
            "evaluate_s": time.perf_counter() - t0 - t_load}
     if a.per_request:
@@ -227,6 +248,41 @@ def _cmd_route(a: argparse.Namespace) -> int:
             json.dump(out, f, indent=2, default=str)
     _print_summary(out)
     return 0
+
+
+def _check_timed_flags(a: argparse.Namespace) -> None:
+    """The concurrency flags go together, and not with --sweep (one line, exit 2)."""
+    if a.concurrency is not None and a.calibration is None:
+        raise ConfigError("--concurrency needs --calibration FILE (the small model's server step costs)")
+    if a.calibration is not None and a.concurrency is None:
+        raise ConfigError("--calibration is read with --concurrency N only")
+    if a.concurrency is not None and a.sweep:
+        raise ConfigError("--sweep ranks variants with the sequential model; drop --concurrency (replay the best)")
+    hourly = [f for f in ("small_gpu_hourly_usd", "large_gpu_hourly_usd") if getattr(a, f) is not None]
+    if hourly and a.concurrency is None:
+        raise ConfigError(f"--{hourly[0].replace('_', '-')} needs --concurrency and --calibration (the servers' busy "
+                          "time)")
+    if len(hourly) == 1:
+        raise ConfigError("give both --small-gpu-hourly-usd and --large-gpu-hourly-usd")
+
+
+def _timed(a: argparse.Namespace, spec, inputs):
+    """The evaluation under concurrency for a spec (this one, or its other stickiness) on the trace read once."""
+    # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.pricing.model_routing import evaluate_policy_timed
+    from kvscope.harness.results.loaders import load_calibration
+
+    cal = load_calibration(a.calibration)
+    hourly = None
+    if a.small_gpu_hourly_usd is not None:
+        names = spec.model_names
+        hourly = {m: (a.small_gpu_hourly_usd if i == 0 else a.large_gpu_hourly_usd) for i, m in enumerate(names)}
+    cost, config = cal.cost_model(), cal.scheduler_config()
+
+    def run(s):
+        return evaluate_policy_timed(s, inputs, cost, config, a.concurrency, large_time_factor=a.large_time_factor,
+                                     gpu_hourly_usd=hourly)
+    return run
 
 
 def _print_summary(d: dict) -> None:
@@ -245,6 +301,19 @@ def _print_summary(d: dict) -> None:
     for m, s in d["per_model"].items():
         print(f"  {m:<10} {s['requests']:>6} served, {s['attempts']:>6} attempts, hit ratio {s['token_hit_ratio']:.4f}, "
               f"{s['total_usd']:,.2f} $ ({s['preset']})")
+    lat = d.get("latency")
+    if lat is not None:
+        esc = lat["escalated_ttft_p50_s"]
+        print(f"  at concurrency {lat['concurrency']} (large model {lat['large_time_factor']:g}x the calibration's "
+              f"step times): TTFT p50 {lat['ttft_p50_s'] * 1e3:,.0f} ms, p90 {lat['ttft_p90_s'] * 1e3:,.0f} ms; e2e "
+              f"p50 {lat['e2e_p50_s']:,.2f} s, p90 {lat['e2e_p90_s']:,.2f} s"
+              + (f"; escalated requests' TTFT p50 {esc * 1e3:,.0f} ms" if esc is not None else ""))
+        for m, s in lat["servers"].items():
+            print(f"  {m:<10} server: {s['busy_s']:,.1f} s busy, {s['steps']:,} steps, {s['preemptions']} preemptions")
+    sh = d.get("self_hosted")
+    if sh is not None:
+        per = ", ".join(f"{m} {h:,.4f} GPU-h" for m, h in sh["gpu_hours"].items())
+        print(f"  self-hosted              {sh['usd_per_1k_sessions']:,.2f} $ per 1,000 sessions ({per})")
     o = d["other_stickiness"]
     print(f"  with {o['stickiness']}: {o['usd_per_1k_sessions']:,.2f} $ per 1,000 sessions, hit ratio "
           f"{o['token_hit_ratio']:.4f}, escalations {o['escalation_rate']:.1%}, model_switch "

@@ -10,10 +10,12 @@ provider's — and a cascade's discarded small attempt is billed on the small mo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from kvscope.harness.cachemodel.model_routing import (
     INPUT_KINDS,
     STICKINESS,
@@ -22,8 +24,12 @@ from kvscope.harness.cachemodel.model_routing import (
     RoutingInputs,
     evaluate,
     load_spec,
+    route_requests,
     totals,
 )
+from kvscope.harness.cachemodel.model_routing_scheduler import run_routed_scheduler
+from kvscope.harness.cachemodel.scheduler import SchedulerConfig, SessionTiming
+from kvscope.harness.cachemodel.step_cost import StepCost
 from kvscope.harness.pricing.cost import Pricing, TokenSplit, summarize_splits
 from kvscope.harness.pricing.provider_cache import load_preset
 
@@ -59,6 +65,26 @@ def routed_cost(routed: Sequence[RoutedRequest], prices: dict[str, tuple[str, Pr
             "wasted_attempts_usd": wasted, "per_model": per}
 
 
+def session_costs(routed: Sequence[RoutedRequest], prices: dict[str, tuple[str, Pricing]]) -> dict[str, float]:
+    """USD per session, billed as :func:`routed_cost` bills the whole (so they add up to its total): the unit a
+    verdict between two policies resamples, since a session's requests share their history."""
+    by: dict[str, list[RoutedRequest]] = {}
+    for r in routed:
+        by.setdefault(str(r.session_id), []).append(r)
+    return {sid: routed_cost(rs, prices)["total_usd"] for sid, rs in by.items()}
+
+
+def self_hosted_routed_cost(busy_s_by_model: dict[str, float], gpu_hourly_usd_by_model: dict[str, float],
+                            sessions: int) -> dict:
+    """Self-hosted cost of a routed policy: each model's GPU-seconds (the time its server spent on the policy's
+    attempts, wasted ones included) at that model's $ per GPU-hour; in total and per 1,000 sessions."""
+    per = {m: busy_s_by_model.get(m, 0.0) / 3600.0 * gpu_hourly_usd_by_model[m] for m in gpu_hourly_usd_by_model}
+    total = sum(per.values())
+    return {"total_usd": total, "usd_per_1k_sessions": total * 1000 / max(sessions, 1),
+            "gpu_hours": {m: busy_s_by_model.get(m, 0.0) / 3600.0 for m in gpu_hourly_usd_by_model},
+            "per_model_usd": per}
+
+
 @dataclass
 class PolicyEvaluation:
     """One policy on one trace: per-request predictions, totals and cost."""
@@ -67,15 +93,25 @@ class PolicyEvaluation:
     routed: list[RoutedRequest]
     totals: dict
     cost: dict
+    #: under concurrency (:func:`evaluate_policy_timed`): TTFT / e2e percentiles, escalation round trips
+    #: included, and each model's server statistics; None for the sequential model
+    latency: dict | None = None
+    #: self-hosted cost from each server's busy GPU-seconds (:func:`self_hosted_routed_cost`), where priced
+    self_hosted: dict | None = None
 
     def summary(self) -> dict:
         t = dict(self.totals)
         for m, d in t["per_model"].items():
             c = self.cost["per_model"][m]
             d.update(preset=c["preset"], total_usd=c["total_usd"])
-        return {"policy": self.spec.policy.model_dump(), "stickiness": self.spec.stickiness, **t,
-                "total_usd": self.cost["total_usd"], "usd_per_1k_sessions": self.cost["usd_per_1k_sessions"],
-                "wasted_attempts_usd": self.cost["wasted_attempts_usd"]}
+        out = {"policy": self.spec.policy.model_dump(), "stickiness": self.spec.stickiness, **t,
+               "total_usd": self.cost["total_usd"], "usd_per_1k_sessions": self.cost["usd_per_1k_sessions"],
+               "wasted_attempts_usd": self.cost["wasted_attempts_usd"]}
+        if self.latency is not None:
+            out["latency"] = self.latency
+        if self.self_hosted is not None:
+            out["self_hosted"] = self.self_hosted
+        return out
 
 
 def evaluate_policy(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool | None = None,
@@ -86,20 +122,63 @@ def evaluate_policy(spec: ModelRoutingSpec, inputs: RoutingInputs, *, fast: bool
     return PolicyEvaluation(spec, routed, totals(routed, spec.model_names), routed_cost(routed, prices))
 
 
+def evaluate_policy_timed(spec: ModelRoutingSpec, inputs: RoutingInputs, cost: StepCost, config: SchedulerConfig,
+                          concurrency: int, *, large_time_factor: float = 1.0,
+                          gpu_hourly_usd: dict[str, float] | None = None,
+                          prices: dict[str, tuple[str, Pricing]] | None = None) -> PolicyEvaluation:
+    """The policy under concurrency (closed loop, ``concurrency`` sessions at once, no think time as the replay's
+    ``time_scale 0``): each model a scheduler model with ``config``'s settings at the spec's block size and pool
+    (None: unbounded), the first model at ``cost`` (a calibration of its server) and every other at ``cost`` times
+    ``large_time_factor``.  Cached tokens come from each model's scheduler; latency per request runs from the
+    first attempt's send to the served attempt's first token (TTFT) and last token (e2e), so an escalation's
+    round trip on the small model is in it."""
+    if large_time_factor <= 0:
+        raise ValueError(f"large_time_factor {large_time_factor}: must be > 0")
+    configs = {m.name: dataclasses.replace(config, block_size=m.block_size, num_gpu_blocks=m.num_gpu_blocks)
+               for m in spec.models}
+    costs = {m.name: cost if i == 0 else cost.scaled(large_time_factor) for i, m in enumerate(spec.models)}
+    attempts = route_requests(inputs.facts, spec)
+    run = run_routed_scheduler(attempts, inputs.facts, inputs.requests_by_block, spec, configs, costs,
+                               SessionTiming(concurrency=concurrency, time_scale=0.0))
+    ttft = np.array([a[-1].first_token_s - a[0].arrival_s for a in run.attempts])
+    e2e = np.array([a[-1].done_s - a[0].arrival_s for a in run.attempts])
+    esc = np.array([len(a) > 1 for a in run.attempts])
+
+    def pct(x: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(x, q)) if len(x) else None
+
+    latency = {"concurrency": concurrency, "large_time_factor": large_time_factor,
+               "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "e2e_p50_s": pct(e2e, 50),
+               "e2e_p90_s": pct(e2e, 90), "escalated_ttft_p50_s": pct(ttft[esc], 50) if esc.any() else None,
+               "makespan_s": run.makespan_s,
+               "servers": {m: dataclasses.asdict(s) for m, s in run.servers.items()}}
+    prices = prices or model_prices(spec)
+    ev = PolicyEvaluation(spec, run.routed, totals(run.routed, spec.model_names), routed_cost(run.routed, prices),
+                          latency)
+    if gpu_hourly_usd is not None:
+        ev.self_hosted = self_hosted_routed_cost({m: s.busy_s for m, s in run.servers.items()}, gpu_hourly_usd,
+                                                 ev.totals["sessions"])
+    return ev
+
+
 def stickiness_counterfactual(spec: ModelRoutingSpec, inputs: RoutingInputs, base: PolicyEvaluation,
-                              *, fast: bool | None = None, progress: Callable[[int], None] | None = None
+                              *, fast: bool | None = None, progress: Callable[[int], None] | None = None,
+                              timed: Callable[[ModelRoutingSpec], PolicyEvaluation] | None = None
                               ) -> tuple[dict, PolicyEvaluation]:
     """The same policy with the other stickiness: what sticky routing would have saved (or cost); the totals
-    and the other evaluation itself (its per-request predictions, request for request)."""
+    and the other evaluation itself (its per-request predictions, request for request). ``timed``: evaluate the
+    other spec with it (:func:`evaluate_policy_timed`) instead of the sequential model."""
     other = "sticky-after-escalation" if spec.stickiness == "per-step" else "per-step"
-    alt = evaluate_policy(spec.model_copy(update={"stickiness": other}), inputs, fast=fast, progress=progress)
+    alt_spec = spec.model_copy(update={"stickiness": other})
+    alt = timed(alt_spec) if timed is not None else evaluate_policy(alt_spec, inputs, fast=fast, progress=progress)
     return {"stickiness": other,
             "token_hit_ratio": alt.totals["token_hit_ratio"],
             "escalation_rate": alt.totals["escalation_rate"],
             "model_switch_tokens": alt.totals["model_switch_tokens"],
             "usd_per_1k_sessions": alt.cost["usd_per_1k_sessions"],
             "saves_usd_per_1k_sessions": base.cost["usd_per_1k_sessions"] - alt.cost["usd_per_1k_sessions"],
-            "saves_model_switch_tokens": base.totals["model_switch_tokens"] - alt.totals["model_switch_tokens"]}, alt
+            "saves_model_switch_tokens": base.totals["model_switch_tokens"] - alt.totals["model_switch_tokens"],
+            **({"ttft_p50_s": alt.latency["ttft_p50_s"]} if alt.latency is not None else {})}, alt
 
 
 def rule_grid(models: Sequence[str], thresholds: Iterable[int],
@@ -191,9 +270,12 @@ __all__ = [
     "PolicyEvaluation",
     "describe",
     "evaluate_policy",
+    "evaluate_policy_timed",
     "model_prices",
     "routed_cost",
     "rule_grid",
+    "self_hosted_routed_cost",
+    "session_costs",
     "stickiness_counterfactual",
     "sweep",
 ]
