@@ -1,0 +1,116 @@
+"""Model routing on two real vLLM CPU servers: the small tiny model and the large one (``--size large``, the same
+tokenizer), each with a small explicit KV pool of its own block size, replayed through a cascade.
+
+Sequentially (one request at a time) the offline routing model, run on the replay's own ids and decisions with
+one pool per model (``check_routed_run`` → routing.json), must equal both servers' ``cached_tokens`` on every
+attempt, the escalations' discarded small attempts included; the records must show the escalated requests, the
+wasted attempts and the history recomputed on the large model.  At concurrency 4 a logprob cascade (threshold:
+the sequential run's median small-model mean logprob) must escalate exactly the requests whose live signal was
+below it, and the same sequential pools, fed in send order, must still match >= 97 % of the requests (pools
+sized so that four sessions fit: overlap, not preemption, is what the order approximates).  Two servers at once
+on a loaded 2-core machine are slow, so the trace is small (six sessions, short outputs).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import yaml
+
+from kvscope.harness.cli.main import main
+from kvscope.harness.results.records import read_records
+from kvscope.harness.results.routing_file import load_routing_file
+
+pytestmark = pytest.mark.vllm
+
+#: KV geometry per model: different block sizes, pools that hold four live sessions but not the whole trace
+POOLS = {"small": {"block_size": 32, "num_gpu_blocks_override": 160},  # 10 MiB of KV
+         "large": {"block_size": 64, "num_gpu_blocks_override": 80, "kv_cache_memory_bytes": "48M"}}  # 40 MiB
+
+
+@pytest.fixture(scope="module")
+def two_servers(require_vllm, tiny_model_dir, tmp_path_factory):
+    from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
+    from tests.conftest import _server
+
+    root = tmp_path_factory.mktemp("routing")
+    card = read_model_card(tiny_model_dir) or {}
+    large_dir = root / "large-model"
+    build_tiny_model(large_dir, seed=int(card.get("seed", 0)), size="large")
+    assert (large_dir / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+    servers = {}
+    for name, model_dir in (("small", tiny_model_dir), ("large", large_dir)):
+        (root / name).mkdir()
+        servers[name] = _server(model_dir, root / name, served_model_name=f"tiny-{name}", startup_timeout_s=600,
+                                **POOLS[name])
+        servers[name].launch()  # both start at once: a start is mostly single-threaded imports
+    try:
+        for s in servers.values():
+            s.finish_start()
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def _route(tmp_path, servers, trace, name: str, policy: dict, stickiness: str, concurrency: int, *extra: str):
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"name": "small"}, {"name": "large"}], "policy": policy,
+                                    "stickiness": stickiness}))
+    out = tmp_path / name
+    rc = main(["replay", str(trace), "--endpoint", servers["small"].endpoint, "--endpoint", servers["large"].endpoint,
+               "--out", str(out), "--model-routing", str(spec), "--concurrency", str(concurrency),
+               "--time-scale", "0", "--no-progress", *extra])
+    assert rc == 0
+    return read_records(out), load_routing_file(out / "routing.json")
+
+
+def test_live_two_model_cascade_matches_the_offline_routing_model(two_servers, tiny_model_dir, tmp_path):
+    from kvscope.workloads.generate import generate_from_file
+
+    trace = generate_from_file("agent-coding", tiny_model_dir, seed=5, scale=0.02, sessions=6, max_context=1100,
+                               output_scale=0.05).write(tmp_path / "trace")
+    import pandas as pd
+
+    reqs = pd.read_parquet(trace / "requests.parquet")
+    hard = set(reqs.loc[reqs["step"] % 4 == 3, "request_id"].astype(int))
+    (tmp_path / "labels.csv").write_text("request_id,verdict\n" + "".join(
+        f"{int(i)},{'fail' if int(i) in hard else 'pass'}\n" for i in reqs["request_id"]))
+
+    # 1. sequential: escalate the labelled steps; logprobs asked (a threshold nothing falls below) and recorded
+    recs, check = _route(tmp_path, two_servers, trace, "sequential",
+                         {"kind": "cascade", "label_column": "verdict", "min_mean_logprob": -1000.0}, "per-step", 1,
+                         "--labels", str(tmp_path / "labels.csv"))
+    print(f"\nsequential: {check.requests} requests, {check.escalations} escalated, exact {check.exact_share:.1%} "
+          f"(all attempts {check.exact_share_all_attempts:.1%}), model_switch {check.model_switch_tokens} tokens")
+    assert check.requests == len(reqs) and (recs["error_class"].isna()).all()
+    assert set(recs.loc[recs["escalated"], "request_id"].astype(int)) == hard
+    assert check.exact_share == 1.0 and check.exact_share_all_attempts == 1.0, [
+        (r.request_id, r.model, r.cached_tokens, r.predicted_cached_tokens, r.wasted_cached_tokens,
+         r.wasted_predicted_cached_tokens) for r in check.rows
+        if r.cached_tokens != r.predicted_cached_tokens or r.wasted_cached_tokens != r.wasted_predicted_cached_tokens]
+    assert (recs["predicted_cached_tokens"] == recs["cached_tokens"]).all()  # the online per-model predictors too
+    esc = recs[recs["escalated"]]
+    assert (esc["model"] == "large").all() and (esc["wasted_model"] == "small").all()
+    assert (esc["wasted_output_tokens"] > 0).all() and (esc["wasted_done_s"] <= esc["sent_s"]).all()
+    assert esc["wasted_cached_tokens"].notna().all()
+    # the large model recomputes history the small one held: a switch costs real prefill there
+    rows = {r.request_id: r for r in check.rows}
+    assert sum(rows[i].model_switch_tokens for i in hard) > 0
+    assert any(rows[i].recomputed_tokens > 256 and rows[i].wasted_cached_tokens for i in hard)
+    lps = recs["mean_logprob"].dropna()
+    assert len(lps) == len(recs) and (lps < 0).all()
+
+    # 2. concurrency 4: a live logprob cascade, sticky after an escalation
+    threshold = float(statistics.median(lps))
+    recs4, check4 = _route(tmp_path, two_servers, trace, "c4", {"kind": "cascade", "min_mean_logprob": threshold},
+                           "sticky-after-escalation", 4)
+    print(f"concurrency 4 (threshold {threshold:.3f}): {check4.requests} requests, {check4.escalations} escalated, "
+          f"exact {check4.exact_share:.1%} (all attempts {check4.exact_share_all_attempts:.1%})")
+    signalled = recs4[recs4["mean_logprob"].notna()]
+    assert ((signalled["mean_logprob"] < threshold) == signalled["escalated"]).all()
+    assert 0 < check4.escalations < check4.requests
+    sticky = recs4[recs4["route_reason"].str.startswith("sticky")]
+    assert (sticky["model"] == "large").all() and sticky["mean_logprob"].isna().all()
+    assert check4.exact_share >= 0.97
