@@ -526,7 +526,7 @@ class ExperimentSpec(ExperimentSpecCore):
 
     def served_model(self, server: str) -> ModelSpec:
         """The model configuration ``server`` serves: its ``serves:`` entry of ``models:``, else ``model:``."""
-        serves = (self.servers.get(server) or {}).get(SERVES_FIELD)
+        serves = (self.servers[server] or {}).get(SERVES_FIELD)
         return self.model if serves is None else self.models[serves]
 
     @field_validator("workloads")
