@@ -89,6 +89,16 @@ def test_a_logprob_cascade_asks_the_small_model_for_logprobs_only(tmp_path):
     assert all("logprobs" not in b and b["model"] == "l" for b in large.bodies)
 
 
+def test_the_length_check_reads_the_small_answer_as_it_came(tmp_path):
+    """Planned outputs are 3 tokens; the small server answers 6 (it ignores max_tokens): live, the check sees 6."""
+    with FaultServer(FaultConfig(model="s", output_len=6)) as small, FaultServer(FaultConfig(model="l")) as large:
+        spec = _spec(tmp_path, {"kind": "cascade", "max_output_tokens": 4})
+        assert _replay(tmp_path, [small.endpoint, large.endpoint], spec) == 0
+    recs = read_records(tmp_path / "run")
+    assert recs["escalated"].all() and (recs["wasted_output_tokens"] == 6).all() and (recs["output_tokens"] == 3).all()
+    assert recs["route_reason"].str.contains("output 6>4 tokens").all()
+
+
 BAD = [
     ({"kind": "rule", "rules": [{"model": "huge"}]}, None, "policy names unknown model 'huge'"),
     ({"kind": "cascade", "min_mean_logprob": 0.5}, None, "min_mean_logprob"),

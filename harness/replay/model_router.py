@@ -56,8 +56,10 @@ class LiveRouting:
 
     spec: ModelRoutingSpec
     facts: list[RequestFacts]  # per trace request id
-    #: the cascade's live signal: the first attempt asks for logprobs and its mean lands in this column
+    #: the cascade's live signal: its small model's attempt asks for logprobs and their mean lands in this column
     logprob_column: str | None = None
+    #: the cascade's small model (the one whose answers are checked)
+    small_model: str | None = None
     #: per served request, its hashes as sent and generated, at each block size of the models (post-run check)
     as_run: dict[int, dict[int, SimRequest]] = field(default_factory=dict)
 
@@ -83,7 +85,8 @@ class LiveRouting:
         if policy.kind == "recorded":  # every recorded model must be one of the spec's, before anything is sent
             for f in facts:
                 policy.decide(f, spec.model_names)
-        return cls(spec, facts, live)
+        small = (policy.small or spec.model_names[0]) if isinstance(policy, CascadePolicy) else None
+        return cls(spec, facts, live, small)
 
     def request_loop(self, trace: Any, endpoints: list[str], opts: ReplayOptions, facts: list[ServerFacts],
                      **loop_args: Any) -> "RoutedRequestLoop":
@@ -111,15 +114,17 @@ class RoutedRequestLoop(RequestLoop):
         facts = routing.facts[rid]
         first = self.session_router.first_model(facts)
         ep = self.endpoint_of[first]
-        asks = routing.logprob_column is not None
+        # only an answer that can be escalated is checked (not a sticky session's on the large model)
+        asks = routing.logprob_column is not None and first == routing.small_model
         fields = {"model": first, "route_reason": "failed before the routing decision"}
         one = await self.post(st, rid, session_id, prompt, scheduled_s, ep, logprobs=asks, defer_success=True,
                               fields=fields)
         res = one.result
         if not res.ok:
             return res
-        if asks:
-            facts = dataclasses.replace(facts, columns={**facts.columns, routing.logprob_column: res.mean_logprob})
+        if first == routing.small_model:  # the checks see the small answer as it came: its signal, its length
+            columns = {**facts.columns, routing.logprob_column: res.mean_logprob} if asks else facts.columns
+            facts = dataclasses.replace(facts, output_tokens=res.output_tokens, columns=columns)
         atts = self.session_router.attempts(rid, facts)
         if atts[0].model != first:  # a policy must not decide differently once the answer is in
             raise ConfigError(f"request {rid}: the policy sent it to {first}, then decided on {atts[0].model}")
