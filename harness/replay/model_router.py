@@ -168,6 +168,8 @@ def check_routed_run(routing: LiveRouting, records: "pd.DataFrame", facts: list[
     """The offline routing model on the run's own decisions and ids, beside the servers' ``cached_tokens``;
     written to RUN_DIR/routing.json. None when nothing was kept (predictions off, or a server that reports no
     block size)."""
+    import pandas as pd  # deferred: pandas is heavy, importing this module must not load it
+
     if not routing.as_run or any(not f.block_size for f in facts):
         return None
     spec = routing.spec
@@ -195,7 +197,7 @@ def check_routed_run(routing: LiveRouting, records: "pd.DataFrame", facts: list[
     rows = []
     served_exact = all_exact = all_n = 0
     for r, p in zip(ok.itertuples(index=False), predicted):
-        cached = int(r.cached_tokens) if r.cached_tokens == r.cached_tokens and r.cached_tokens is not None else 0
+        cached = 0 if pd.isna(r.cached_tokens) else int(r.cached_tokens)  # usage without details: none cached
         row = RoutedRequestCheck(
             request_id=int(r.request_id), session_id=str(r.session_id), step=int(r.step), model=str(r.model),
             reason=str(r.route_reason), escalated=bool(r.escalated), prompt_tokens=int(r.prompt_tokens),
@@ -207,7 +209,7 @@ def check_routed_run(routing: LiveRouting, records: "pd.DataFrame", facts: list[
         if row.escalated:
             wc = r.wasted_cached_tokens
             row.wasted_model = str(r.wasted_model)
-            row.wasted_cached_tokens = None if wc is None or wc != wc else int(wc)
+            row.wasted_cached_tokens = None if pd.isna(wc) else int(wc)
             row.wasted_predicted_cached_tokens = p.small_attempt_cached_tokens
             row.wasted_output_tokens = int(r.wasted_output_tokens)
             all_exact += p.small_attempt_cached_tokens == row.wasted_cached_tokens
