@@ -137,3 +137,16 @@ def test_routing_flags_without_a_routing_spec_are_refused(tmp_path, capsys):
     rc = main(["replay", str(tmp_path / "trace"), "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "r"),
                "--labels", _labels(tmp_path, set())])
     assert rc == 2 and "--labels needs --model-routing" in capsys.readouterr().err
+
+
+def test_routing_needs_endpoints_and_the_sequential_pools(tmp_path, capsys):
+    """A launched --server is one model, and the scheduler model's calibration is one server's: both refused."""
+    _trace(tmp_path)
+    spec = _spec(tmp_path, {"kind": "all-small"})
+    (tmp_path / "server.yaml").write_text("model: /nowhere\n")
+    rc = main(["replay", str(tmp_path / "trace"), "--server", str(tmp_path / "server.yaml"), "--out",
+               str(tmp_path / "r1"), "--model-routing", spec])
+    assert rc == 2 and "--model-routing needs one --endpoint per model" in capsys.readouterr().err
+    rc = _replay(tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"], spec, "--calibrate", out="r2")
+    err = capsys.readouterr().err
+    assert rc == 2 and "--calibration / --calibrate" in err and len(err.strip().splitlines()) == 1
