@@ -1,5 +1,6 @@
-"""Model routing on two real vLLM CPU servers: the small tiny model and the large one (``--size large``, the same
-tokenizer), each with a small explicit KV pool of its own block size, replayed through a cascade.
+"""Model routing on two real vLLM CPU servers: the small tiny model (the shared 64-block `small_pool_server`) and
+the large one (``--size large``, the same tokenizer, 80 blocks of 64 tokens), each with a small explicit KV pool
+of its own block size, replayed through a cascade.
 
 Sequentially (one request at a time) the offline routing model, run on the replay's own ids and decisions with
 one pool per model (``check_routed_run`` → routing.json), must equal both servers' ``cached_tokens`` on every
@@ -24,13 +25,16 @@ from kvscope.harness.results.routing_file import load_routing_file
 
 pytestmark = pytest.mark.vllm
 
-#: KV geometry per model: different block sizes, pools that hold four live sessions but not the whole trace
-POOLS = {"small": {"block_size": 32, "num_gpu_blocks_override": 160},  # 10 MiB of KV
-         "large": {"block_size": 64, "num_gpu_blocks_override": 80, "kv_cache_memory_bytes": "48M"}}  # 40 MiB
+#: The large model's KV geometry: another block size than the small one's (the shared `small_pool_server`: 64
+#: blocks of 128 tokens), and a pool that holds four live sessions but not the whole trace's history.
+LARGE_POOL = {"block_size": 64, "num_gpu_blocks_override": 80, "kv_cache_memory_bytes": "48M"}  # 40 MiB of KV
 
 
 @pytest.fixture(scope="module")
-def two_servers(require_vllm, tiny_model_dir, tmp_path_factory):
+def two_servers(request, require_vllm, tiny_model_dir, tmp_path_factory):
+    """The small model is the suite's `small_pool_server` (the tiny model); the large one, built here with the
+    same seed (so the same tokenizer), is this test's own start, launched before the shared one is waited for
+    so that the two starts overlap."""
     from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
     from tests.conftest import _server
 
@@ -39,19 +43,14 @@ def two_servers(require_vllm, tiny_model_dir, tmp_path_factory):
     large_dir = root / "large-model"
     build_tiny_model(large_dir, seed=int(card.get("seed", 0)), size="large")
     assert (large_dir / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
-    servers = {}
-    for name, model_dir in (("small", tiny_model_dir), ("large", large_dir)):
-        (root / name).mkdir()
-        servers[name] = _server(model_dir, root / name, served_model_name=f"tiny-{name}", startup_timeout_s=600,
-                                **POOLS[name])
-        servers[name].launch()  # both start at once: a start is mostly single-threaded imports
+    large = _server(large_dir, root, served_model_name="tiny-large", startup_timeout_s=600, **LARGE_POOL)
+    large.launch()
     try:
-        for s in servers.values():
-            s.finish_start()
-        yield servers
+        small = request.getfixturevalue("small_pool_server")
+        large.finish_start()
+        yield {"small": small, "large": large}
     finally:
-        for s in servers.values():
-            s.stop()
+        large.stop()
 
 
 def _route(tmp_path, servers, trace, name: str, policy: dict, stickiness: str, concurrency: int, *extra: str):
