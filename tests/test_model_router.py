@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from kvscope.harness.cli.main import main
 from kvscope.harness.results.records import read_records
 from kvscope.harness.results.routing_file import load_routing_file
 from kvscope.workloads.generate import synthetic_trace
+
 from tests.doubles.faultserver import FaultConfig, FaultServer
 
 MODELS = [{"name": "small"}, {"name": "large"}]

@@ -18,7 +18,6 @@ import statistics
 
 import pytest
 import yaml
-
 from kvscope.harness.cli.main import main
 from kvscope.harness.results.records import read_records
 from kvscope.harness.results.routing_file import load_routing_file
@@ -36,6 +35,7 @@ def two_servers(request, require_vllm, tiny_model_dir, tmp_path_factory):
     same seed (so the same tokenizer), is this test's own start, launched before the shared one is waited for
     so that the two starts overlap."""
     from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
+
     from tests.conftest import _server
 
     root = tmp_path_factory.mktemp("routing")

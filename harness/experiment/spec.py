@@ -22,8 +22,8 @@ from kvscope.harness.serving.backend import Backend, split_backend
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.gpu_predict import ServerSettings
 
-__all__ = ["PREDICTED_SLO_TPOT_P50_MS", "PREDICTED_SLO_TTFT_P90_MS", "CostSpec", "ExecutorSpec", "ExperimentSpec",
-           "LoadLevel", "ModelSpec", "PredictedConfig", "PredictedSpec", "RepeatsSpec", "ReplaySettings", "SERVES_FIELD", "SloSpec",
+__all__ = ["PREDICTED_SLO_TPOT_P50_MS", "PREDICTED_SLO_TTFT_P90_MS", "SERVES_FIELD", "CostSpec", "ExecutorSpec", "ExperimentSpec",
+           "LoadLevel", "ModelSpec", "PredictedConfig", "PredictedSpec", "RepeatsSpec", "ReplaySettings", "SloSpec",
            "SweepSpec", "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources",
            "sweep_level"]
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from kvscope.harness.cachemodel.hashing import IncrementalHasher
 from kvscope.harness.cachemodel.model_routing import (
     Attempt,
@@ -42,7 +41,12 @@ from kvscope.harness.common.errors import ConfigError
 from kvscope.harness.replay.options import ReplayOptions
 from kvscope.harness.replay.request_loop import RequestLoop
 from kvscope.harness.replay.run_state import RunState
-from kvscope.harness.results.routing_file import ROUTING_NAME, RoutedRequestCheck, RoutingCheckFile, write_routing_file
+from kvscope.harness.results.routing_file import (
+    ROUTING_NAME,
+    RoutedRequestCheck,
+    RoutingCheckFile,
+    write_routing_file,
+)
 from kvscope.harness.results.summary_parts import ServerFacts
 from kvscope.harness.serving.request import CompletionResult
 
@@ -65,7 +69,7 @@ class LiveRouting:
 
     @classmethod
     def create(cls, spec: ModelRoutingSpec, trace: Any, n_endpoints: int, labels: str | Path | None = None,
-               opts: ReplayOptions | None = None) -> "LiveRouting":
+               opts: ReplayOptions | None = None) -> LiveRouting:
         """Check the spec against the trace (signal columns, labels' request ids) and the endpoints; every
         problem is one :class:`ConfigError` line, before anything is sent."""
         if n_endpoints != len(spec.models):
@@ -89,7 +93,7 @@ class LiveRouting:
         return cls(spec, facts, live, small)
 
     def request_loop(self, trace: Any, endpoints: list[str], opts: ReplayOptions, facts: list[ServerFacts],
-                     **loop_args: Any) -> "RoutedRequestLoop":
+                     **loop_args: Any) -> RoutedRequestLoop:
         return RoutedRequestLoop(self, trace, endpoints, opts, facts, **loop_args)
 
 
@@ -163,7 +167,7 @@ class RoutedRequestLoop(RequestLoop):
             for bs, h in self._hashers.items()}
 
 
-def check_routed_run(routing: LiveRouting, records: "pd.DataFrame", facts: list[ServerFacts],
+def check_routed_run(routing: LiveRouting, records: pd.DataFrame, facts: list[ServerFacts],
                      endpoints: list[str], run_dir: Path) -> RoutingCheckFile | None:
     """The offline routing model on the run's own decisions and ids, beside the servers' ``cached_tokens``;
     written to RUN_DIR/routing.json. None when nothing was kept (predictions off, or a server that reports no
@@ -191,8 +195,8 @@ def check_routed_run(routing: LiveRouting, records: "pd.DataFrame", facts: list[
         if bool(r.escalated):
             atts.insert(0, Attempt(i, str(r.wasted_model), False, "small attempt"))
         attempts.append(atts)
-        for bs in by_block:
-            by_block[bs].append(routing.as_run[rid][bs])
+        for bs, column in by_block.items():
+            column.append(routing.as_run[rid][bs])
     predicted = simulate_routes(attempts, facts_run, by_block, geo_spec)
     rows = []
     served_exact = all_exact = all_n = 0

@@ -14,6 +14,7 @@ decoder and by the recording proxy, and its fast path (no ``\r`` in the piece) i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -46,7 +47,7 @@ def _add_logprobs(result: CompletionResult, logprobs: Any) -> None:
     if values is None and isinstance(logprobs.get("content"), list):
         values = [c.get("logprob") for c in logprobs["content"] if isinstance(c, dict)]
     for v in values or ():
-        if isinstance(v, (int, float)) and v == v and v > -1e30:  # NaN / -inf: not a usable probability
+        if isinstance(v, (int, float)) and math.isfinite(v):  # NaN / -inf: not a usable probability
             result.logprob_sum += float(v)
             result.logprob_tokens += 1
 
