@@ -127,7 +127,9 @@ class RoutedRequestLoop(RequestLoop):
         if not res.ok:
             return res
         if first == routing.small_model:  # the checks see the small answer as it came: its signal, its length
-            columns = {**facts.columns, routing.logprob_column: res.mean_logprob} if asks else facts.columns
+            columns = dict(facts.columns)
+            if asks and routing.logprob_column is not None:
+                columns[routing.logprob_column] = res.mean_logprob
             facts = dataclasses.replace(facts, output_tokens=res.output_tokens, columns=columns)
         atts = self.session_router.attempts(rid, facts)
         if atts[0].model != first:  # a policy must not decide differently once the answer is in
@@ -177,7 +179,7 @@ def check_routed_run(routing: LiveRouting, records: pd.DataFrame, facts: list[Se
     if not routing.as_run or any(not f.block_size for f in facts):
         return None
     spec = routing.spec
-    geometry = [m.model_copy(update={"block_size": int(f.block_size), "num_gpu_blocks": f.num_blocks})
+    geometry = [m.model_copy(update={"block_size": int(f.block_size or m.block_size), "num_gpu_blocks": f.num_blocks})
                 for m, f in zip(spec.models, facts)]
     geo_spec = spec.model_copy(update={"models": geometry})
     ok = records[records["error_class"].isna() & records["model"].notna()].copy()
