@@ -71,3 +71,66 @@ def test_spec_errors_name_file_field_and_allowed(tmp_path, body, needles):
     assert str(p) in msg
     for n in needles:
         assert n in msg, (n, msg)
+
+
+_MODELS = ("name: x\nworkloads: {w: {spec: chat}}\nmodel: {path: models/tiny, pricing: gemini-2.5-flash-implicit}\n"
+           "models:\n  big: {path: models/tiny-large, size: large, served_model_name: big, gpu_hourly_usd: 4.0}\n")
+
+
+@pytest.mark.parametrize("body,needles", [
+    (_MODELS + "servers: {a: {}, b: {serves: huge}}\n", ["servers.b.serves: unknown model 'huge'", "models: big"]),
+    ("name: x\nworkloads: {w: {spec: chat}}\nservers: {a: {serves: big}}\n",
+     ["unknown model 'big'", "add a models: section"]),
+    (_MODELS.replace("gpu_hourly_usd: 4.0", "gpu_hourly_usd: 4.0, pricing: anthropic-sonnet-5m")
+     + "servers: {a: {}}\n", ["models.big", "not both"]),
+    (_MODELS.replace("gemini-2.5-flash-implicit", "nope-preset") + "servers: {a: {}}\n",
+     ["model.pricing", "unknown pricing preset(s) nope-preset"]),
+    (_MODELS.replace("size: large", "size: huge") + "servers: {a: {}}\n", ["models.big.size", "'small' or 'large'"]),
+    (_MODELS.replace("path: models/tiny-large", "source: hf, path: org/m") + "servers: {a: {}}\n",
+     ["models.big", "only for source tiny"]),
+    (_MODELS + "servers: {a: {}}\n" + "models2: {}\n", ["models2", "unknown field"]),
+])
+def test_several_models_with_their_own_prices_are_checked(tmp_path, body, needles):
+    p = tmp_path / "bad.yaml"
+    p.write_text(body)
+    with pytest.raises(ConfigError) as e:
+        load_experiment_spec(p)
+    for n in needles:
+        assert n in str(e.value), (n, str(e.value))
+
+
+def test_a_configuration_serves_its_model(tmp_path):
+    """Each configuration's server gets the path and served name of the model it serves: ``model:``'s unless
+    ``serves:`` names one of ``models:`` (paths as the runner prepared them)."""
+    from kvscope.harness.experiment.spec import server_backend
+
+    p = tmp_path / "ok.yaml"
+    p.write_text(_MODELS + "servers: {small: {}, large: {serves: big, kv_cache_memory_bytes: 48M}}\n")
+    spec, _ = load_experiment_spec(p)
+    small = server_backend(spec, "small", "/prepared/tiny", model_paths={"big": "/prepared/big"})
+    large = server_backend(spec, "large", "/prepared/tiny", model_paths={"big": "/prepared/big"})
+    assert (small.config.model, small.config.served_model_name) == ("/prepared/tiny", "tiny")
+    assert (large.config.model, large.config.served_model_name) == ("/prepared/big", "big")
+    assert spec.served_model("large").gpu_hourly_usd == 4.0 and spec.served_model("small").pricing
+    assert [c.server for c in plan_cells(spec)] == ["small", "large"] * 3  # an A/B of two models, as any two configurations
+
+
+def test_served_models_must_share_the_workloads_tokenizer(tmp_path):
+    from kvscope.harness.common.errors import KvscopeError
+    from kvscope.harness.experiment.runner import prepare_model, prepare_served_models
+
+    for name, tok in (("a", "T1"), ("b", "T1"), ("c", "T2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "tokenizer.json").write_text(tok)
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: x\nworkloads: {{w: {{spec: chat}}}}\nmodel: {{source: path, path: {tmp_path / 'a'}}}\n"
+                 f"models: {{b: {{source: path, path: {tmp_path / 'b'}}}, c: {{source: path, path: {tmp_path / 'c'}}}}}\n"
+                 "servers: {x: {}, y: {serves: b}}\n")
+    spec, _ = load_experiment_spec(p)
+    _, tokenizer_dir, _ = prepare_model(spec, tmp_path)
+    assert prepare_served_models(spec, tmp_path, tokenizer_dir) == {"b": str(tmp_path / "b")}
+    p.write_text(p.read_text().replace("serves: b", "serves: c"))
+    spec, _ = load_experiment_spec(p)
+    with pytest.raises(KvscopeError, match=r"models.c: its tokenizer .* differs from model:'s"):
+        prepare_served_models(spec, tmp_path, tokenizer_dir)

@@ -88,3 +88,34 @@ def test_records_written_before_the_length_mismatch_column_still_read(tmp_path):
         warnings.simplefilter("error")
         df = read_records(tmp_path)
     assert df["length_mismatch"].tolist() == [False]
+
+
+def test_version_2_records_read_without_model_routing(tmp_path):
+    """Records written before the model-routing columns (version 2), as a JSONL log or a Parquet file, read with
+    them empty: no model, no escalation, no wasted attempt."""
+    import orjson
+    import pandas as pd
+
+    from kvscope.harness.results.records import ROUTING_FIELDS, write_records_parquet
+
+    rows = [orjson.loads(_rec(i).to_json_line()) for i in range(3)]
+    for r in rows:
+        for col in ROUTING_FIELDS:
+            r.pop(col)
+    (tmp_path / JSONL_NAME).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    df = read_records(tmp_path)
+    assert df["escalated"].tolist() == [False] * 3 and df["model"].isna().all()
+    assert df["wasted_output_tokens"].tolist() == [0] * 3
+    pd.DataFrame(rows).to_parquet(tmp_path / "requests.parquet")
+    df = read_records(tmp_path)
+    assert set(ROUTING_FIELDS) <= set(df.columns) and not df["escalated"].any()
+    # a version-3 record with an escalation survives the Parquet round trip typed
+    rec = RequestRecord(request_id=0, session_id="s", step=0, model="large", route_reason="escalated: x",
+                        escalated=True, mean_logprob=-3.5, wasted_model="small", wasted_cached_tokens=16,
+                        wasted_output_tokens=4, wasted_sent_s=0.1, wasted_done_s=0.2)
+    from kvscope.harness.results.records import records_frame
+
+    write_records_parquet(tmp_path, records_frame([orjson.loads(rec.to_json_line())]))
+    back = read_records(tmp_path).iloc[0]
+    assert (back["model"], back["escalated"], back["wasted_cached_tokens"], back["mean_logprob"]) == \
+        ("large", True, 16, -3.5)

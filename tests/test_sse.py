@@ -91,3 +91,20 @@ def test_both_clients_agree_on_every_fault_mode():
     for mode, (a, b) in asyncio.run(go()).items():
         assert (a.error_class, a.http_status, a.token_ids, a.cached_tokens) == (
             b.error_class, b.http_status, b.token_ids, b.cached_tokens), mode
+
+
+def test_logprobs_are_summed_over_chunks_of_either_api():
+    """A cascade's signal: vLLM's completions chunks carry ``logprobs.token_logprobs`` (one per token id), chat
+    chunks ``logprobs.content[].logprob``; the mean is over every generated token, on both paths of the parser."""
+    def chunk(ids, lps):
+        return (b'data: ' + orjson.dumps({"choices": [{"index": 0, "text": "x", "token_ids": ids,
+                                                        "logprobs": {"token_logprobs": lps}}]}) + b"\n\n")
+
+    chat = b'data: ' + orjson.dumps({"choices": [{"index": 0, "delta": {"content": "y"},
+                                                   "logprobs": {"content": [{"logprob": -4.0}]}}]}) + b"\n\n"
+    r = CompletionResult(sent_s=0.0)
+    SseDecoder(r).feed(chunk([1], [-1.0]) + chunk([2, 3], [-2.0, -3.0]) + chat + b"data: [DONE]\n\n", 1.0)
+    assert (r.logprob_tokens, r.mean_logprob) == (4, -2.5)
+    plain = CompletionResult(sent_s=0.0)
+    SseDecoder(plain).feed(STREAM, 1.0)
+    assert plain.mean_logprob is None

@@ -79,3 +79,17 @@ def test_training_is_deterministic_and_lowers_loss(tmp_path):
     card = json.loads((tmp_path / "a" / "kvscope_model.json").read_text())
     assert card["weights"] == "trained" and not weights_are_random(tmp_path / "a")
     assert card["final_train_loss"] < np.log(a.shape.vocab_size)  # below the uniform-guess loss
+
+
+def test_sizes_share_the_tokenizer_and_the_large_one_is_larger(tmp_path):
+    """Model routing serves a small and a large model on one trace: both sizes of one seed must tokenize alike."""
+    small = build_tiny_model(tmp_path / "s", seed=1, size="small")
+    large = build_tiny_model(tmp_path / "l", seed=1, size="large")
+    assert (tmp_path / "s" / "tokenizer.json").read_bytes() == (tmp_path / "l" / "tokenizer.json").read_bytes()
+    cfg = json.loads((tmp_path / "l" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"]) == (8, 512)
+    assert large.num_parameters > 3 * small.num_parameters
+    assert large.shape.kv_bytes_per_token() == 4 * small.shape.kv_bytes_per_token()
+    assert json.loads((tmp_path / "l" / "kvscope_model.json").read_text())["size"] == "large"
+    with pytest.raises(ValueError, match="size 'huge'"):
+        build_tiny_model(tmp_path / "x", size="huge")

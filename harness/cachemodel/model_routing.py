@@ -343,33 +343,52 @@ class Attempt:
     reason: str
 
 
+class SessionRouter:
+    """The routing decision one request at a time, stickiness included: what :func:`route_requests` applies to a
+    whole trace and what a live replay (``harness/replay/model_router.py``) applies as requests are sent, so the
+    two decide alike.  Live, the first model is needed before the small model has answered
+    (:meth:`first_model`); the decision, escalation included, is taken once its answer's signals are in the
+    request's columns (:meth:`attempts`)."""
+
+    def __init__(self, spec: ModelRoutingSpec) -> None:
+        self.spec = spec
+        self.models = spec.model_names
+        self.sticky = spec.stickiness == "sticky-after-escalation"
+        self._stuck: dict[Any, tuple[str, int]] = {}
+
+    @staticmethod
+    def session_key(r: RequestFacts) -> Any:
+        return r.session_id if r.session_id is not None else f"#{r.request_id}"
+
+    def first_model(self, r: RequestFacts) -> str:
+        """The model the request is sent to first (the stuck one, or the policy's first choice)."""
+        stuck = self._stuck.get(self.session_key(r)) if self.sticky else None
+        return stuck[0] if stuck else self.spec.policy.decide(r, self.models).model
+
+    def attempts(self, index: int, r: RequestFacts) -> list[Attempt]:
+        """The request's attempts (one, or two for an escalation); records the session's stickiness."""
+        key = self.session_key(r)
+        if self.sticky and key in self._stuck:
+            m, step = self._stuck[key]
+            return [Attempt(index, m, True, f"sticky: session on {m} since step {step}")]
+        route = self.spec.policy.decide(r, self.models)
+        if route.escalate_to is not None:
+            atts = [Attempt(index, route.model, False, route.reason),
+                    Attempt(index, route.escalate_to, True, f"escalated: {route.escalate_reason}")]
+        else:
+            atts = [Attempt(index, route.model, True, route.reason)]
+        served = atts[-1].model
+        if self.sticky and served != self.models[0]:
+            self._stuck[key] = (served, r.step)
+        return atts
+
+
 def route_requests(facts: Sequence[RequestFacts], spec: ModelRoutingSpec) -> list[list[Attempt]]:
     """The attempts of every request, in trace order (one, or two for an escalation), stickiness applied:
     with ``sticky-after-escalation`` a session whose request was served by a model other than the first stays
     on that model (no cascade check) for the rest of the session."""
-    models = spec.model_names
-    base = models[0]
-    sticky = spec.stickiness == "sticky-after-escalation"
-    stuck: dict[Any, tuple[str, int]] = {}
-    out: list[list[Attempt]] = []
-    policy = spec.policy
-    for i, r in enumerate(facts):
-        key = r.session_id if r.session_id is not None else f"#{r.request_id}"
-        if sticky and key in stuck:
-            m, step = stuck[key]
-            out.append([Attempt(i, m, True, f"sticky: session on {m} since step {step}")])
-            continue
-        route = policy.decide(r, models)
-        if route.escalate_to is not None:
-            atts = [Attempt(i, route.model, False, route.reason),
-                    Attempt(i, route.escalate_to, True, f"escalated: {route.escalate_reason}")]
-        else:
-            atts = [Attempt(i, route.model, True, route.reason)]
-        served = atts[-1].model
-        if sticky and served != base:
-            stuck[key] = (served, r.step)
-        out.append(atts)
-    return out
+    router = SessionRouter(spec)
+    return [router.attempts(i, r) for i, r in enumerate(facts)]
 
 
 @dataclass
@@ -650,19 +669,10 @@ def read_labels(path: Any, request_ids: Sequence[int]) -> Any:
     return df.set_index("request_id").loc[list(request_ids)]
 
 
-def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: Any = None,
-                        progress: Callable[[str], None] | None = None) -> RoutingInputs:
-    """Read a kvscope trace dir once, hash it at every block size, and join the labels."""
-    # deferred: it loads pandas, pyarrow, which importing this module must not
-    from kvscope.workloads.trace import Trace
-
-    if not Path(path).exists():
-        raise TraceFileError(f"{path}: no such trace")
-    kind = detect_kind(path)
-    if kind != "kvscope":
-        raise TraceFileError(f"{path}: model routing reads a kvscope trace directory (it needs step and input_kind); "
-                             f"this is a {kind} trace (convert it with `kvscope workload import`)")
-    trace = Trace.read(path)
+def routing_facts(trace: Any, labels: Any = None) -> tuple[list[RequestFacts], tuple[str, ...]]:
+    """What policies see of a trace (a :class:`~kvscope.workloads.trace.Trace`), one per request in request-id
+    order, with its signal columns (the trace's own beyond the standard ones, and the labels' joined on
+    ``request_id``); and the names of those columns."""
     frame = trace.requests
     extra = [c for c in frame.columns if c not in _TRACE_COLUMNS and c not in _NOT_SIGNALS]
     cols: dict[str, list] = {c: frame[c].tolist() for c in extra}
@@ -676,12 +686,29 @@ def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: An
              for i, (rid, sid, st, ik, pt, ot) in enumerate(zip(ids, frame["session_id"], frame["step"],
                                                                 frame["input_kind"], frame["prompt_tokens"],
                                                                 frame["output_tokens"]))]
+    return facts, tuple(cols)
+
+
+def load_routing_inputs(path: str | Path, block_sizes: Sequence[int], labels: Any = None,
+                        progress: Callable[[str], None] | None = None) -> RoutingInputs:
+    """Read a kvscope trace dir once, hash it at every block size, and join the labels."""
+    # deferred: it loads pandas, pyarrow, which importing this module must not
+    from kvscope.workloads.trace import Trace
+
+    if not Path(path).exists():
+        raise TraceFileError(f"{path}: no such trace")
+    kind = detect_kind(path)
+    if kind != "kvscope":
+        raise TraceFileError(f"{path}: model routing reads a kvscope trace directory (it needs step and input_kind); "
+                             f"this is a {kind} trace (convert it with `kvscope workload import`)")
+    trace = Trace.read(path)
+    facts, cols = routing_facts(trace, labels)
     by_block = {}
     for bs in sorted(set(block_sizes)):
         if progress:
             progress(f"hashing at block size {bs}")
         by_block[bs] = read_kvscope_trace(path, bs, trace=trace).requests
-    return RoutingInputs(str(path), facts, by_block, tuple(cols))
+    return RoutingInputs(str(path), facts, by_block, cols)
 
 
 def check_columns(spec: ModelRoutingSpec, inputs: RoutingInputs) -> None:
@@ -731,6 +758,7 @@ __all__ = [
     "RoutingIndex",
     "RoutingInputs",
     "Rule",
+    "SessionRouter",
     "check_columns",
     "evaluate",
     "load_routing_inputs",
@@ -741,6 +769,7 @@ __all__ = [
     "predict_fast",
     "read_labels",
     "route_requests",
+    "routing_facts",
     "simulate_routes",
     "totals",
 ]

@@ -57,8 +57,10 @@ PLUGIN_MODULES = ("kvscope.harness.cli.workload", "kvscope.harness.cli.offline",
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
     from kvscope.harness.model.tinymodel import build_tiny_model  # deferred: keeps `kvscope --help` fast
 
-    info = build_tiny_model(args.out, seed=args.seed, train_steps=args.train_steps, tokenizer=args.tokenizer)
-    print(f"wrote {args.out}: {info.num_parameters / 1e6:.2f} M parameters, vocab {info.shape.vocab_size} "
+    info = build_tiny_model(args.out, seed=args.seed, train_steps=args.train_steps, tokenizer=args.tokenizer,
+                            size=args.size)
+    print(f"wrote {args.out}: {info.size} model, {info.num_parameters / 1e6:.2f} M parameters, "
+          f"{info.shape.num_hidden_layers} layers of width {info.shape.hidden_size}, vocab {info.shape.vocab_size} "
           f"({info.tokenizer} tokenizer), "
           f"{info.shape.num_attention_heads} query / {info.shape.num_key_value_heads} KV heads, head_dim "
           f"{info.shape.head_dim}, weights {info.weights}"
@@ -159,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trained: byte-level BPE (8,192 tokens) trained on generated text (default); tekken: "
                          "Mistral's production Tekken tokenizer (131,072 tokens, from mistral_common, installed "
                          "with vLLM), so real transcripts get realistic token counts; same KV bytes per token")
+    bt.add_argument("--size", choices=("small", "large"), default="small",
+                    help="small: the shape above (default); large: 8 layers of width 512, 8 query / 4 KV heads "
+                         "(≈30 M parameters, 4x the KV bytes per token) on the same tokenizer as a small model "
+                         "of the same --seed, for model routing (docs/model-routing.md)")
     bt.add_argument("--train-steps", type=int, default=0, metavar="N",
                     help="AdamW steps on generated agent-like text (~0.9 s each on one core); 0 keeps random "
                          "weights, which make n-gram speculation look ~100%% accepted (default 0)")

@@ -100,6 +100,15 @@ def add_subcommands(sub) -> None:
                    help=ReplayOptions.model_fields["calibrate"].description)
     _option(p, "--seed", "seed")
     _option(p, "--no-progress", "progress", help="no live progress bar")
+    p.add_argument("--model-routing", metavar="SPEC", default=None,
+                   help="route each request to one of several models by a policy (a routing spec: models cheapest "
+                        "first, policy, stickiness; as kvscope route --spec, docs/model-routing.md): give one "
+                        "--endpoint per model, in the spec's order; a cascade's mean-logprob check asks the small "
+                        "model for logprobs and re-sends a failed answer's prompt to the large model. Writes "
+                        "RUN_DIR/routing.json: the offline routing model's cached tokens beside the servers'")
+    p.add_argument("--labels", metavar="FILE", default=None,
+                   help="--model-routing: per-request signals (CSV / JSONL / Parquet with request_id and one "
+                        "column per signal); its request ids must be exactly the trace's")
     p.set_defaults(func=_cmd_replay)
 
 
@@ -112,9 +121,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(format_validation_error(exc, "command line", ReplayOptions)) from exc
 
     endpoints = [normalize_endpoint(e) for e in args.endpoint] if args.endpoint else None
+    routing = None
+    if args.labels and not args.model_routing:
+        raise ConfigError("--labels needs --model-routing")
+    if args.model_routing:
+        from kvscope.harness.cachemodel.model_routing import load_spec  # deferred: keeps `kvscope --help` fast
+
+        routing = load_spec(args.model_routing)
+        if endpoints is None:
+            raise ConfigError("--model-routing needs one --endpoint per model of the spec, not --server")
     with lock_run_dir(args.out, "kvscope replay"):
-        outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server)
+        outcome = replay(args.trace, args.out, opts, endpoints=endpoints, server_config_path=args.server,
+                         model_routing=routing, labels=args.labels)
     print(format_console_summary(outcome.summary))
+    if routing is not None:
+        print(format_routing_check(outcome.run_dir))
     print(f"\nrun directory: {outcome.run_dir}")
     if outcome.aborted:
         print(f"kvscope: error: replay stopped early: {outcome.aborted}", file=sys.stderr)
@@ -126,6 +147,27 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"kvscope: error: replay failed: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def format_routing_check(run_dir) -> str:
+    """Model routing's console lines: requests per model, escalations, and the offline model's agreement."""
+    from pathlib import Path
+
+    from kvscope.harness.results.records import read_records  # deferred: keeps `kvscope --help` fast
+    from kvscope.harness.results.routing_file import ROUTING_NAME, load_routing_file  # deferred: as above
+
+    recs = read_records(run_dir)
+    ok = recs[recs["error_class"].isna()]
+    per_model = ", ".join(f"{m} {n}" for m, n in ok["model"].value_counts(sort=False).items())
+    lines = [f"model routing: {per_model or 'no request served'}; {int(ok['escalated'].sum())} escalated "
+             f"({int(ok['wasted_output_tokens'].sum())} output tokens of small attempts thrown away)"]
+    path = Path(run_dir) / ROUTING_NAME
+    if path.exists():
+        check = load_routing_file(path)
+        lines.append(f"  offline routing model: {_pct(check.exact_share)} of the served requests' cached tokens "
+                     f"exact ({_pct(check.exact_share_all_attempts)} of all attempts), "
+                     f"{check.model_switch_tokens:,} tokens recomputed after model switches ({ROUTING_NAME})")
+    return "\n".join(lines)
 
 
 def _ms(x) -> str:

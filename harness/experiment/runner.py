@@ -45,7 +45,9 @@ from kvscope.harness.common.secrets import redact_config
 from kvscope.harness.common.version import kvscope_version
 from kvscope.harness.experiment.predicted import predict_configurations
 from kvscope.harness.experiment.spec import (
+    SERVES_FIELD,
     ExperimentSpec,
+    ModelSpec,
     check_name,
     load_experiment_spec,
     server_backend,
@@ -181,14 +183,19 @@ def _resolve_run_dir(spec: ExperimentSpec, out: Path, run_id: str | None, resume
 
 def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict | None]:
     """(model for vLLM, tokenizer dir for workloads, build card or None)."""
-    m = spec.model
+    return _prepare_one(spec.model, base_dir, "model")
+
+
+def _prepare_one(m: ModelSpec, base_dir: Path, what: str) -> tuple[str, str, dict | None]:
+    """One model configuration (``model:`` or an entry of ``models:``, named ``what`` in errors): built
+    (tiny), checked (path) or taken as a hub id (hf)."""
     if m.source == "hf":
         if not m.tokenizer:
-            raise KvscopeError("model.source hf needs model.tokenizer: a local directory with tokenizer.json "
+            raise KvscopeError(f"{what}.source hf needs {what}.tokenizer: a local directory with tokenizer.json "
                                "(e.g. the snapshot in your Hugging Face cache) to generate token-exact workloads")
         tok = Path(m.tokenizer).expanduser()
         if not (tok / "tokenizer.json").is_file():
-            raise KvscopeError(f"model.tokenizer {tok}: no tokenizer.json there (point it at the model's snapshot "
+            raise KvscopeError(f"{what}.tokenizer {tok}: no tokenizer.json there (point it at the model's snapshot "
                                "folder in your Hugging Face cache, or a local copy)")
         return m.path, str(tok), None
     path = Path(m.path)
@@ -197,13 +204,32 @@ def prepare_model(spec: ExperimentSpec, base_dir: Path) -> tuple[str, str, dict 
     if m.source == "tiny":
         card = read_model_card(path)
         wanted = {"seed": m.seed, "train_steps": m.train_steps}
-        if card is None or any(card.get(k) != v for k, v in wanted.items()):
-            print(f"building the tiny model in {path} (seed {m.seed}, {m.train_steps} training steps) …", flush=True)
-            build_tiny_model(path, seed=m.seed, train_steps=m.train_steps)
+        if card is None or any(card.get(k) != v for k, v in wanted.items()) or (card.get("size") or "small") != m.size:
+            print(f"building the tiny model in {path} ({m.size}, seed {m.seed}, {m.train_steps} training steps) …",
+                  flush=True)
+            build_tiny_model(path, seed=m.seed, train_steps=m.train_steps, size=m.size)
     elif not (path / "config.json").is_file():
-        raise KvscopeError(f"model.path {path}: not a model directory (no config.json)")
+        raise KvscopeError(f"{what}.path {path}: not a model directory (no config.json)")
     tokenizer = str(Path(m.tokenizer).expanduser()) if m.tokenizer else str(path)
     return str(path), tokenizer, read_model_card(path)
+
+
+def prepare_served_models(spec: ExperimentSpec, base_dir: Path, tokenizer_dir: str) -> dict[str, str]:
+    """The ``models:`` entries some configuration ``serves:``, prepared: name → path for vLLM. Each must share
+    ``model:``'s tokenizer (the workloads' token ids are generated with it, and a model with another vocabulary
+    would read them as other text)."""
+    served = {(entry or {}).get(SERVES_FIELD) for entry in spec.servers.values()} - {None}
+    want = Path(tokenizer_dir) / "tokenizer.json"
+    out = {}
+    for name in sorted(served):
+        path, tok, _ = _prepare_one(spec.models[name], base_dir, f"models.{name}")
+        if want.is_file() and (Path(tok) / "tokenizer.json").is_file() and \
+                (Path(tok) / "tokenizer.json").read_bytes() != want.read_bytes():
+            raise KvscopeError(f"models.{name}: its tokenizer ({tok}) differs from model:'s ({tokenizer_dir}); "
+                               "served models must share the workloads' tokenizer (same tiny seed, or the same "
+                               "model family)")
+        out[name] = path
+    return out
 
 
 def _warm_up(backend: "Backend", model: str, facts: ServerFacts | None, extra_requests: int, seed: int,
@@ -273,6 +299,8 @@ class RunContext:
     phases_s: dict[str, float] = field(default_factory=dict)
     #: the driver's hold on run_dir (None in a Ray worker, which writes under the driver's lock)
     run_lock: RunDirLock | None = None
+    #: prepared paths of the ``models:`` that configurations serve (``serves:``), by name
+    model_paths: dict[str, str] = field(default_factory=dict)
 
     def timed(self, phase: str, since: float) -> None:
         self.phases_s[phase] = self.phases_s.get(phase, 0.0) + time.perf_counter() - since
@@ -312,11 +340,13 @@ def prepare_run(spec_path: str | Path, out: str | Path = "results", run_id: str 
     manifest = _open_manifest(spec, spec_path, run_dir, resume)
     t0 = time.perf_counter()
     model_path, tokenizer_dir, card = prepare_model(spec, Path.cwd())
+    model_paths = prepare_served_models(spec, Path.cwd(), tokenizer_dir)
     model_s = time.perf_counter() - t0
     manifest.model = ModelEntry(path=model_path, tokenizer=tokenizer_dir, card=card,
                                 weights_random=bool(card and card.get("weights") == "random"))
     manifest.kvscope_version = kvscope_version()
-    run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path, run_lock=run_lock)
+    run = RunContext(spec, run_dir, manifest, run_dir / MANIFEST, model_path, run_lock=run_lock,
+                     model_paths=model_paths)
     run.phases_s["model"] = model_s
     cells = plan_cells(spec)
     if only_cells:
@@ -504,7 +534,8 @@ class _Servers:
                 self.failed[name] = exc
 
     def _new_backend(self, name: str, srec: ServerEntry) -> "Backend":
-        backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path)
+        backend = self.backends[name] = server_backend(self.run.spec, name, self.run.model_path,
+                                                       model_paths=self.run.model_paths)
         srec.backend, srec.config = backend.name, backend.redacted_config()
         return backend
 

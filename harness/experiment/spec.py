@@ -22,7 +22,7 @@ from kvscope.harness.serving.backend import Backend, split_backend
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.gpu_predict import ServerSettings
 
-__all__ = ["PREDICTED_SLO_TPOT_P50_MS", "PREDICTED_SLO_TTFT_P90_MS", "CostSpec", "ExecutorSpec", "ExperimentSpec",
+__all__ = ["PREDICTED_SLO_TPOT_P50_MS", "PREDICTED_SLO_TTFT_P90_MS", "SERVES_FIELD", "CostSpec", "ExecutorSpec", "ExperimentSpec",
            "LoadLevel", "ModelSpec", "PredictedConfig", "PredictedSpec", "RepeatsSpec", "ReplaySettings", "SloSpec",
            "SweepSpec", "WorkloadRef", "check_name", "client_resources", "load_experiment_spec", "server_resources",
            "sweep_level"]
@@ -39,6 +39,8 @@ def check_name(v: str, what: str) -> str:
 
 
 class ModelSpec(BaseModel):
+    """``model:`` (every server's, unless it names another) or one of ``models:`` (a server's ``serves:``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["tiny", "path", "hf"] = Field("tiny", description="tiny: build kvscope's model; path: a "
@@ -47,8 +49,28 @@ class ModelSpec(BaseModel):
     served_model_name: str = "tiny"
     seed: int = 0
     train_steps: int = Field(0, ge=0, description="tiny only: brief training so speculation means something")
+    size: Literal["small", "large"] = Field("small", description="tiny only: kvscope model build-tiny --size "
+                                                                  "(large: 8 layers of width 512, same tokenizer)")
     tokenizer: str | None = Field(None, description="directory with tokenizer.json for workload generation "
                                                     "(default: the model directory)")
+    pricing: str | None = Field(None, description="this model's provider price preset (kvscope cost presets) or "
+                                                  "preset YAML, where models are priced apart (model routing)")
+    gpu_hourly_usd: float | None = Field(None, gt=0, description="or: this model's self-hosted $/GPU-hour")
+
+    @field_validator("pricing")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None:
+            CostSpec(pricing=[v])  # one rule for known presets: the cost section's
+        return v
+
+    @model_validator(mode="after")
+    def _one_price(self) -> "ModelSpec":
+        if self.pricing is not None and self.gpu_hourly_usd is not None:
+            raise ValueError("give a model pricing (a provider preset) or gpu_hourly_usd (self-hosted), not both")
+        if self.size != "small" and self.source != "tiny":
+            raise ValueError(f"size {self.size}: only for source tiny (kvscope builds that model)")
+        return self
 
 
 class WorkloadRef(BaseModel):
@@ -280,6 +302,10 @@ _RESOURCES = TypeAdapter(ResourceMap)
 PLACEMENT_FIELDS = ("resources", "client_resources")
 """Server-entry fields that say where a configuration runs (an executor's concern), not server config fields."""
 
+SERVES_FIELD = "serves"
+"""Server-entry field naming the ``models:`` entry the configuration serves (absent: ``model:``); the model's
+path and served name then go into the server config, as ``model:``'s do for the others."""
+
 
 def _check_resources(name: str, raw: Any, key: str = "resources") -> ResourceMap:
     """`servers.<name>.<key>`: Ray resource names (`GPU`, `CPU` or custom, e.g. `gpu_slot`) to amounts >= 0."""
@@ -435,6 +461,9 @@ class ExperimentSpec(ExperimentSpecCore):
     model_config = ConfigDict(extra="forbid")
 
     model: ModelSpec = Field(default_factory=ModelSpec)
+    models: dict[str, ModelSpec] = Field(default_factory=dict, description="more models by name, each served by "
+                                         "the configurations whose `serves:` names it (an A/B of models, model "
+                                         "routing); they must share model:'s tokenizer")
     server_defaults: dict[str, Any] = Field(default_factory=dict,
                                             description="server config fields shared by every configuration")
     servers: dict[str, dict[str, Any]] = Field(description="named configurations: overrides of server_defaults; "
@@ -478,6 +507,27 @@ class ExperimentSpec(ExperimentSpecCore):
                 if entry and key in entry:
                     _check_resources(k, entry[key], key)
         return v
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        for k in v:
+            check_name(k, "model name")
+        return v
+
+    @model_validator(mode="after")
+    def _served_models(self) -> "ExperimentSpec":
+        for name, entry in self.servers.items():
+            serves = (entry or {}).get(SERVES_FIELD)
+            if serves is not None and serves not in self.models:
+                raise ValueError(f"servers.{name}.serves: unknown model {serves!r}; models: "
+                                 f"{', '.join(self.models) or 'none (add a models: section)'}")
+        return self
+
+    def served_model(self, server: str) -> ModelSpec:
+        """The model configuration ``server`` serves: its ``serves:`` entry of ``models:``, else ``model:``."""
+        serves = (self.servers[server] or {}).get(SERVES_FIELD)
+        return self.model if serves is None else self.models[serves]
 
     @field_validator("workloads")
     @classmethod
@@ -549,17 +599,23 @@ def load_experiment_spec(path: str | Path) -> tuple[ExperimentSpec, dict]:
     return spec, raw
 
 
-def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str | None = None):
+def server_backend(spec: ExperimentSpec, name: str, model_path: str, source: str | None = None,
+                   model_paths: dict[str, str] | None = None):
     """The (not yet started) backend of server configuration `name`: its `backend:` (else server_defaults',
     else vllm), the prepared model, server_defaults, then the entry's own fields. Defaults that another
-    engine's config does not know (vLLM flags) are not applied to it; the entry's own fields must all fit."""
+    engine's config does not know (vLLM flags) are not applied to it; the entry's own fields must all fit.
+    `model_path` is ``model:``'s prepared path; a configuration that ``serves:`` another model gets that one's
+    (``model_paths``, by name, as the runner prepared them; else the spec's path as written)."""
     default_backend, defaults = split_backend(spec.server_defaults)
     entry = dict(spec.servers[name] or {})
     for key in PLACEMENT_FIELDS:  # where the configuration runs (an executor's concern), not server fields
         entry.pop(key, None)
+    serves = entry.pop(SERVES_FIELD, None)
+    if serves is not None:
+        model_path = (model_paths or {}).get(serves, spec.models[serves].path)
     backend_name, entry_fields = split_backend({"backend": default_backend, **entry})
     backend_cls = Backend.get(backend_name)
-    fields = backend_cls.experiment_base_fields(model_path, spec.model.served_model_name)
+    fields = backend_cls.experiment_base_fields(model_path, spec.served_model(name).served_model_name)
     if backend_name == default_backend:
         fields.update(defaults)
     else:

@@ -111,6 +111,17 @@ class TinyModelShape:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
 
+#: ``--size``: named shapes on the same tokenizer (same seed, same vocabulary), so model routing can serve a small
+#: and a larger model side by side on one trace. ``large`` doubles the layers, the width and the heads (≈8x the
+#: non-embedding parameters, 4x the KV bytes per token): a real step up in prefill and decode cost, while its
+#: weights stay tens of MB and build in seconds on a CPU.
+MODEL_SIZES: dict[str, TinyModelShape] = {
+    "small": TinyModelShape(),
+    "large": TinyModelShape(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                            num_key_value_heads=4),
+}
+
+
 @dataclass
 class BuildInfo:
     seed: int
@@ -121,6 +132,7 @@ class BuildInfo:
     num_parameters: int
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
     tokenizer: str = "trained"  # TOKENIZER_CHOICES
+    size: str | None = None  # a MODEL_SIZES name, or None for a custom shape
 
 
 # -------------------------------------------------------------------------------------------- tokenizer
@@ -332,9 +344,18 @@ def build_tiny_model(
     corpus_chars: int = 1_500_000,
     overwrite: bool = True,
     tokenizer: str = "trained",
+    size: str | None = None,
 ) -> BuildInfo:
     """Write the model directory; returns what was built (also saved as ``kvscope_model.json``).
-    ``tokenizer``: ``trained`` (BPE trained on generated text) or a production one (:data:`PRODUCTION_TOKENIZERS`)."""
+    ``tokenizer``: ``trained`` (BPE trained on generated text) or a production one (:data:`PRODUCTION_TOKENIZERS`).
+    ``size``: a named shape (:data:`MODEL_SIZES`) instead of ``shape``; the tokenizer depends on the seed only,
+    so two sizes built with one seed share it token for token."""
+    if size is not None:
+        if shape is not None:
+            raise ValueError("give size or shape, not both")
+        if size not in MODEL_SIZES:
+            raise ValueError(f"size {size!r}: one of {', '.join(MODEL_SIZES)}")
+        shape = MODEL_SIZES[size]
     shape = shape or TinyModelShape()
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -380,6 +401,7 @@ def build_tiny_model(
             corpus_chars=corpus_chars,
             num_parameters=shape.num_parameters(),
             tokenizer=tokenizer,
+            size=size,
         )
         for f in sorted(tmp.iterdir()):
             info.files[f.name] = _sha256(f)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -30,6 +31,18 @@ if TYPE_CHECKING:
     from kvscope.harness.serving.backend import Backend
 
 
+@dataclass(frozen=True)
+class Posted:
+    """One request sent to one endpoint: its last try's result, the predicted cached tokens, which try it was,
+    the endpoint and the output length asked."""
+
+    result: CompletionResult
+    predicted: int | None
+    attempt: int
+    ep: int
+    max_tokens: int
+
+
 class RequestLoop:
     """Sends the trace's requests to the endpoints and records each; ``clients`` and ``fast`` are set per run
     (the event loop's HTTP clients), ``on_recorded`` is called once per record (the progress bar)."""
@@ -40,6 +53,9 @@ class RequestLoop:
         self.endpoints = endpoints
         self.opts = opts
         self.model = model
+        #: the model name each endpoint's requests carry (one deployment's replicas: the same name for all;
+        #: model routing sets one per model's server)
+        self.model_names = [model] * len(endpoints)
         self.router = router
         self.predictors = predictors
         self.writer = writer
@@ -65,28 +81,41 @@ class RequestLoop:
     def use_fast(self, url: str) -> bool:
         return self.opts.client == "fast" or (self.opts.client == "auto" and FastStreamClient.supports(url))
 
-    def _body(self, rid: int, prompt: np.ndarray, max_tokens: int, ep: int = 0) -> bytes:
+    def _body(self, rid: int, prompt: np.ndarray, max_tokens: int, ep: int = 0, logprobs: bool = False) -> bytes:
+        """``logprobs``: ask for each generated token's log-probability (a cascade's confidence signal)."""
         salt = self._salt[rid]
         engine_fields = self.backends[ep].request_extras(salt) if self.backends else None
+        model = self.model_names[ep]
         if self.opts.api == "chat":
             raw = self._messages[rid]
             if not raw:
                 raise KvscopeError(f"request {rid} has no messages: generate the trace in text mode for --api chat")
             msgs = [{"role": m["role"], "content": m["content"]} for m in json.loads(raw)]
-            payload = chat_payload(self.model, msgs, max_tokens, salt, engine_fields=engine_fields)
+            payload = chat_payload(model, msgs, max_tokens, salt, engine_fields=engine_fields)
+            if logprobs:
+                payload.update(logprobs=True, top_logprobs=1)
         else:
-            payload = completion_payload(self.model, prompt.tolist(), max_tokens, salt, engine_fields=engine_fields)
+            payload = completion_payload(model, prompt.tolist(), max_tokens, salt, engine_fields=engine_fields,
+                                         extra={"logprobs": 1} if logprobs else None)
         return orjson.dumps(payload)
 
     async def send(self, st: RunState, rid: int, session_id: str, prompt: np.ndarray,
                    scheduled_s: float) -> CompletionResult:
+        ep = self.router.pick(session_id, prompt) if self.router.n > 1 else 0
+        return (await self.post(st, rid, session_id, prompt, scheduled_s, ep)).result
+
+    async def post(self, st: RunState, rid: int, session_id: str, prompt: np.ndarray, scheduled_s: float, ep: int,
+                   *, logprobs: bool = False, defer_success: bool = False, fields: dict[str, Any] | None = None
+                   ) -> "Posted":
+        """Send one request to endpoint ``ep`` with the run's retries; every try is recorded as it ends (with
+        ``fields``, model routing's), except a successful one with ``defer_success``: model routing records it
+        once it knows whether the request is escalated."""
         opts = self.opts
         salt = self._salt[rid]
-        ep = self.router.pick(session_id, prompt) if self.router.n > 1 else 0
         predictor = self.predictors[ep]
         predicted = predictor.on_send(rid, session_id, prompt, salt) if predictor else None
         max_tokens = self._max_tokens[rid]
-        body = self._body(rid, prompt, max_tokens, ep)
+        body = self._body(rid, prompt, max_tokens, ep, logprobs)
         url = self.urls[ep]
         client = self.clients[ep]
         result: CompletionResult | None = None
@@ -97,16 +126,20 @@ class RequestLoop:
                     break
             st.sent += 1
             result = await client.post_stream(url, body, opts.timeouts)
-            self._record(st, rid, session_id, attempt, ep, scheduled_s, len(prompt), predicted, max_tokens, result)
+            if not (result.ok and defer_success):
+                self._record(st, rid, session_id, attempt, ep, scheduled_s, len(prompt), predicted, max_tokens,
+                             result, **(fields or {}))
             if result.ok or attempt == opts.retries:
                 break
         assert result is not None
         if result.ok and predictor is not None:
             predictor.on_finish(rid, session_id, prompt, result.token_ids, salt)
-        return result
+        return Posted(result, predicted, attempt, ep, max_tokens)
 
     def _record(self, st: RunState, rid: int, session_id: str, attempt: int, ep: int, scheduled_s: float,
-                n_prompt: int, predicted: int | None, max_tokens: int, res: CompletionResult) -> None:
+                n_prompt: int, predicted: int | None, max_tokens: int, res: CompletionResult,
+                **routing: Any) -> None:
+        """Write the record of one try; ``routing``: model routing's fields of the record."""
         t0 = st.t0
         ct = res.chunk_times_s
         itl = [b - a for a, b in zip(ct, ct[1:])] if len(ct) > 1 else []
@@ -138,7 +171,7 @@ class RequestLoop:
             planned_output_tokens=self._planned_out[rid],
             finish_reason=res.finish_reason, http_status=res.http_status, error_class=res.error_class,
             error=res.error, in_window=sent_rel >= self.opts.warmup_s, length_mismatch=mismatch,
-            output_text_head=res.text_head, output_token_ids=list(res.token_ids),
+            output_text_head=res.text_head, output_token_ids=list(res.token_ids), **routing,
         )
         self.writer.write(rec)
         st.done += 1

@@ -43,6 +43,8 @@ from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 from kvscope.workloads.trace import Trace
 
 if TYPE_CHECKING:
+    from kvscope.harness.cachemodel.model_routing import ModelRoutingSpec
+    from kvscope.harness.replay.model_router import LiveRouting
     from kvscope.harness.serving.backend import Backend
 
 
@@ -66,7 +68,8 @@ class Replayer:
 
     def __init__(self, trace, endpoints: list[str], opts: ReplayOptions, run_dir: Path,
                  facts: list[ServerFacts], headers: dict[str, str] | None = None,
-                 backends: "list[Backend] | None" = None, keep_requests: bool = False) -> None:
+                 backends: "list[Backend] | None" = None, keep_requests: bool = False,
+                 model_routing: "LiveRouting | None" = None) -> None:
         self.trace = trace
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.opts = opts
@@ -79,8 +82,12 @@ class Replayer:
         self.writer = RecordWriter(self.run_dir, flush_interval_s=opts.records_flush_s)
         router = EndpointRouter(len(self.endpoints), opts.routing,
                                 block_size=facts[0].block_size or DEFAULT_BLOCK_SIZE)
-        self.requests = RequestLoop(trace, self.endpoints, opts, opts.model or facts[0].model or "default", router,
-                                    self.predictors, self.writer, self.headers, backends)
+        loop_args = {"model": opts.model or facts[0].model or "default", "router": router,
+                     "predictors": self.predictors, "writer": self.writer, "headers": self.headers,
+                     "backends": backends}
+        # model routing: one endpoint per model and a router in front (replay/model_router.py)
+        self.requests = RequestLoop(trace, self.endpoints, opts, **loop_args) if model_routing is None else \
+            model_routing.request_loop(trace, self.endpoints, opts, facts, **loop_args)
         self.sessions = SessionDriver(trace, opts, self.requests)
         self.progress = None
         self.priority = "normal"  # the event loop's scheduling during the run (replay/priority.py)
@@ -161,13 +168,15 @@ class Replayer:
 
 
 def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endpoints: Sequence[str] | None = None,
-           server_config_path: str | Path | None = None, backends: "Sequence[Backend] | None" = None
-           ) -> ReplayOutcome:
+           server_config_path: str | Path | None = None, backends: "Sequence[Backend] | None" = None,
+           model_routing: "ModelRoutingSpec | None" = None, labels: str | Path | None = None) -> ReplayOutcome:
     """Run a replay end to end and write the run directory.
 
     The servers are `backends` (started by the caller), or launched from `server_config_path` for this run
     and stopped after it, or the `endpoints` as servers of the default backend that kvscope attaches to (key:
-    `opts.api_key_env`).
+    `opts.api_key_env`).  With `model_routing` the endpoints are the spec's models in its order (cheapest
+    first) and a router sends each request to one of them (replay/model_router.py; `labels`: the policy's
+    per-request signals); RUN_DIR/routing.json then holds the offline routing model's check of the run.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,13 +187,18 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     opts = fit_options_to_machine(opts)
     launched = backends is None and server_config_path is not None
     bks = list(backends) if backends is not None else backends_for(opts, endpoints, server_config_path)
+    routing = None
+    if model_routing is not None:
+        from kvscope.harness.replay.model_router import LiveRouting  # deferred: only a routed replay needs it
+
+        routing = LiveRouting.create(model_routing, trace, len(bks), labels, opts)
     started = time.time()
     try:
         if launched:
             bks[0].start(run_dir / "server.log")
         servers = prepare_servers(trace, bks, opts, fresh=launched, run_dir=run_dir)
         replayer = Replayer(trace, [b.endpoint for b in bks], opts, run_dir, servers.facts, backends=bks,
-                            keep_requests=servers.choice.calibration is not None)
+                            keep_requests=servers.choice.calibration is not None, model_routing=routing)
         st = _drive(replayer, trace, opts)
     finally:
         if launched:
@@ -198,6 +212,11 @@ def replay(trace_dir: str | Path, run_dir: str | Path, opts: ReplayOptions, endp
     summary = write_run_files(run_dir, summary, trace_dir=Path(trace_dir), header=trace_header(trace), opts=opts,
                               facts=servers.facts, backends=bks, launched=launched, started=started, ended=ended,
                               aborted=st.abort_reason, reset=servers.reset)
+    if routing is not None:
+        from kvscope.harness.replay.model_router import check_routed_run  # deferred: only a routed replay needs it
+        from kvscope.harness.results.records import read_records  # deferred: pandas, only needed here
+
+        check_routed_run(routing, read_records(run_dir), servers.facts, [b.endpoint for b in bks], run_dir)
     return ReplayOutcome(run_dir=run_dir, summary=summary, aborted=st.abort_reason)
 
 

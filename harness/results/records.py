@@ -31,7 +31,10 @@ PARQUET_NAME = "requests.parquet"
 #: Version of the records' columns, kept in the Parquet file's metadata (``kvscope_records_version``).
 #: 2 added ``predictor`` and ``predicted_cached_tokens_sequential``; a file without them (version 1, no
 #: metadata) is read as the sequential simulator's predictions, which is what every such run recorded.
-RECORDS_VERSION = 2
+#: 3 added model routing's columns (``model``, ``route_reason``, ``escalated``, ``mean_logprob`` and the
+#: ``wasted_*`` facts of an escalated request's discarded small-model attempt); a version-2 file is read with
+#: them empty (no model routing: ``escalated`` False, no wasted attempt), which is what such a run did.
+RECORDS_VERSION = 3
 RECORDS_VERSION_KEY = b"kvscope_records_version"
 #: The models a run's ``predicted_cached_tokens`` may come from.  ``sequential``: the vLLM-exact simulator,
 #: online, one request at a time (harness/replay/predict.py; exact when requests do not overlap).
@@ -92,6 +95,21 @@ class RequestRecord:
     length_mismatch: bool = False  # tokens received != max_tokens asked (ignore_eos) or != usage.completion_tokens
     output_text_head: str = ""  # first 200 characters of the generated text (untrusted: reports escape it)
     output_token_ids: list[int] = field(default_factory=list)  # the generated tokens (kvscope speculate RUN)
+    # Model routing (replay with a routing spec, harness/replay/model_router.py); empty otherwise.  One record
+    # per request as before: the model that served it, and an escalation's discarded first attempt folded in
+    # as ``wasted_*`` fields, so every summary still counts one request once.
+    model: str | None = None  # the routing spec's name of the model that served it
+    route_reason: str | None = None  # why (the policy's reason; "escalated: ..." for an escalation)
+    escalated: bool = False  # sent to the small model first, then re-sent to this one
+    #: mean token log-probability of the first attempt's answer (the cascade's signal), where it was asked for
+    mean_logprob: float | None = None
+    wasted_model: str | None = None  # the escalated request's discarded attempt: its model ...
+    wasted_cached_tokens: int | None = None  # ... that server's cached_tokens for it ...
+    wasted_predicted_cached_tokens: int | None = None  # ... the prediction of them ...
+    wasted_output_tokens: int = 0  # ... the answer it generated and threw away ...
+    wasted_sent_s: float | None = None  # ... and its times (run clock); TTFT with the escalation: first_token_s
+    wasted_first_token_s: float | None = None  # minus wasted_sent_s
+    wasted_done_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -254,18 +272,31 @@ def records_frame(rows: list[dict[str, Any]]):
         df["length_mismatch"] = [bool(x) if x is not None and x == x else False for x in df["length_mismatch"]]
     if rows and "predictor" not in rows[0]:  # a version-1 log
         df = upgrade_records(df.drop(columns=["predictor", "predicted_cached_tokens_sequential"]))
+    if rows and "escalated" not in rows[0]:  # a version-2 log
+        df = upgrade_records(df.drop(columns=ROUTING_FIELDS))
     return df
 
 
+#: the columns version 3 added (model routing)
+ROUTING_FIELDS = RECORD_FIELDS[RECORD_FIELDS.index("model"):]
+_ROUTING_DEFAULTS = {"escalated": False, "wasted_output_tokens": 0}
+
+
 def upgrade_records(df):
-    """Version-1 records (no ``predictor`` column) as version 2: their predictions were the sequential
-    simulator's, so that is the predictor wherever there is a prediction, and the sequential column is a copy."""
-    if "predictor" in df.columns:
+    """Older records as the current version.  Version 1 (no ``predictor`` column): their predictions were the
+    sequential simulator's, so that is the predictor wherever there is a prediction, and the sequential column
+    is a copy.  Version 2 (no model-routing columns): no routing, so no model name, no escalation, no wasted
+    attempt."""
+    if "predictor" in df.columns and "escalated" in df.columns:
         return df
     df = df.copy()
-    pred = df["predicted_cached_tokens"] if "predicted_cached_tokens" in df else None
-    df["predictor"] = None if pred is None else pred.notna().map({True: "sequential", False: None})
-    df["predicted_cached_tokens_sequential"] = pred
+    if "predictor" not in df.columns:
+        pred = df["predicted_cached_tokens"] if "predicted_cached_tokens" in df else None
+        df["predictor"] = None if pred is None else pred.notna().map({True: "sequential", False: None})
+        df["predicted_cached_tokens_sequential"] = pred
+    for col in ROUTING_FIELDS:
+        if col not in df.columns:
+            df[col] = _ROUTING_DEFAULTS.get(col)
     return df
 
 
@@ -278,7 +309,8 @@ def compact(run_dir: Path) -> Path:
 
 
 _INT_COLUMNS = ("cached_tokens", "predicted_cached_tokens", "predicted_cached_tokens_sequential",
-                "server_prompt_tokens", "http_status")
+                "server_prompt_tokens", "http_status", "wasted_cached_tokens", "wasted_predicted_cached_tokens")
+_STRING_COLUMNS = ("predictor", "model", "route_reason", "wasted_model")
 
 
 def write_records_parquet(run_dir: Path, df) -> Path:
@@ -291,8 +323,14 @@ def write_records_parquet(run_dir: Path, df) -> Path:
     for col in _INT_COLUMNS:
         if col in df:
             df[col] = df[col].astype("Int64")
-    if "predictor" in df:
-        df["predictor"] = df["predictor"].astype("string")
+    for col in _STRING_COLUMNS:
+        if col in df:
+            df[col] = df[col].astype("string")
+    for col in ("mean_logprob", "wasted_sent_s", "wasted_first_token_s", "wasted_done_s"):
+        if col in df:
+            df[col] = df[col].astype("float64")
+    if "escalated" in df:
+        df["escalated"] = df["escalated"].astype(bool)
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[RECORDS_VERSION_KEY] = str(RECORDS_VERSION).encode()

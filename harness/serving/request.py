@@ -41,6 +41,10 @@ class CompletionResult:
     error: str | None = None
     text_chunks: int = 0  # chunks with text but no token ids (chat without return_token_ids)
     text_head: str = ""  # the first TEXT_HEAD_CHARS characters of generated text (shown, escaped, in reports)
+    #: sum and count of the generated tokens' log-probabilities, where the request asked for ``logprobs``
+    #: (a model-routing cascade's confidence signal); 0 tokens: none were returned
+    logprob_sum: float = 0.0
+    logprob_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -59,6 +63,11 @@ class CompletionResult:
         if self.token_ids:
             return len(self.token_ids)
         return self.completion_tokens or 0
+
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean log-probability of the generated tokens, or None when the server returned none."""
+        return self.logprob_sum / self.logprob_tokens if self.logprob_tokens else None
 
     def fail(self, error_class: str, message: str) -> "CompletionResult":
         self.error_class = error_class

@@ -14,6 +14,7 @@ decoder and by the recording proxy, and its fast path (no ``\r`` in the piece) i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -37,8 +38,25 @@ def _keep_text(result: CompletionResult, choice: dict[str, Any]) -> None:
             result.text_head = (result.text_head + text)[:TEXT_HEAD_CHARS]
 
 
+def _add_logprobs(result: CompletionResult, logprobs: Any) -> None:
+    """A completions chunk's ``logprobs.token_logprobs`` (one per generated token; the chat API's
+    ``logprobs.content[].logprob`` likewise) added to the result's running sum."""
+    if not isinstance(logprobs, dict):
+        return
+    values = logprobs.get("token_logprobs")
+    if values is None and isinstance(logprobs.get("content"), list):
+        values = [c.get("logprob") for c in logprobs["content"] if isinstance(c, dict)]
+    for v in values or ():
+        if isinstance(v, (int, float)) and math.isfinite(v):  # NaN / -inf: not a usable probability
+            result.logprob_sum += float(v)
+            result.logprob_tokens += 1
+
+
 def _apply_choice(result: CompletionResult, choice: dict[str, Any], now_s: float) -> None:
     _keep_text(result, choice)
+    logprobs = choice.get("logprobs")
+    if logprobs:
+        _add_logprobs(result, logprobs)
     ids = choice.get("token_ids")
     if ids:
         if result.first_token_s is None:
@@ -75,6 +93,9 @@ def apply_chunk(result: CompletionResult, chunk: dict[str, Any], now_s: float) -
             reason = choice.get("finish_reason")
             if reason:
                 result.finish_reason = reason
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                _add_logprobs(result, logprobs)
             return
     if choices:
         for choice in choices:

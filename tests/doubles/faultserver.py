@@ -95,6 +95,7 @@ class FaultConfig:
     #: Every request but `/health` without exactly this `Authorization` header (or with a query string)
     #: answers 401, as a server behind an API key does; counted in `stats.unauthorized` (None: no auth).
     require_authorization: str | None = None
+    keep_bodies: bool = False  # keep every completion request's JSON body in `FaultServer.bodies` (tests)
 
     def __post_init__(self) -> None:
         for mode in [*self.schedule.values(), *self.token_faults.values(), *self.fault_rates]:
@@ -342,6 +343,7 @@ class FaultServer:
         self.host = host
         self.port = port
         self.stats = _Stats()
+        self.bodies: list[dict] = []  # completion request bodies, with `keep_bodies`
         self.dead = False
         self._rng = random.Random(self.config.seed)
         self._conns: set[_Conn] = set()
@@ -528,6 +530,8 @@ class FaultServer:
             t.write(_simple_response(400, b'{"object":"error","message":"invalid JSON body","code":400}', close=close))
             return
         prompt = req.get("messages") if chat else req.get("prompt")
+        if self.config.keep_bodies:
+            self.bodies.append(req)
         n = self.stats.completions
         self.stats.completions += 1
         mode = self._pick_fault(n, fault, prompt)
