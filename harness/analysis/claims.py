@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
-from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
+from kvscope.harness.analysis.common import _change_words, _derived, _ok_cells, _pct, _signed_pct, verdict_words
 from kvscope.harness.analysis.explain_experiment import explained_workloads
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
@@ -170,8 +170,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
             value = "inconclusive"
         word = {"pays": "pays off", "does_not_pay": "does not pay off", "mixed": "pays off in some comparisons "
                 "and costs in others", "inconclusive": "has no decided payoff"}[value]
-        words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
-                          if counts.get(v))
+        words = verdict_words(counts)
         median = float(thr["relative"].median()) if thr["relative"].notna().any() else math.nan
         decided = thr[thr["verdict"].isin(["better", "worse"])]
         where = "; ".join(f"{r.verdict} on {r.workload} at {r.load} ({_signed_pct(r.relative)})"
@@ -180,7 +179,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
         once_words = (f"; {len(once)} of them ran once per side (no run-to-run noise measured, so their "
                       "verdicts stay inconclusive)" if len(once) else "")
         sentence = (f"{server} {word} against {base}: output throughput verdicts over {n} workload × load "
-                    f"comparisons: {words} (median {_signed_pct(median)}{'; ' + where if where else ''})"
+                    f"comparisons: {words} (median {_change_words(median)}{'; ' + where if where else ''})"
                     f"{once_words}.")
         worse_words = _what_gets_worse(res, t, server, base)
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
@@ -196,14 +195,14 @@ def speculative_recommendation(claim: Claim) -> Finding:
     server = claim.key.split(":", 1)[1]
     n = claim.numbers
     counts = f"{int(n['better'] or 0)} of {int(n['comparisons'] or 0)} throughput comparisons decided better"
-    median = _signed_pct(n.get("median_throughput_change"))
+    median = _change_words(n.get("median_throughput_change"))
     cost = f"; it costs {claim.worse}" if claim.worse else ""
-    text = {"pays": f"Use {server}: output throughput {median} median ({counts}, none worse){cost}.",
+    text = {"pays": f"Use {server}: output throughput {median} (median; {counts}, none worse){cost}.",
             "does_not_pay": f"Leave {server} off: its output throughput is not better ({counts}, median "
                             f"{median}){cost}.",
             "mixed": f"{server}: mixed — better in some comparisons and worse in others ({counts}, median "
                      f"{median}){cost}; decide per workload.",
-            "inconclusive": f"{server}: inconclusive — output throughput {median} median but only {counts}; "
+            "inconclusive": f"{server}: inconclusive — output throughput {median} (median) but only {counts}; "
                             f"turn it on only if throughput-bound{cost}."}[claim.value]
     return Finding(question="recommendation", sentence=text, numbers=claim.numbers, notebook="speculative",
                    figure="acceptance_and_tpot", claim=claim.key, claim_value=claim.value)
