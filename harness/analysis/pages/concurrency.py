@@ -237,10 +237,11 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
             continue
         meeting = g[g["meets_slo"]]
         top = g.iloc[-1]
-        slo = f"TTFT p90 ≤ {slo_ms:.0f} ms (the spec's fixed SLO)" if slo_ms else "no TTFT SLO set"
+        slo = f"TTFT p90 ≤ {slo_ms:.0f} ms" if slo_ms else "no TTFT SLO set"
+        fixed = ", the spec's fixed SLO" if slo_ms else ""
         if not len(meeting):
-            s = (f"{server} misses {slo} on {workload} even at its lowest load ({g.iloc[0]['load']}: "
-                 f"{_ms(g.iloc[0]['ttft_p90_s'])} ms).")
+            s = (f"{server} misses {slo} even at the lowest load of {workload} ({g.iloc[0]['load']}: "
+                 f"{_ms(g.iloc[0]['ttft_p90_s'])} ms{fixed}).")
             cap = None
             stated_row = g.iloc[0]
         else:
@@ -252,8 +253,8 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
                     f"; at {above.iloc[0]['load']} it preempts ({above.iloc[0]['preemptions']:.0f} preemptions)"
                     if len(above) and above.iloc[0]["preemptions"] else
                     f"; at {top['load']} TTFT p90 is {_ms(top['ttft_p90_s'])} ms")
-            s = (f"{server} holds load {best['load']} at {slo} on {workload} (p90 {_ms(best['ttft_p90_s'])} ms)"
-                 f"{tail}.")
+            s = (f"{server} holds load {best['load']} at {slo} on {workload} (p90 {_ms(best['ttft_p90_s'])} ms"
+                 f"{fixed}){tail}.")
             stated_row = best
         statement = Statement(metric="ttft_p90_s", value=float(stated_row["ttft_p90_s"]),
                               selection=one_selection(res, str(server), str(workload), str(stated_row["load"])))

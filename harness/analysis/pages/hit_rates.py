@@ -101,10 +101,12 @@ def session_hit_rate_spread(res: ExperimentResults) -> pd.DataFrame:
 
 
 def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
-    """Tokens recomputed per request by the kind of history transition (append, edit, compaction, …).
+    """Uncached tokens per request by the kind of history transition (append, edit, compaction, …).
 
     An edit at depth d or a volatile prefix at position p invalidates every block after it: the gap between
-    the `append` row and the others is what that habit costs in prefill.
+    the `append` row and the others is what that habit costs in prefill. The column is *uncached* (new +
+    recomputed, `analysis.glossary`), not "recomputed": a compaction's summary is new, and the explain page's
+    recomputed tokens leave new tokens out.
     """
     ok = res.ok_requests()
     if not len(ok) or "transition" not in ok:
@@ -112,7 +114,7 @@ def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
     ok = ok.assign(uncached=ok["prompt_tokens"] - ok["cached_tokens"].fillna(0))
     g = ok.groupby(["server", "workload", "transition"]).agg(
         requests=("request_id", "count"), mean_prompt_tokens=("prompt_tokens", "mean"),
-        mean_cached_tokens=("cached_tokens", "mean"), mean_recomputed_tokens=("uncached", "mean")).reset_index()
+        mean_cached_tokens=("cached_tokens", "mean"), mean_uncached_tokens=("uncached", "mean")).reset_index()
     g["hit_rate"] = g["mean_cached_tokens"] / g["mean_prompt_tokens"]
     return g
 
