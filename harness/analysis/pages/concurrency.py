@@ -232,6 +232,13 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
                         sentence=f"Capacity is not measured: the experiment ran one load level ({', '.join(loads)}); "
                                  "a capacity needs a sweep of several levels up to where the SLO breaks.")]
     out = []
+    for server, g in levels.groupby("server", sort=False):
+        if g.groupby("workload")["load"].nunique().max() < 2:  # levels only across workloads: no curve of any
+            out.append(Finding(question="capacity", notebook="concurrency", figure="latency_throughput",
+                               numbers={"load_levels": 1.0},
+                               sentence=f"{server}'s capacity is not measured: it ran one load level per workload "
+                                        f"({', '.join(f'{w} at {lv}' for w, lv in zip(g['workload'], g['load']))}); "
+                                        "levels of different workloads are not one curve."))
     for (server, workload), g in levels.groupby(["server", "workload"], sort=False):
         if len(g) < 2:  # one level of this workload: no curve, no capacity (the other workloads' levels are not its)
             continue
