@@ -89,9 +89,9 @@ def test_a_table_drops_row_numbers_rounds_float_noise_and_explains_its_raw_keys(
     assert "<td>0</td>" in html
     assert "<code>output_tok_per_s</code>: output tokens per second" in html
     assert "<code>sweep-c5</code>: capacity sweep, 5 sessions in flight" in html
-    assert 'class="kvs-table"' in html  # a table that fits: headers break at underscores only, never mid-word
+    assert 'class="kvs-table">' in html  # a table that fits: headers break at underscores only, never mid-word
     wide = table_html(pd.DataFrame({f"usd_per_1000_sessions_metric_{i}": [1.2345] for i in range(30)}))
-    assert 'class="kvs-table kvs-wide"' in wide
+    assert 'class="kvs-table" data-wide>' in wide
     named = table_html(pd.DataFrame({"x": [1]}, index=pd.Index(["a"], name="workload")))
     assert "workload" in named  # a named index is data, kept
 

@@ -92,7 +92,7 @@ _TABLE_CSS = (
     ".kvs-table table{border-collapse:collapse;font-size:12px;table-layout:auto;margin:0}"
     ".kvs-table thead th{position:sticky;top:0;z-index:1;background:#fff;box-shadow:inset 0 -1px #999;"
     "vertical-align:bottom;max-width:11em;overflow-wrap:normal;word-break:normal;hyphens:none}"
-    ".kvs-table.kvs-wide thead th{overflow-wrap:anywhere}"
+    ".kvs-table[data-wide] thead th{overflow-wrap:anywhere}"
     ".kvs-columns{font-size:11px;color:#555;margin:-0.6em 0 1em;max-width:60em}"
     ".kvs-table td,.kvs-table th{padding:2px 5px;text-align:right;white-space:normal}"
     ".kvs-table td{overflow-wrap:normal}"
@@ -142,8 +142,8 @@ def table_html(df: pd.DataFrame) -> str:
     body = re.sub(r"<td>([^<]{%d,})</td>" % PROSE_CHARS, _prose_cell, body)
     body = re.sub(r">([A-Za-z0-9_.:+\-]*_[A-Za-z0-9_.:+\-]*)<", lambda m: ">" + m.group(1).replace("_", "_<wbr>") + "<",
                   body)
-    wide = " kvs-wide" if _min_width_px(df, plain_index) > PAGE_TABLE_PX else ""
-    return f'<div class="kvs-table{wide}"><style>{_TABLE_CSS}</style>{body}</div>{_columns_legend(df)}'
+    wide = " data-wide" if _min_width_px(df, plain_index) > PAGE_TABLE_PX else ""
+    return f'<div class="kvs-table"{wide}><style>{_TABLE_CSS}</style>{body}</div>{_columns_legend(df)}'
 
 
 #: The width a report table has on the page (1280 px screen less margins), and a 12 px font's character width.
