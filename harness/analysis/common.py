@@ -138,6 +138,21 @@ def verdict_words(counts: Any) -> str:
     return "verdicts: " + (", ".join(words) if words else "none")
 
 
+def pooled_words(res: ExperimentResults, *over: str) -> str:
+    """What a distribution figure pools, in its title's words: ``pooled over 4 workloads and 5 load levels (a
+    distribution, not a comparison)``; empty where the experiment has one of each (``over``: ``workload``,
+    ``load``: the dimensions the figure does not separate)."""
+    c = _ok_cells(res)
+    if not len(c):
+        return ""
+    sel = Selection(servers=("all",),
+                    workloads=tuple(dict.fromkeys(map(str, c["workload"]))) if "workload" in over else ("one",),
+                    loads=tuple(sorted_loads(c["load"].astype(str))) if "load" in over else ("one",),
+                    distribution_over=tuple(over))  # type: ignore[arg-type]
+    words = sel.words()
+    return words[words.index("pooled over"):] if "pooled over" in words else ""
+
+
 def selected_requests(res: ExperimentResults, sel: Selection) -> pd.DataFrame:
     """The successful requests of a selection (its servers, workloads and load levels)."""
     ok = res.ok_requests()
