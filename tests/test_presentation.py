@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from kvscope.harness.analysis import claims as C
+from kvscope.harness.analysis import findings as F
 from kvscope.harness.analysis.glossary import TERMS, load_words
 from kvscope.harness.analysis.notebook import figure_layout_problems, plt, table_html
 from kvscope.harness.analysis.pages import hit_rates, speculative
@@ -116,3 +117,17 @@ def test_the_figure_check_finds_overlapping_labels_a_legend_on_the_data_and_a_zo
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
     assert figure_layout_problems(fig) == []
     plt.close(fig)
+
+
+def test_the_ab_summary_names_metrics_in_words_and_changes_as_directions():
+    """Old: 'output_tokens_per_s -1 % median (better 1, …)' — a raw key and a sign that reads against 'better'."""
+    from kvscope.harness.analysis.pages import ab_compare
+
+    table = pd.DataFrame({"A": "base", "B": "ngram", "workload": ["a", "b"], "load": "c1",
+                          "metric": "output_tokens_per_s", "verdict": ["better", "inconclusive"],
+                          "relative": [-0.01, -0.01]})
+    res = _results([_cell("base", "a", "c1", hit=0.5, ttft_s=0.03)])
+    found = [f for f in F.page_findings(res, "ab_compare", resamples=200, ab=table) if f.question == "ab"]
+    [f] = found
+    assert "output_tokens_per_s" not in f.sentence and "% median" not in f.sentence
+    assert "output throughput 1 % lower (median; verdicts: 1 better, 1 inconclusive)" in f.sentence

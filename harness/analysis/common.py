@@ -134,7 +134,8 @@ def verdict_words(counts: Any) -> str:
     """Verdict counts as words, each direction named for what it means (``counts``: verdict -> count):
     ``verdicts: 1 better, 3 inconclusive`` — "better" is the verdict engine's, after the metric's direction
     (lower TTFT, higher throughput), so it never reads against the sign of a change."""
-    words = [f"{int(counts[v])} {v}" for v in ("better", "worse", "equivalent", "inconclusive") if counts.get(v)]
+    words = [f"{int(counts[v])} {v.replace('_', ' ')}" for v in ("better", "worse", "equivalent", "inconclusive",
+                                                                "by_construction") if counts.get(v)]
     return "verdicts: " + (", ".join(words) if words else "none")
 
 
