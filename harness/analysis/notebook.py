@@ -69,6 +69,7 @@ def setup_notebook(name: str, experiment_dir: str = "", figures_dir: str = "") -
     def save(fig: Any, figure_name: str) -> None:
         """Keep every figure as a PNG beside the report and show the same PNG on the notebook's page, with any
         layout problem (:func:`figure_layout_problems`) said under it, where the browser check finds it."""
+        wrap_title(fig)
         problems = figure_layout_problems(fig)
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
@@ -220,10 +221,30 @@ def figure_layout_problems(fig: Any) -> list[str]:
     if title is not None and title.get_text():
         tb = title.get_window_extent(renderer)
         for ax in fig.axes:
-            if ax.get_visible() and ax.get_title() and tb.overlaps(ax.title.get_window_extent(renderer)):
-                out.append(f"the figure title overlaps the title of {ax.get_title()!r}")
-                break
+            if not ax.get_visible():
+                continue
+            for what, text in (("title", ax.title), ("y label", ax.yaxis.label), ("x label", ax.xaxis.label)):
+                if text.get_text() and _overlap_px(tb, text.get_window_extent(renderer)):
+                    out.append(f"the figure title overlaps the {what} {text.get_text()!r}")
+                    break
+        if tb.width > 1.1 * fig.bbox.width:
+            out.append("the figure title is wider than the figure")
     return out
+
+
+def wrap_title(fig: Any) -> None:
+    """Break a figure title wider than its figure into lines that fit (a title generated from a finding can be a
+    long sentence), so the saved canvas is not stretched by it."""
+    import textwrap  # deferred: only titles that need it
+
+    title = fig._suptitle  # noqa: SLF001 - matplotlib keeps the suptitle here, with no public getter
+    if title is None or not title.get_text():
+        return
+    fig.canvas.draw()
+    width = title.get_window_extent(fig.canvas.get_renderer()).width
+    if width > fig.bbox.width:
+        text = " ".join(title.get_text().split())
+        title.set_text(textwrap.fill(text, max(30, int(len(text) * fig.bbox.width / width * 0.95))))
 
 
 def _overlap_px(a: Any, b: Any, px: float = 1.0) -> bool:
