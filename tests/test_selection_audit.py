@@ -9,6 +9,8 @@ level's TTFT p90 over several workloads. On each, the sentence now names its wor
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 from kvscope.harness.analysis import audit as A
@@ -141,3 +143,11 @@ def test_a_statement_round_trips_through_the_findings_file():
                    selection=Selection(servers=("a",), workloads=("w",), loads=("c1",), repeats=2))
     assert Statement.model_validate_json(st.model_dump_json()) == st
     assert pd.notna(st.value)
+
+
+@pytest.mark.skipif(not os.environ.get("KVSCOPE_AUDIT_EXPERIMENT"),
+                    reason="set KVSCOPE_AUDIT_EXPERIMENT to a finished experiment directory to audit it")
+def test_the_claims_audit_passes_on_a_finished_experiment():
+    """The audit on a real experiment (the quickstart's): every stated number is what its records give."""
+    audit = A.audit_experiment(os.environ["KVSCOPE_AUDIT_EXPERIMENT"])
+    assert audit.lines and not audit.failures, audit.summary()
