@@ -122,7 +122,8 @@ def test_the_figure_check_finds_overlapping_labels_a_legend_on_the_data_and_a_zo
 def test_a_long_generated_title_is_wrapped_to_its_figure_and_a_title_on_a_label_is_found():
     from kvscope.harness.analysis.notebook import wrap_title
 
-    fig, ax = plt.subplots(figsize=(4, 3))
+    fig = plt.figure(figsize=(4, 3))
+    fig.add_subplot()
     fig.suptitle("Latency per configuration, pooled over 4 workloads and 6 load levels (a distribution, not a "
                  "comparison); compare configurations per workload and load in TTFT by load level")
     assert "the figure title is wider than the figure" in figure_layout_problems(fig)
@@ -138,7 +139,6 @@ def test_a_long_generated_title_is_wrapped_to_its_figure_and_a_title_on_a_label_
 
 def test_the_ab_summary_names_metrics_in_words_and_changes_as_directions():
     """Old: 'output_tokens_per_s -1 % median (better 1, …)' — a raw key and a sign that reads against 'better'."""
-    from kvscope.harness.analysis.pages import ab_compare
 
     table = pd.DataFrame({"A": "base", "B": "ngram", "workload": ["a", "b"], "load": "c1",
                           "metric": "output_tokens_per_s", "verdict": ["better", "inconclusive"],

@@ -217,7 +217,7 @@ def figure_layout_problems(fig: Any) -> list[str]:
             scale = ax.get_yscale() if axis == "y" else ax.get_xscale()
             if _ZERO_BASED.search(label or "") and scale == "linear" and min(lim) > 0:
                 out.append(f"{name}: the {axis} axis ({label}) starts at {min(lim):.3g}, not at zero")
-    title = fig._suptitle  # noqa: SLF001 - matplotlib keeps the suptitle here, with no public getter
+    title = fig._suptitle  # matplotlib keeps the suptitle here, with no public getter
     if title is not None and title.get_text():
         tb = title.get_window_extent(renderer)
         for ax in fig.axes:
@@ -237,7 +237,7 @@ def wrap_title(fig: Any) -> None:
     long sentence), so the saved canvas is not stretched by it."""
     import textwrap  # deferred: only titles that need it
 
-    title = fig._suptitle  # noqa: SLF001 - matplotlib keeps the suptitle here, with no public getter
+    title = fig._suptitle  # matplotlib keeps the suptitle here, with no public getter
     if title is None or not title.get_text():
         return
     fig.canvas.draw()

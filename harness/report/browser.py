@@ -68,7 +68,7 @@ return {
     const rows = Array.from(t.querySelectorAll('tbody tr'));
     const heads = rows.map(r => r.firstElementChild).filter(c => c && c.tagName === 'TH');
     return (corner && corner.innerText.trim() === '' && rows.length && heads.length === rows.length &&
-            heads.every(h => /^\d+$/.test(h.innerText.trim()))) ? `table ${i + 1}` : null;
+            heads.every(h => /^\\d+$/.test(h.innerText.trim()))) ? `table ${i + 1}` : null;
   }).filter(x => x !== null),
   cells: Array.from(document.querySelectorAll('td')).map(c => c.innerText.trim()),
   layout_problems: Array.from(document.querySelectorAll('.kvs-layout-problem')).map(p => p.innerText),

@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.common import _ok_cells, _pct, one_selection, selected_requests, stated, workload_levels
+from kvscope.harness.analysis.common import (
+    _ok_cells,
+    _pct,
+    one_selection,
+    selected_requests,
+    stated,
+    workload_levels,
+)
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
 from kvscope.harness.results.findings_file import Finding
@@ -133,6 +140,12 @@ def _per_workload_sentence(res: ExperimentResults, metric: str, levels: list[tup
     return "; ".join(parts), statements
 
 
+def _number_key(prefix: str, st: Statement) -> str:
+    """A finding's number name for one statement: ``ttft_p50_<server>_<workload>_<load>``."""
+    sel = st.selection
+    return "_".join((prefix, sel.servers[0], sel.workloads[0], sel.loads[0]))
+
+
 def _servers(res: ExperimentResults) -> list[str]:
     c = _ok_cells(res)
     return list(dict.fromkeys(map(str, c["server"]))) if len(c) else []
@@ -145,11 +158,11 @@ def latency_findings(res: ExperimentResults) -> list[Finding]:
     if not len(c) or not len(res.ok_requests()):
         return []
     low = workload_levels(res)
-    text, sts = _per_workload_sentence(res, "ttft_p50_s", low, lambda r: np.percentile(r["ttft_s"].astype(float), 50))
+    text, sts = _per_workload_sentence(res, "ttft_p50_s", low,
+                                       lambda r: np.percentile(r["ttft_s"].astype(float), 50))
     out = [Finding(question="latency", notebook="latency", figure="ttft_by_load", statements=sts,
                    sentence=f"TTFT p50 at each workload's lowest load level: {text}.",
-                   numbers={f"ttft_p50_{'_'.join((s.selection.servers[0], s.selection.workloads[0], s.selection.loads[0]))}_s": s.value
-                            for s in sts})]
+                   numbers={_number_key("ttft_p50", st) + "_s": st.value for st in sts})]
     slo = res.spec.slo if res.spec is not None else None
     if slo is not None and slo.ttft_ms:
         high = workload_levels(res, highest=True)
@@ -160,8 +173,7 @@ def latency_findings(res: ExperimentResults) -> list[Finding]:
                            sentence="Share of requests meeting the SLO (TTFT ≤ {:.0f} ms{}) at each workload's "
                                     "highest load level: {}.".format(
                                slo.ttft_ms, f", TPOT ≤ {slo.tpot_ms:.0f} ms" if slo.tpot_ms else "", text),
-                           numbers={f"slo_share_{'_'.join((s.selection.servers[0], s.selection.workloads[0], s.selection.loads[0]))}": s.value
-                                    for s in sts}))
+                           numbers={_number_key("slo_share", st): st.value for st in sts}))
     return out
 
 
