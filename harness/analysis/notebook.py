@@ -234,17 +234,23 @@ def figure_layout_problems(fig: Any) -> list[str]:
 
 def wrap_title(fig: Any) -> None:
     """Break a figure title wider than its figure into lines that fit (a title generated from a finding can be a
-    long sentence), so the saved canvas is not stretched by it."""
+    long sentence), so the saved canvas is not stretched by it, and put it above every panel."""
     import textwrap  # deferred: only titles that need it
 
     title = fig._suptitle  # matplotlib keeps the suptitle here, with no public getter
     if title is None or not title.get_text():
         return
     fig.canvas.draw()
-    width = title.get_window_extent(fig.canvas.get_renderer()).width
+    renderer = fig.canvas.get_renderer()
+    width = title.get_window_extent(renderer).width
     if width > fig.bbox.width:
         text = " ".join(title.get_text().split())
         title.set_text(textwrap.fill(text, max(30, int(len(text) * fig.bbox.width / width * 0.95))))
+    # the title sits above every panel and panel title, growing upwards: more lines never cover a panel
+    tops = [a.get_tightbbox(renderer).y1 for a in fig.axes if a.get_visible()]
+    if tops:
+        title.set_verticalalignment("bottom")
+        title.set_y(max(tops) / fig.bbox.height + 0.01)
 
 
 def _overlap_px(a: Any, b: Any, px: float = 1.0) -> bool:
