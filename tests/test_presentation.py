@@ -148,3 +148,24 @@ def test_the_ab_summary_names_metrics_in_words_and_changes_as_directions():
     [f] = found
     assert "output_tokens_per_s" not in f.sentence and "% median" not in f.sentence
     assert "output throughput 1 % lower (median; verdicts: 1 better, 1 inconclusive)" in f.sentence
+
+
+def test_habit_recommendations_and_the_index_pivot_write_directions_and_metric_names_in_words(tmp_path):
+    """Old: 'without it, +84 pp hit rate (decided); -94 ms TTFT p50' and a pivot of 'ttft_p50_s' columns with
+    'worse (+129 %)' and 'by_construction' cells."""
+    from kvscope.harness.analysis.pages import ab_compare
+    from kvscope.harness.report.summary import findings_html
+
+    res = _results([_cell("apc", "agent", "c1", hit=0.84, ttft_s=0.027),
+                    _cell("apc", "agent-ts", "c1", hit=0.0, ttft_s=0.121, seed=1),
+                    _cell("off", "agent", "c1", hit=0.84, ttft_s=0.060, caching=False, seed=2)])
+    [rec] = hit_rates.habit_recommendations(res, resamples=200)
+    assert "hit rate 84 pp higher" in rec.sentence and "TTFT p50 94 ms lower" in rec.sentence
+    assert "+84 pp" not in rec.sentence and "-94 ms" not in rec.sentence
+    fig = tmp_path / "figures" / "ab_compare"
+    fig.mkdir(parents=True)
+    F.write_page_findings(res, "ab_compare", fig, ab=ab_compare.ab_table(res, resamples=200), resamples=200)
+    page = findings_html(tmp_path, ["ab_compare"])
+    assert "<th>TTFT p50</th>" in page and "<th>ttft_p50_s</th>" not in page
+    assert "% lower)" in page and not any(f"(+{n}" in page or f"(-{n}" in page for n in range(10))
+    assert ">by construction" in page and ">by_construction" not in page

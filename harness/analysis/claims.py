@@ -225,7 +225,7 @@ def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base:
                 if g[f"{col}_b"].median() else math.nan, include_groups=False).dropna()
             bad = by[by > 0.05]
             if len(bad) and not any(p.startswith(label + " worse") for p in parts):
-                parts.append(f"{label} " + ", ".join(f"{_signed_pct(v)} on {w}" for w, v in bad.items())
+                parts.append(f"{label} " + ", ".join(f"{_change_words(v)} on {w}" for w, v in bad.items())
                              + " (point estimates)")
         if "goodput_fraction_b" in pairs:
             gs, gb = pairs["goodput_fraction_s"].mean(), pairs["goodput_fraction_b"].mean()

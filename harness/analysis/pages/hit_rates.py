@@ -245,15 +245,17 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
         undecided: list[str] = []
         hit_v, ttft_v = e.hit.get("verdict"), e.ttft.get("verdict")
         pp = (e.hit_a - e.hit_b) * 100
-        hit_words = f"{pp:+.0f} pp hit rate"
+        hit_words = f"hit rate {abs(pp):.0f} pp {'higher' if pp > 0 else 'lower'}" if round(pp) else "hit rate unchanged"
         (decided if hit_v in ("worse", "better") else undecided).append(hit_words)
         a, b = e.ttft.get("a"), e.ttft.get("b")
         if a is not None and b is not None:
-            ttft_words = f"{(a - b) * 1000:+.0f} ms TTFT p50"
+            gain_ms = (a - b) * 1000
+            ttft_words = (f"TTFT p50 {abs(gain_ms):.0f} ms {'higher' if gain_ms > 0 else 'lower'}" if round(gain_ms)
+                          else "TTFT p50 unchanged")
             (decided if ttft_v in ("worse", "better") else undecided).append(ttft_words)
         cost = ""
         if e.preset and e.cost is not None and math.isfinite(e.cost["change"]) and e.cost["change"] > -1:
-            cost = f", {(1 / (1 + e.cost['change']) - 1) * 100:+.0f} % {e.preset} cost (priced)"
+            cost = f", {_change_words(1 / (1 + e.cost['change']) - 1, e.preset + ' cost')} (priced)"
         worse = "worse" in (hit_v, ttft_v)
         better = "better" in (hit_v, ttft_v) and not worse
         what = e.what[0].upper() + e.what[1:]
