@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import LoadPoint, point_meets_slo, predicted_point
-from kvscope.harness.analysis.common import _change_words, _derived, _ok_cells, _pct, _signed_pct, verdict_words
+from kvscope.harness.analysis.common import (
+    _change_words,
+    _derived,
+    _ok_cells,
+    _pct,
+    _signed_pct,
+    verdict_words,
+)
 from kvscope.harness.analysis.explain_experiment import explained_workloads
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
