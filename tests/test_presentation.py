@@ -169,3 +169,14 @@ def test_habit_recommendations_and_the_index_pivot_write_directions_and_metric_n
     assert "<th>TTFT p50</th>" in page and "<th>ttft_p50_s</th>" not in page
     assert "% lower)" in page and not any(f"(+{n}" in page or f"(-{n}" in page for n in range(10))
     assert ">by construction" in page and ">by_construction" not in page
+
+
+def test_the_figure_check_finds_a_series_missing_from_the_legend():
+    """One panel's legend standing for all: the configuration only the other panel ran is in no legend."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+    axes[0].plot([1, 2], [1, 2], label="no-prefix-cache")
+    axes[0].plot([1, 2], [2, 3], label="baseline")
+    axes[1].plot([1, 2], [1, 3], label="baseline")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1))
+    assert figure_layout_problems(fig) == ["'no-prefix-cache' not in the legend"]
+    plt.close(fig)

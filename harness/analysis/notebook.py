@@ -217,6 +217,7 @@ def figure_layout_problems(fig: Any) -> list[str]:
             scale = ax.get_yscale() if axis == "y" else ax.get_xscale()
             if _ZERO_BASED.search(label or "") and scale == "linear" and min(lim) > 0:
                 out.append(f"{name}: the {axis} axis ({label}) starts at {min(lim):.3g}, not at zero")
+    out += _missing_from_legend(fig)
     title = fig._suptitle  # matplotlib keeps the suptitle here, with no public getter
     if title is not None and title.get_text():
         tb = title.get_window_extent(renderer)
@@ -251,6 +252,22 @@ def wrap_title(fig: Any) -> None:
     if tops:
         title.set_verticalalignment("bottom")
         title.set_y(max(tops) / fig.bbox.height + 0.01)
+
+
+def _missing_from_legend(fig: Any) -> list[str]:
+    """Labelled series (a line, points or bars with a label of their own) that no legend of the figure names,
+    where the figure has a legend: one panel's legend standing for all of them drops the series it lacks."""
+    legends = [a.get_legend() for a in fig.axes if a.get_legend() is not None] + list(fig.legends)
+    if not legends:
+        return []
+    named = {t.get_text() for lg in legends for t in lg.get_texts()}
+    labels = []
+    for ax in fig.axes:
+        for artist in [*ax.get_lines(), *ax.collections, *ax.containers]:
+            label = str(artist.get_label())
+            if label and not label.startswith("_") and label not in named and label not in labels:
+                labels.append(label)
+    return [f"{', '.join(map(repr, labels[:3]))} not in the legend"] if labels else []
 
 
 def _overlap_px(a: Any, b: Any, px: float = 1.0) -> bool:
