@@ -180,3 +180,26 @@ def test_the_figure_check_finds_a_series_missing_from_the_legend():
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1))
     assert figure_layout_problems(fig) == ["'no-prefix-cache' not in the legend"]
     plt.close(fig)
+
+
+def test_point_labels_are_placed_only_where_they_fit_and_overlapping_ones_are_found():
+    from kvscope.harness.analysis.notebook import annotate_points
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax in axes:
+        ax.plot([1, 1.01, 2], [1, 1.01, 2], "o")
+    points = [(1, 1, "sweep-c4 · 100%"), (1.01, 1.01, "sweep-c5 · 100%"), (2, 2, "sweep-c7 · 84%")]
+    for x, y, text in points:  # every label placed: the first two collide, the last leaves the panel
+        axes[0].annotate(text, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    fig.canvas.draw()
+    assert any("point labels overlap" in p for p in figure_layout_problems(fig))
+    for t in list(axes[0].texts):
+        t.remove()
+    assert annotate_points(axes[1], points) == 1  # the second overlaps the first, the third leaves the panel
+    assert figure_layout_problems(fig) == []
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(4, 2))
+    axes[1].set_ylabel("TTFT p90 (ms), a label wide enough to reach the next panel")
+    axes[1].yaxis.label.set_rotation(0)
+    assert any("runs into another panel" in p for p in figure_layout_problems(fig))
+    plt.close(fig)

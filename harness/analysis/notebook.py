@@ -39,8 +39,8 @@ from IPython.display import HTML, Image, Markdown, display  # noqa: E402
 from kvscope.harness.analysis.glossary import column_words, load_words  # noqa: E402
 from kvscope.harness.results.loaders import ExperimentResults, load_results  # noqa: E402
 
-__all__ = ["NotebookSetup", "Path", "display", "display_markdown", "figure_layout_problems", "load_results", "pd",
-           "plt", "setup_notebook", "sns", "table_html"]
+__all__ = ["NotebookSetup", "Path", "annotate_points", "display", "display_markdown", "figure_layout_problems",
+           "load_results", "pd", "plt", "setup_notebook", "sns", "table_html"]
 
 FIGURE_DPI = 110
 
@@ -208,6 +208,15 @@ def figure_layout_problems(fig: Any) -> list[str]:
             clash = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if _overlap_px(a[1], b[1])]
             if clash:
                 out.append(f"{name}: {which} labels overlap ({clash[0][0]!r} and {clash[0][1]!r})")
+        notes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_visible() and t.get_text()]
+        clash = [(a[0], b[0]) for i, a in enumerate(notes) for b in notes[i + 1:] if _overlap_px(a[1], b[1])]
+        if clash:
+            out.append(f"{name}: point labels overlap ({clash[0][0]!r} and {clash[0][1]!r})")
+        others = [o for o in fig.axes if o is not ax and o.get_visible()]
+        for label in (ax.yaxis.label, ax.xaxis.label):
+            if label.get_text() and any(_overlap_px(label.get_window_extent(renderer), o.get_window_extent(renderer))
+                                        for o in others):
+                out.append(f"{name}: the axis label {label.get_text()!r} runs into another panel")
         legend = ax.get_legend()
         if legend is not None and legend.get_visible():
             lb = legend.get_window_extent(renderer)
@@ -252,6 +261,23 @@ def wrap_title(fig: Any) -> None:
     if tops:
         title.set_verticalalignment("bottom")
         title.set_y(max(tops) / fig.bbox.height + 0.01)
+
+
+def annotate_points(ax: Any, points: list[tuple[float, float, str]], fontsize: float = 7) -> int:
+    """Label points of ``ax`` (x, y, text) where a label fits: one that would overlap a label already placed or
+    leave the panel is left out (the page's table holds every value). Returns how many were placed."""
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    for x, y, text in points:
+        note = ax.annotate(text, (x, y), fontsize=fontsize, xytext=(3, 3), textcoords="offset points")
+        box = note.get_window_extent(renderer)
+        inside = box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
+        if not inside or any(_overlap_px(box, other) for other in placed):
+            note.remove()
+        else:
+            placed.append(box)
+    return len(placed)
 
 
 def _missing_from_legend(fig: Any) -> list[str]:
