@@ -178,7 +178,7 @@ def test_speculative_payoff_follows_the_verdicts_not_the_point_estimate(traces):
     found = speculative.speculative_findings(res, ab)
     words = " ".join(f.sentence for f in found)
     assert "pays off" not in words.replace("no decided payoff", "")
-    assert "ran once per side" in words and re.search(r"What gets worse: TTFT p50 \+\d+ % on agent", words)
+    assert "ran once per side" in words and re.search(r"What gets worse: TTFT p50 \d+ % higher on agent", words)
     [rec] = [f for f in found if f.question == "recommendation"]
     assert rec.sentence.startswith("ngram: inconclusive") and "only if throughput-bound" in rec.sentence
     assert _by_claim(found) == {"speculative:ngram": {"inconclusive"}}
@@ -288,7 +288,7 @@ def test_a_habit_recommendation_needs_a_decided_verdict(traces):
     once = _results(traces, [_trace_cell(traces, "agent", "apc", seed=1),
                              _trace_cell(traces, "agent-ts", "apc", ttft_s=0.15, seed=2)])
     [rec] = hit_rates.habit_recommendations(once, resamples=RESAMPLES)
-    assert "TTFT p50 (inconclusive)" in rec.sentence or rec.claim_value == "inconclusive"
+    assert re.search(r"TTFT p50 \d+ ms lower \(inconclusive\)", rec.sentence) or rec.claim_value == "inconclusive"
 
 
 def test_session_hit_rates_are_one_row_per_session_and_their_spread_beside_the_pooled_rate(traces):

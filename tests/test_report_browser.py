@@ -193,3 +193,49 @@ def test_the_index_states_the_driven_capacity_the_scale_and_self_hosted_cost(chr
     assert "Scale: agent ran at prompt scale 0.02, outputs 0.15, contexts capped at 1,500 tokens" in text
     assert "self-hosted on a 2-core CPU VM at $0.10 an hour: $0.33 per 1,000 sessions" in text
     assert "GPU-hour" not in text
+
+
+def test_figures_and_tables_are_checked_for_legibility_on_a_rendered_page(chromium, tmp_path):
+    """Issue 37's presentation faults on one rendered page: x labels that overlap, a legend on the lines, a hit-rate
+    axis zoomed to 82.78-82.86 %, a table with pandas' row numbers and -2.22e-16. The notebook's `save` says each
+    figure fault under its figure and the browser check reports it; the report's own table (`table_html`) of the
+    same filtered frame shows neither the row numbers nor the noise, and a clean figure passes."""
+    import nbformat
+    from kvscope.harness.report.render import run_notebook
+
+    from tests.doubles.scratch_notebook import write_report_notebook
+
+    bad_figure = (
+        "fig, ax = plt.subplots(figsize=(3, 2))\n"
+        "ax.plot(range(12), [0.8278 + 0.00007 * i for i in range(12)], label='measured')\n"
+        "ax.set_xticks(range(12)); ax.set_xticklabels([f'sweep-c{i}-level' for i in range(12)])\n"
+        "ax.set_ylabel('hit rate'); ax.legend(loc='center')\n"
+        "save(fig, 'crowded')")
+    clean_figure = (
+        "fig, ax = plt.subplots(figsize=(6, 3))\n"
+        "ax.plot([1, 2, 4], [0.5, 0.6, 0.9], label='measured'); ax.set_ylim(0, 1); ax.set_ylabel('hit rate')\n"
+        "ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1))\n"
+        "save(fig, 'clean')")
+    table = ("df = pd.DataFrame({'load': ['c2', 'sweep-c5', 'c4'], 'diff_pp': [-2.22e-16, 1.5, 0.25]})"
+             ".sort_values('diff_pp')\n")
+    nb_dir = tmp_path / "nbs"
+    for name, cells in (("bad", [bad_figure, table + "from IPython.display import HTML\ndisplay(HTML(df.to_html()))"]),
+                        ("good", [clean_figure, table + "display(df)"])):
+        write_report_notebook(nb_dir, name, [
+            nbformat.v4.new_code_cell("from kvscope.harness.analysis.notebook import display, pd, plt, setup_notebook\n"
+                                      f"res, FIG, save = setup_notebook('{name}', experiment_dir, figures_dir)"),
+            *map(nbformat.v4.new_code_cell, cells)])
+    out = tmp_path / "report"
+    for name in ("bad", "good"):
+        r = run_notebook(name, out, {"experiment_dir": "", "figures_dir": str(out / "figures" / name)},
+                         notebooks_dir=nb_dir)
+        assert r.ok, r.error
+    (out / "index.html").write_text('<!doctype html><meta charset=utf-8><a href="bad.html">b</a>')
+    checks = {c.page: c for c in check_report_pages(out)}
+    bad, good = checks["bad.html"], checks["good.html"]
+    layout = " ".join(bad.figure_layout)
+    assert "x labels overlap" in layout and "the legend covers data" in layout and "not at zero" in layout
+    assert bad.index_columns == ["table 1"] and bad.float_noise == ["-2.22e-16"]
+    assert any("figure layout problems" in p for p in bad.problems)
+    assert good.problems == [] and good.images == 1
+    assert "sweep-c5: capacity sweep, 5 sessions in flight" in good.visible_text  # raw keys explained

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 from kvscope.harness.analysis.capacity import (Capacity, LoadPoint, capacity_from_points, point_meets_slo,
                                                predicted_point, under_driven)
-from kvscope.harness.analysis.common import _derived, _ok_cells, _pct, _signed_pct
+from kvscope.harness.analysis.common import _change_words, _derived, _ok_cells, _pct, _signed_pct, verdict_words
 from kvscope.harness.analysis.explain_experiment import cell_eviction
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
@@ -150,8 +150,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
             value = "inconclusive"
         word = {"pays": "pays off", "does_not_pay": "does not pay off", "mixed": "pays off in some comparisons "
                 "and costs in others", "inconclusive": "has no decided payoff"}[value]
-        words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
-                          if counts.get(v))
+        words = verdict_words(counts)
         median = float(thr["relative"].median()) if thr["relative"].notna().any() else math.nan
         decided = thr[thr["verdict"].isin(["better", "worse"])]
         where = "; ".join(f"{r.verdict} on {r.workload} at {r.load} ({_signed_pct(r.relative)})"
@@ -160,7 +159,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
         once_words = (f"; {len(once)} of them ran once per side (no run-to-run noise measured, so their "
                       "verdicts stay inconclusive)" if len(once) else "")
         sentence = (f"{server} {word} against {base}: output throughput verdicts over {n} workload × load "
-                    f"comparisons: {words} (median {_signed_pct(median)}{'; ' + where if where else ''})"
+                    f"comparisons: {words} (median {_change_words(median)}{'; ' + where if where else ''})"
                     f"{once_words}.")
         worse_words = _what_gets_worse(res, t, server, base)
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
@@ -176,14 +175,14 @@ def speculative_recommendation(claim: Claim) -> Finding:
     server = claim.key.split(":", 1)[1]
     n = claim.numbers
     counts = f"{int(n['better'] or 0)} of {int(n['comparisons'] or 0)} throughput comparisons decided better"
-    median = _signed_pct(n.get("median_throughput_change"))
+    median = _change_words(n.get("median_throughput_change"))
     cost = f"; it costs {claim.worse}" if claim.worse else ""
-    text = {"pays": f"Use {server}: output throughput {median} median ({counts}, none worse){cost}.",
+    text = {"pays": f"Use {server}: output throughput {median} (median; {counts}, none worse){cost}.",
             "does_not_pay": f"Leave {server} off: its output throughput is not better ({counts}, median "
                             f"{median}){cost}.",
             "mixed": f"{server}: mixed — better in some comparisons and worse in others ({counts}, median "
                      f"{median}){cost}; decide per workload.",
-            "inconclusive": f"{server}: inconclusive — output throughput {median} median but only {counts}; "
+            "inconclusive": f"{server}: inconclusive — output throughput {median} (median) but only {counts}; "
                             f"turn it on only if throughput-bound{cost}."}[claim.value]
     return Finding(question="recommendation", sentence=text, numbers=claim.numbers, notebook="speculative",
                    figure="acceptance_and_tpot", claim=claim.key, claim_value=claim.value)
@@ -206,7 +205,7 @@ def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base:
                 if g[f"{col}_b"].median() else math.nan, include_groups=False).dropna()
             bad = by[by > 0.05]
             if len(bad) and not any(p.startswith(label + " worse") for p in parts):
-                parts.append(f"{label} " + ", ".join(f"{_signed_pct(v)} on {w}" for w, v in bad.items())
+                parts.append(f"{label} " + ", ".join(f"{_change_words(v)} on {w}" for w, v in bad.items())
                              + " (point estimates)")
         if "goodput_fraction_b" in pairs:
             gs, gb = pairs["goodput_fraction_s"].mean(), pairs["goodput_fraction_b"].mean()

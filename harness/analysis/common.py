@@ -21,6 +21,7 @@ from kvscope.harness.analysis.ab import Run
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.pricing.provider_cache import simulate_provider
 from kvscope.harness.results.loaders import CELL_COLUMNS, ExperimentResults, load_run_manifest
+from kvscope.harness.results.selection import Selection, Statement, sorted_loads
 from kvscope.harness.results.summary import cell_columns
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
@@ -105,11 +106,68 @@ def _caching_server(res: ExperimentResults) -> str | None:
 
 
 def _load_order(res: ExperimentResults) -> list[str]:
+    """The load levels that ran, in numeric order (``sweep-c12`` after ``sweep-c5``)."""
+    c = _ok_cells(res)
+    return sorted_loads(c["load"].astype(str)) if len(c) else []
+
+
+def stated(st: Statement) -> str:
+    """A statement's number as every sentence and title writes it (the claims audit looks for these words)."""
+    v = st.value
+    if st.metric in ("ttft_p50_s", "ttft_p90_s"):
+        return _ms(v) + " ms"
+    if st.metric in ("hit_rate", "slo_share"):
+        return _pct(v)
+    return _change_words(v)
+
+
+def _change_words(rel: float | None, noun: str = "") -> str:
+    """A relative change in words, never a bare sign: ``1 % lower``, ``60 % higher``, ``unchanged``."""
+    if rel is None or not math.isfinite(rel):
+        return "–"
+    if round(abs(rel) * 100) == 0:
+        return f"{noun + ' ' if noun else ''}unchanged"
+    return f"{noun + ' ' if noun else ''}{abs(rel) * 100:.0f} % {'higher' if rel > 0 else 'lower'}"
+
+
+def verdict_words(counts: Any) -> str:
+    """Verdict counts as words, each direction named for what it means (``counts``: verdict -> count):
+    ``verdicts: 1 better, 3 inconclusive`` — "better" is the verdict engine's, after the metric's direction
+    (lower TTFT, higher throughput), so it never reads against the sign of a change."""
+    words = [f"{int(counts[v])} {v.replace('_', ' ')}" for v in ("better", "worse", "equivalent", "inconclusive",
+                                                                "by_construction") if counts.get(v)]
+    return "verdicts: " + (", ".join(words) if words else "none")
+
+
+def pooled_words(res: ExperimentResults, *over: str) -> str:
+    """What a distribution figure pools, in its title's words: ``pooled over 4 workloads and 5 load levels (a
+    distribution, not a comparison)``; empty where the experiment has one of each (``over``: ``workload``,
+    ``load``: the dimensions the figure does not separate)."""
     c = _ok_cells(res)
     if not len(c):
-        return []
-    value = c["load"].astype(str).str.extract(r"(\d+\.?\d*)")[0].astype(float)
-    return list(dict.fromkeys(c.assign(_v=value).sort_values("_v")["load"].astype(str)))
+        return ""
+    sel = Selection(servers=("all",),
+                    workloads=tuple(dict.fromkeys(map(str, c["workload"]))) if "workload" in over else ("one",),
+                    loads=tuple(sorted_loads(c["load"].astype(str))) if "load" in over else ("one",),
+                    distribution_over=tuple(over))  # type: ignore[arg-type]
+    words = sel.words()
+    return words[words.index("pooled over"):] if "pooled over" in words else ""
+
+
+def selected_requests(res: ExperimentResults, sel: Selection) -> pd.DataFrame:
+    """The successful requests of a selection (its servers, workloads and load levels)."""
+    ok = res.ok_requests()
+    return ok[ok["server"].astype(str).isin(sel.servers) & ok["workload"].astype(str).isin(sel.workloads)
+              & ok["load"].astype(str).isin(sel.loads)]
+
+
+def one_selection(res: ExperimentResults, server: str, workload: str, load: str) -> Selection:
+    """One configuration × workload × load level, with the number of repeats that ran it."""
+    c = _ok_cells(res)
+    repeats = c[(c["server"].astype(str) == server) & (c["workload"].astype(str) == workload)
+                & (c["load"].astype(str) == load)]
+    n = int(repeats["repeat"].nunique()) if "repeat" in repeats and len(repeats) else None
+    return Selection(servers=(server,), workloads=(workload,), loads=(load,), repeats=n)
 
 
 def _runs(res: ExperimentResults, server: str, workload: str, load: str) -> list[Run]:
@@ -156,14 +214,33 @@ def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
       answer for a caching-off server; equal to the prediction where caching is on).
 
     ``requests`` counts the trace's distinct requests once, however many load levels and repeats replayed it
-    (``replays`` says how many cells were pooled), so pooling loads does not double the count.
+    (``replays`` says how many cells were pooled), so pooling loads does not double the count. Pooled over load
+    levels: a table of the whole run, never the source of a sentence comparing workloads (their levels differ;
+    sentences read :func:`hit_by_workload_load`).
     """
-    cols = ["server", "workload", "requests", "replays", "prompt_tokens", "measured", "predicted_by_simulator",
+    return _hit_rates(res, ["server", "workload"])
+
+
+def hit_by_workload_load(res: ExperimentResults) -> pd.DataFrame:
+    """:func:`hit_by_workload` per load level too (one row per server × workload × load, in numeric load order),
+    the table every hit-rate sentence and title reads: a hit rate depends on the load (eviction), so two
+    workloads are compared at stated levels."""
+    t = _hit_rates(res, ["server", "workload", "load"])
+    if not len(t):
+        return t
+    order = {lv: i for i, lv in enumerate(sorted_loads(t["load"]))}
+    return t.assign(_o=t["load"].map(order)).sort_values(["server", "workload", "_o"], kind="stable") \
+        .drop(columns="_o").reset_index(drop=True)
+
+
+def _hit_rates(res: ExperimentResults, keys: list[str]) -> pd.DataFrame:
+    cols = [*keys, "requests", "replays", "prompt_tokens", "measured", "predicted_by_simulator",
             "would_hit_with_caching"]
     ok = res.ok_requests()
     if not len(ok):
         return pd.DataFrame(columns=cols)
-    g = ok.groupby(["server", "workload"], sort=False).agg(
+    ok = ok.assign(load=ok["load"].astype(str))
+    g = ok.groupby(keys, sort=False).agg(
         prompt_tokens=("prompt_tokens", "sum"), cached=("cached_tokens", "sum"),
         predicted=("predicted_cached_tokens", "sum"), requests=("request_id", "nunique"),
         replays=("cell", "nunique")).reset_index()
@@ -172,16 +249,32 @@ def hit_by_workload(res: ExperimentResults) -> pd.DataFrame:
     c = res.cells
     if "would_hit" in c:  # a per-cell token-weighted ratio: weight it by the cell's prompt tokens
         tokens = ok.groupby("cell")["prompt_tokens"].sum()
-        c = c.assign(_n=c["cell"].map(tokens).astype(float))
+        c = c.assign(_n=c["cell"].map(tokens).astype(float), load=c["load"].astype(str))
         w = c.assign(_w=c["would_hit"].astype(float) * c["_n"]).dropna(subset=["_w"]).groupby(
-            ["server", "workload"], sort=False).agg(_w=("_w", "sum"), _n=("_n", "sum")).reset_index()
+            keys, sort=False).agg(_w=("_w", "sum"), _n=("_n", "sum")).reset_index()
         w["would_hit_with_caching"] = _ratio(w["_w"], w["_n"])
-        g = g.merge(w[["server", "workload", "would_hit_with_caching"]], on=["server", "workload"], how="left")
+        g = g.merge(w[[*keys, "would_hit_with_caching"]], on=keys, how="left")
     else:
         g["would_hit_with_caching"] = math.nan
     on = g["would_hit_with_caching"].isna()
     g.loc[on, "would_hit_with_caching"] = g.loc[on, "predicted_by_simulator"]
     return g[cols]
+
+
+def workload_levels(res: ExperimentResults, server: str | None = None, highest: bool = False
+                    ) -> list[tuple[str, str]]:
+    """(workload, load) for each workload at the lowest load level it ran (on ``server`` if given; ``highest``:
+    the highest level): the level a per-workload sentence is stated at, and names. Per workload, because a
+    sweep's levels hold only its own workload."""
+    c = _ok_cells(res)
+    if server is not None and len(c):
+        c = c[c["server"].astype(str) == server]
+    out = []
+    for workload in dict.fromkeys(map(str, c["workload"])) if len(c) else []:
+        levels = sorted_loads(c[c["workload"].astype(str) == workload]["load"].astype(str))
+        if levels:
+            out.append((workload, levels[-1] if highest else levels[0]))
+    return out
 
 
 LATENCY_THROUGHPUT_COLUMNS = ["server", "workload", "load", "load_value", "repeats", "output_tok_per_s",

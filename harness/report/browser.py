@@ -4,7 +4,10 @@ Checks on the page source (``"<table" in html``) passed while every page showed 
 the report is checked as a reader sees it: each page is loaded in headless Chromium from disk, and the
 check reads what the browser made of it — the visible text (``document.body.innerText``), the decoded
 images (``naturalWidth``), the table DOM (headers; no table wider than its box or the page; no table pandas
-cut to "N rows × M columns"), the browser console and the page's global scope (a planted
+cut to "N rows × M columns"; no pandas row numbers shown as a column; no float noise such as ``-2.22e-16``), the
+figures' layout checks the notebooks showed under any figure that failed them
+(`analysis.notebook.figure_layout_problems`: overlapping labels, a legend on the data, a share's axis not from
+zero), the browser console and the page's global scope (a planted
 payload sets ``window.__pwned`` if it ever runs). A full-width screenshot of each page is kept beside the
 report (``report/screenshots/<page>.png``) for a person to look at.
 
@@ -37,6 +40,10 @@ ESCAPED_MARKUP = re.compile(
     r"|&(lt|gt|amp|quot);",
     re.IGNORECASE)
 
+# A table cell that is float noise: a number within 1e-9 of zero written in exponent form (``-2.22e-16``), or a
+# binary-fraction tail (``0.30000000000000004``).
+FLOAT_NOISE = re.compile(r"^[-+]?\d(\.\d+)?e-(0*(9|[1-9]\d+))$|^[-+]?\d*\.\d*(0{6,}|9{6,})\d$", re.IGNORECASE)
+
 # What pandas prints under a table it cut to `display.max_rows` / `max_columns`.
 TRUNCATED_TABLE = re.compile(r"\d[\d,]* rows × \d[\d,]* columns")
 
@@ -55,6 +62,16 @@ return {
     return (width > box.clientWidth + 1 || right > page + 1)
       ? `table ${i + 1}: ${Math.round(width)} px in a ${box.clientWidth} px box` : null;
   }).filter(x => x !== null),
+  // pandas' row numbers shown as a column: an empty corner header over integer row headers
+  index_columns: Array.from(document.querySelectorAll('table')).map((t, i) => {
+    const corner = t.querySelector('thead tr th');
+    const rows = Array.from(t.querySelectorAll('tbody tr'));
+    const heads = rows.map(r => r.firstElementChild).filter(c => c && c.tagName === 'TH');
+    return (corner && corner.innerText.trim() === '' && rows.length && heads.length === rows.length &&
+            heads.every(h => /^\\d+$/.test(h.innerText.trim()))) ? `table ${i + 1}` : null;
+  }).filter(x => x !== null),
+  cells: Array.from(document.querySelectorAll('td')).map(c => c.innerText.trim()),
+  layout_problems: Array.from(document.querySelectorAll('.kvs-layout-problem')).map(p => p.innerText),
   pwned: typeof window.__pwned !== 'undefined',
   height: Math.max(document.body ? document.body.scrollHeight : 0, document.documentElement.scrollHeight),
 };
@@ -76,6 +93,9 @@ class PageCheck:
     truncated_tables: list[str] = field(default_factory=list)  # pandas' "N rows × M columns" of a cut table
     console_errors: list[str] = field(default_factory=list)
     script_ran: bool = False  # window.__pwned was set: a planted payload executed
+    index_columns: list[str] = field(default_factory=list)  # tables showing pandas' row numbers as a column
+    float_noise: list[str] = field(default_factory=list)  # cells such as -2.22e-16
+    figure_layout: list[str] = field(default_factory=list)  # the notebooks' figure layout checks that failed
     visible_text: str = field(default="", repr=False)  # document.body.innerText
 
     @property
@@ -95,6 +115,12 @@ class PageCheck:
             out.append(f"console errors: {self.console_errors[:3]}")
         if self.script_ran:
             out.append("a script planted in the data ran (window.__pwned is set)")
+        if self.index_columns:
+            out.append(f"row numbers shown as a column in {', '.join(self.index_columns[:3])}")
+        if self.float_noise:
+            out.append(f"{len(self.float_noise)} table cells of float noise, e.g. {self.float_noise[:3]}")
+        if self.figure_layout:
+            out.append(f"{len(self.figure_layout)} figure layout problems, e.g. {self.figure_layout[:3]}")
         return [f"{self.page}: {p}" for p in out]
 
 
@@ -153,7 +179,9 @@ def _check_page(driver: Any, page: Path, screenshots: Path) -> PageCheck:
         tables_without_headers=int(facts["headless_tables"]), console_errors=console,
         overflowing_tables=list(facts["overflowing_tables"]),
         truncated_tables=TRUNCATED_TABLE.findall(facts["text"]),
-        script_ran=bool(facts["pwned"]), visible_text=facts["text"])
+        script_ran=bool(facts["pwned"]), visible_text=facts["text"],
+        index_columns=list(facts["index_columns"]), float_noise=[c for c in facts["cells"] if FLOAT_NOISE.match(c)],
+        figure_layout=list(facts["layout_problems"]))
 
 
 def check_report_pages(report_dir: str | Path, pages: list[Path] | None = None) -> list[PageCheck]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from kvscope.harness.analysis.glossary import TERMS
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.report.notebooks import page_by_name, page_names
@@ -328,6 +329,12 @@ def _fmt(x: Any, kind: str) -> str:
     return html.escape(str(x))
 
 
+def glossary_html() -> str:
+    """The report's words (`analysis.glossary`), one definition each, as every page uses them."""
+    items = "".join(f"<dt><b>{html.escape(term)}</b></dt><dd>{html.escape(words)}</dd>" for term, words in TERMS.items())
+    return f'<h2 id="glossary">Words used in this report</h2><dl class="glossary">{items}</dl>'
+
+
 def write_index(res, report_dir: Path, results: list[NotebookResult]) -> Path:
     e = html.escape
     cells = res.cells
@@ -383,6 +390,7 @@ figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{
 <p>Run directory: <code>{e(str(res.root))}</code> — {len(cells)} cells, {len(res.requests)} request records.</p>
 {warn}
 {on_gpu_html(res)}
+{glossary_html()}
 <h2>Reports</h2><ul>{''.join(links)}</ul>
 <h2>Key figures</h2>{''.join(figs) or '<p>none</p>'}
 <h2>Cells</h2>

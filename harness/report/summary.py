@@ -13,6 +13,7 @@ import html
 from pathlib import Path
 
 from kvscope.harness.results.findings_file import FINDINGS_NAME, Finding, FindingsFile, load_findings_file
+from kvscope.harness.results.summary import compared_statistic
 
 HEADLINE_QUESTIONS = ("recommendation", "habit", "capacity", "cost", "speculative", "ab")
 QUESTION_TITLES = {"recommendation": "Recommendations (from decided verdicts only)",
@@ -47,19 +48,35 @@ def _pivot_html(files: list[FindingsFile]) -> str:
     metrics = list(dict.fromkeys(v.metric for v in cells))
     pairs = list(dict.fromkeys(v.pair for v in cells))
     by = {(v.pair, v.metric): v for v in cells}
-    head = "<tr><th>pair (A → B · workload · load)</th>" + "".join(f"<th>{e(m)}</th>" for m in metrics) + "</tr>"
+    head = "<tr><th>pair (A → B · workload · load)</th>" + "".join(f"<th>{e(_metric_words(m))}</th>" for m in metrics) \
+        + "</tr>"
     rows = []
     for p in pairs:
         tds = []
         for m in metrics:
             v = by.get((p, m))
-            rel = "" if v is None or v.relative is None else f" ({v.relative * 100:+.0f} %)"
+            rel = "" if v is None or v.relative is None else f" ({_direction(v.relative)})"
             flag = "" if v is None or not v.data_quality else f' <span title="{e(v.data_quality)}">⚑</span>'
-            tds.append("<td></td>" if v is None else f'<td class="v-{e(v.verdict)}">{e(v.verdict)}{rel}{flag}</td>')
+            tds.append("<td></td>" if v is None else
+                       f'<td class="v-{e(v.verdict)}">{e(v.verdict.replace("_", " "))}{rel}{flag}</td>')
         rows.append(f"<tr><td>{e(p)}</td>{''.join(tds)}</tr>")
     csv = next((f.verdicts_csv for f in files if f.verdicts_csv), None)
     link = f' <a href="{e(csv)}">full verdict table (CSV)</a>' if csv else ""
     return f"<h3>A/B verdicts, pivoted</h3><table>{head}{''.join(rows)}</table><p>{link}</p>"
+
+
+def _metric_words(metric: str) -> str:
+    """A compared metric by its registered display name (``output throughput``), never its key."""
+    stat = compared_statistic(metric)
+    return metric if stat is None else stat.display
+
+
+def _direction(relative: float) -> str:
+    """B's change against A in words: ``10 % lower``, ``94 % higher``, ``unchanged`` (the verdict beside it says
+    whether that is better, after the metric's direction)."""
+    if round(abs(relative) * 100) == 0:
+        return "unchanged"
+    return f"{abs(relative) * 100:.0f} % {'higher' if relative > 0 else 'lower'}"
 
 
 def findings_html(report_dir: Path, order: list[str]) -> str:

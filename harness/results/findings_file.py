@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.harness.common.errors import KvscopeError
+from kvscope.harness.results.selection import Statement
 from kvscope.workloads.versioned_file import VersionedFile, read_versioned, write_versioned
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +41,9 @@ class Finding(BaseModel):
     #: so a test can check that no two pages contradict each other.
     claim: str | None = None
     claim_value: str | None = None
+    #: The numbers of the sentence with the records each comes from (`results.selection`): what the claims
+    #: audit (`kvscope.harness.analysis.audit`) recomputes from requests.parquet. Optional (older files lack it).
+    statements: list[Statement] = Field(default_factory=list)
 
     @property
     def page(self) -> str:

@@ -20,12 +20,19 @@ from kvscope.harness.analysis.ab import (
     outlier_repeats,
     run_statistics,
 )
-from kvscope.harness.analysis.common import RESAMPLES, _derived, _ok_cells, _runs, _signed_pct
+from kvscope.harness.analysis.common import (
+    RESAMPLES,
+    _change_words,
+    _derived,
+    _ok_cells,
+    _runs,
+    verdict_words,
+)
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding, VerdictCell
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.summary import Use, compared_statistics
+from kvscope.harness.results.summary import Use, compared_statistic, compared_statistics
 
 
 def _names(use: Use) -> tuple[str, ...]:
@@ -187,10 +194,11 @@ def ab_findings(table: pd.DataFrame) -> list[Finding]:
             if not len(m):
                 continue
             counts = m["verdict"].value_counts()
-            words = ", ".join(f"{v} {counts[v]}" for v in ("better", "worse", "equivalent", "inconclusive",
-                                                           "by_construction") if counts.get(v))
             rel = m["relative"].median()
-            parts.append(f"{metric} {_signed_pct(rel)} median ({words})")
+            stat = compared_statistic(metric)
+            # words, not keys or bare signs: "output throughput 5 % higher (median; verdicts: 1 better, …)"
+            parts.append(f"{metric if stat is None else stat.display} {_change_words(rel)} (median; "
+                         f"{verdict_words(counts)})")
         n = g.groupby(["workload", "load"]).ngroups
         out.append(Finding(question="ab", notebook="ab_compare", figure="forest_relative_changes",
                            sentence=f"{b} against {a} over {n} workload × load comparisons: " + "; ".join(parts) + ".",

@@ -11,12 +11,13 @@ import pandas as pd
 from kvscope.harness.analysis.capacity import (SHORTFALL_TOLERANCE, LoadPoint, kv_ceiling, point_holds,
                                                point_meets_slo, predicted_point, under_driven, unloaded_point)
 from kvscope.harness.analysis.claims import capacity_claims, eviction_claim, sweep_capacity
-from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells
+from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells, one_selection
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.gpus import load_gpus
 from kvscope.harness.cachemodel.kv_memory import get_preset, kv_bytes_for_sequence, kv_bytes_per_token
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.selection import Statement, load_value
 
 
 def capacity_table(res: ExperimentResults) -> pd.DataFrame:
@@ -282,25 +283,28 @@ def capacity_planning_pivot(plan: pd.DataFrame) -> pd.DataFrame:
 
 
 def capacity_by_level(res: ExperimentResults) -> pd.DataFrame:
-    """Per server and load level: TTFT p90 over all its requests, preemptions, and whether the level meets the
-    SLO by the sweeps' rule (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`: TTFT p90 within the
-    SLO and no preemption)."""
+    """Per server, workload and load level: TTFT p90 over its requests (repeats pooled, counted in
+    ``repeats``), preemptions, and whether the level meets the SLO by the sweeps' rule
+    (:func:`~kvscope.harness.analysis.capacity.point_meets_slo`: TTFT p90 within the SLO and no preemption).
+    Never pooled over workloads: a level's p90 over three workloads is none of theirs."""
     ok = res.ok_requests()
     slo_ms = res.spec.slo.ttft_ms if res.spec is not None else None
     if not len(ok):
         return pd.DataFrame()
     curve = load_curve(res)
     rows = []
-    for (server, load), g in ok.groupby(["server", "load"], sort=False):
-        c = curve[(curve["server"] == server) & (curve["load"] == load)] if len(curve) else curve
+    for (server, workload, load), g in ok.groupby(["server", "workload", "load"], sort=False):
+        c = curve[(curve["server"] == server) & (curve["workload"] == workload) & (curve["load"] == load)] \
+            if len(curve) else curve
         p90 = float(np.percentile(g["ttft_s"].astype(float), 90))
         preemptions = float(c["preemptions"].fillna(0).sum()) if len(c) and "preemptions" in c else 0.0
-        point = LoadPoint(load=float(c["load_value"].iloc[0]) if len(c) else math.nan, ttft_p90_s=p90,
-                          preemptions=preemptions)
-        rows.append({"server": server, "load": str(load), "load_value": point.load, "ttft_p90_s": p90,
+        point = LoadPoint(load=float(c["load_value"].iloc[0]) if len(c) else load_value(str(load)),
+                          ttft_p90_s=p90, preemptions=preemptions)
+        rows.append({"server": server, "workload": workload, "load": str(load), "load_value": point.load,
+                     "repeats": int(g["repeat"].nunique()) if "repeat" in g else None, "ttft_p90_s": p90,
                      "requests": len(g), "preemptions": preemptions,
                      "meets_slo": point_meets_slo(point, math.inf if slo_ms is None else slo_ms)})
-    return pd.DataFrame(rows).sort_values(["server", "load_value"]).reset_index(drop=True)
+    return pd.DataFrame(rows).sort_values(["server", "workload", "load_value"]).reset_index(drop=True)
 
 
 def capacity_findings(res: ExperimentResults) -> list[Finding]:
@@ -332,13 +336,24 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
                                  "a capacity needs a sweep of several levels up to where the SLO breaks.")]
     out = []
     for server, g in levels.groupby("server", sort=False):
+        if g.groupby("workload")["load"].nunique().max() < 2:  # levels only across workloads: no curve of any
+            out.append(Finding(question="capacity", notebook="concurrency", figure="latency_throughput",
+                               numbers={"load_levels": 1.0},
+                               sentence=f"{server}'s capacity is not measured: it ran one load level per workload "
+                                        f"({', '.join(f'{w} at {lv}' for w, lv in zip(g['workload'], g['load']))}); "
+                                        "levels of different workloads are not one curve."))
+    for (server, workload), g in levels.groupby(["server", "workload"], sort=False):
+        if len(g) < 2:  # one level of this workload: no curve, no capacity (the other workloads' levels are not its)
+            continue
         meeting = g[g["meets_slo"]]
         top = g.iloc[-1]
         slo = f"TTFT p90 ≤ {slo_ms:.0f} ms" if slo_ms else "no TTFT SLO set"
+        fixed = ", the spec's fixed SLO" if slo_ms else ""
         if not len(meeting):
-            s = (f"{server} misses {slo} even at the lowest load ({g.iloc[0]['load']}: "
-                 f"{_ms(g.iloc[0]['ttft_p90_s'])} ms).")
+            s = (f"{server} misses {slo} even at the lowest load of {workload} ({g.iloc[0]['load']}: "
+                 f"{_ms(g.iloc[0]['ttft_p90_s'])} ms{fixed}).")
             cap = None
+            stated_row = g.iloc[0]
         else:
             best = meeting.iloc[-1]
             cap = float(best["load_value"])
@@ -348,10 +363,14 @@ def capacity_findings(res: ExperimentResults) -> list[Finding]:
                     f"; at {above.iloc[0]['load']} it preempts ({above.iloc[0]['preemptions']:.0f} preemptions)"
                     if len(above) and above.iloc[0]["preemptions"] else
                     f"; at {top['load']} TTFT p90 is {_ms(top['ttft_p90_s'])} ms")
-            s = f"{server} holds load {best['load']} at {slo} (p90 {_ms(best['ttft_p90_s'])} ms){tail}."
+            s = (f"{server} holds load {best['load']} at {slo} on {workload} (p90 {_ms(best['ttft_p90_s'])} ms"
+                 f"{fixed}){tail}.")
+            stated_row = best
+        statement = Statement(metric="ttft_p90_s", value=float(stated_row["ttft_p90_s"]),
+                              selection=one_selection(res, str(server), str(workload), str(stated_row["load"])))
         out.append(Finding(question="capacity", sentence=s, notebook="concurrency", figure="latency_throughput",
                            numbers={"capacity_load": cap, "slo_ttft_ms": slo_ms,
-                                    "ttft_p90_at_highest_s": float(top["ttft_p90_s"])}))
+                                    "ttft_p90_at_highest_s": float(top["ttft_p90_s"])}, statements=[statement]))
     return swept + out
 
 

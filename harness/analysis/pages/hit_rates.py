@@ -13,6 +13,7 @@ from kvscope.harness.analysis.common import (
     GPU_BLOCK_SIZE,
     RESAMPLES,
     _caching_server,
+    _change_words,
     _derived,
     _load_order,
     _metric_row,
@@ -21,15 +22,19 @@ from kvscope.harness.analysis.common import (
     _pct,
     _ratio,
     _runs,
-    _signed_pct,
     habit_pairs,
-    hit_by_workload,
+    hit_by_workload_load,
+    one_selection,
+    stated,
+    verdict_words,
+    workload_levels,
 )
 from kvscope.harness.analysis.pages.cost import habit_cost_change
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.selection import Statement
 from kvscope.workloads.policies import Compaction, HistoryPolicy, VolatilePrefix
 from kvscope.workloads.spec import WorkloadSpec
 from kvscope.workloads.trace_schema import read_trace_file
@@ -96,10 +101,12 @@ def session_hit_rate_spread(res: ExperimentResults) -> pd.DataFrame:
 
 
 def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
-    """Tokens recomputed per request by the kind of history transition (append, edit, compaction, …).
+    """Uncached tokens per request by the kind of history transition (append, edit, compaction, …).
 
     An edit at depth d or a volatile prefix at position p invalidates every block after it: the gap between
-    the `append` row and the others is what that habit costs in prefill.
+    the `append` row and the others is what that habit costs in prefill. The column is *uncached* (new +
+    recomputed, `analysis.glossary`), not "recomputed": a compaction's summary is new, and the explain page's
+    recomputed tokens leave new tokens out.
     """
     ok = res.ok_requests()
     if not len(ok) or "transition" not in ok:
@@ -107,7 +114,7 @@ def invalidation_cost(res: ExperimentResults) -> pd.DataFrame:
     ok = ok.assign(uncached=ok["prompt_tokens"] - ok["cached_tokens"].fillna(0))
     g = ok.groupby(["server", "workload", "transition"]).agg(
         requests=("request_id", "count"), mean_prompt_tokens=("prompt_tokens", "mean"),
-        mean_cached_tokens=("cached_tokens", "mean"), mean_recomputed_tokens=("uncached", "mean")).reset_index()
+        mean_cached_tokens=("cached_tokens", "mean"), mean_uncached_tokens=("uncached", "mean")).reset_index()
     g["hit_rate"] = g["mean_cached_tokens"] / g["mean_prompt_tokens"]
     return g
 
@@ -195,12 +202,12 @@ def _habit_effects(res: ExperimentResults, resamples: int) -> list[HabitEffect]:
     loads = _load_order(res)
     if server is None or not loads:
         return []
-    hits = hit_by_workload(res)
-    hits = hits[hits["server"] == server].set_index("workload")
+    hits = hit_by_workload_load(res)
+    hits = hits[hits["server"] == server].set_index(["workload", "load"])
     preset = _cost_preset(res)
     out = []
     for reference, habit in habit_pairs(res):
-        if reference not in hits.index or habit not in hits.index:
+        if not {reference, habit} <= set(hits.index.get_level_values("workload")):
             continue
         # the lowest load at which both workloads ran on this server (a sweep's levels may hold only one of them)
         load = next((lv for lv in loads if _runs(res, server, reference, lv) and _runs(res, server, habit, lv)),
@@ -209,16 +216,24 @@ def _habit_effects(res: ExperimentResults, resamples: int) -> list[HabitEffect]:
         table = compare(ra, rb, resamples=resamples) if ra and rb else pd.DataFrame()
         ttft = _metric_row(table, "ttft_p50_s") or {}
         cost = habit_cost_change(res, reference, habit, preset) if preset else None
+        # the hit rates at the level the TTFT verdict is at, never pooled over levels (hits depend on the load)
+        hit_a = float(hits.loc[(reference, load), "measured"]) if (reference, load) in hits.index else math.nan
+        hit_b = float(hits.loc[(habit, load), "measured"]) if (habit, load) in hits.index else math.nan
         out.append(HabitEffect(describe_habit(res, reference, habit), reference, habit, server, load,
-                               float(hits.loc[reference, "measured"]), float(hits.loc[habit, "measured"]),
-                               ttft, _metric_row(table, "hit_rate") or {}, preset, cost))
+                               hit_a, hit_b, ttft, _metric_row(table, "hit_rate") or {}, preset, cost))
     return out
 
 
 def habit_findings(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
     """Per habit: hit rate, TTFT p50 (with the verdict engine's interval) and provider cost against its reference."""
-    return [_habit_sentence(e.what, e.reference, e.habit, e.server, e.load, e.hit_a, e.hit_b, e.ttft, e.preset,
-                            e.cost) for e in habit_effects(res, resamples)]
+    out = []
+    for e in habit_effects(res, resamples):
+        f = _habit_sentence(e.what, e.reference, e.habit, e.server, e.load, e.hit_a, e.hit_b, e.ttft, e.preset,
+                            e.cost)
+        statements = [Statement(metric="hit_rate", value=v, selection=one_selection(res, e.server, w, e.load))
+                      for w, v in ((e.reference, e.hit_a), (e.habit, e.hit_b)) if math.isfinite(v)]
+        out.append(f.model_copy(update={"statements": statements}))
+    return out
 
 
 def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) -> list[Finding]:
@@ -230,15 +245,17 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
         undecided: list[str] = []
         hit_v, ttft_v = e.hit.get("verdict"), e.ttft.get("verdict")
         pp = (e.hit_a - e.hit_b) * 100
-        hit_words = f"{pp:+.0f} pp hit rate"
+        hit_words = f"hit rate {abs(pp):.0f} pp {'higher' if pp > 0 else 'lower'}" if round(pp) else "hit rate unchanged"
         (decided if hit_v in ("worse", "better") else undecided).append(hit_words)
         a, b = e.ttft.get("a"), e.ttft.get("b")
         if a is not None and b is not None:
-            ttft_words = f"{(a - b) * 1000:+.0f} ms TTFT p50"
+            gain_ms = (a - b) * 1000
+            ttft_words = (f"TTFT p50 {abs(gain_ms):.0f} ms {'higher' if gain_ms > 0 else 'lower'}" if round(gain_ms)
+                          else "TTFT p50 unchanged")
             (decided if ttft_v in ("worse", "better") else undecided).append(ttft_words)
         cost = ""
         if e.preset and e.cost is not None and math.isfinite(e.cost["change"]) and e.cost["change"] > -1:
-            cost = f", {(1 / (1 + e.cost['change']) - 1) * 100:+.0f} % {e.preset} cost (priced)"
+            cost = f", {_change_words(1 / (1 + e.cost['change']) - 1, e.preset + ' cost')} (priced)"
         worse = "worse" in (hit_v, ttft_v)
         better = "better" in (hit_v, ttft_v) and not worse
         what = e.what[0].upper() + e.what[1:]
@@ -289,9 +306,8 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             decided_better += int(counts.get("better", 0))
             decided_worse += int(counts.get("worse", 0))
             rel = (m["diff"] / m["a"].where(m["a"] != 0)).median()
-            words = ", ".join(f"{v} {int(counts[v])}" for v in ("better", "worse", "equivalent", "inconclusive")
-                              if counts.get(v))
-            parts.append(f"{label} {_signed_pct(rel)} median ({words} of {len(m)})")
+            parts.append(f"{_change_words(rel, label)} with caching on (median of {len(m)}; "
+                         f"{verdict_words(counts)})")
         n = t.groupby(["workload", "load"]).ngroups
         evidence = f"with caching on against {off} over {n} workload × load comparison(s): " + "; ".join(parts)
         if decided_better and not decided_worse:
@@ -325,7 +341,8 @@ def _habit_sentence(what: str, reference: str, habit: str, server: str, load: st
     interval = f" (B − A {(b - a) * 1000:+.0f} ms, 95 % CI {lo * 1000:+.0f} to {hi * 1000:+.0f} ms; {verdict})" \
         if None not in (a, b, lo, hi) else ""
     if costs_nothing:
-        sentence = (f"{what[0].upper() + what[1:]} ({habit} vs {reference}, on {server}) costs nothing measurable: "
+        sentence = (f"{what[0].upper() + what[1:]} ({habit} vs {reference}, on {server} at {load}) costs nothing "
+                    "measurable: "
                     f"hit rate {_pct(hit_a)} vs {_pct(hit_b)}, TTFT p50 {_ms(a)} vs {_ms(b)} ms{interval}.")
     else:
         sentence = (f"{what[0].upper() + what[1:]} ({habit} vs {reference}, on {server} at {load}) takes the hit "
@@ -337,26 +354,73 @@ def _habit_sentence(what: str, reference: str, habit: str, server: str, load: st
                    interval=(lo, hi) if None not in (lo, hi) else None, interval_of="ttft_p50_s difference (s)")
 
 
-def hit_rate_findings(res: ExperimentResults) -> list[Finding]:
-    hits = hit_by_workload(res)
+def hit_rate_leader(res: ExperimentResults) -> Finding | None:
+    """Which workload reuses the most and which the least on the caching configuration, each at its lowest load
+    level, stated with the level: the one sentence behind the page's finding and its figure's title (a hit
+    rate pooled over load levels once gave the finding one leader and the title another)."""
     server = _caching_server(res)
+    if server is None:
+        return None
+    hits = hit_by_workload_load(res)
+    levels = workload_levels(res, server)
+    rows = []
+    for workload, load in levels:
+        h = hits[(hits["server"] == server) & (hits["workload"] == workload) & (hits["load"] == load)]
+        if len(h) and pd.notna(h["measured"].iloc[0]):
+            rows.append(Statement(metric="hit_rate", value=float(h["measured"].iloc[0]),
+                                  selection=one_selection(res, server, workload, load)))
+    if not rows:
+        return None
+    rows.sort(key=lambda st: st.value)
+    lo, hi = rows[0], rows[-1]
+    at = "its lowest load level" if len(rows) > 1 else "its load level"
+    if len(rows) == 1:
+        text = (f"On {server}, {hi.selection.workloads[0]} at {hi.selection.loads[0]} reuses {stated(hi)} of its "
+                "prompt tokens from the cache.")
+    else:
+        text = (f"On {server}, each workload at {at}: {hi.selection.workloads[0]} ({hi.selection.loads[0]}) "
+                f"reuses the most, {stated(hi)} of prompt tokens from the cache, and {lo.selection.workloads[0]} "
+                f"({lo.selection.loads[0]}) the least, {stated(lo)}.")
+    return Finding(question="hit_rate", notebook="hit_rates", figure="hit_rate_by_workload", sentence=text,
+                   numbers={"hit_rate_max": hi.value, "hit_rate_min": lo.value}, statements=[hi, lo])
+
+
+def hit_rate_findings(res: ExperimentResults) -> list[Finding]:
     out = []
+    leader = hit_rate_leader(res)
+    if leader is not None:
+        out.append(leader)
+    server = _caching_server(res)
+    hits = hit_by_workload_load(res)
     if server is not None and len(hits):
-        h = hits[hits["server"] == server].sort_values("measured")
-        if len(h):
-            lo, hi = h.iloc[0], h.iloc[-1]
-            out.append(Finding(question="hit_rate", notebook="hit_rates", figure="hit_rate_by_workload",
-                               sentence=f"On {server}, {hi['workload']} reuses the most ({_pct(hi['measured'])} of "
-                                        f"prompt tokens from the cache) and {lo['workload']} the least "
-                                        f"({_pct(lo['measured'])}).",
-                               numbers={"hit_rate_max": float(hi["measured"]), "hit_rate_min": float(lo["measured"])}))
+        h = hits[hits["server"] == server]
         err = (h["predicted_by_simulator"] - h["measured"]).abs().max() if len(h) else math.nan
         if math.isfinite(err):
             out.append(Finding(question="hit_rate", notebook="hit_rates", figure="hit_rate_by_workload",
                                sentence=f"kvscope's simulator predicts the server's hit rate within "
-                                        f"{err * 100:.1f} percentage points on every workload.",
+                                        f"{err * 100:.1f} percentage points on every workload and load level.",
                                numbers={"max_abs_error_pp": float(err * 100)}))
     return out
+
+
+def hit_rate_figure_table(res: ExperimentResults) -> pd.DataFrame:
+    """The hit-rate figure's data: each workload at its lowest load level on each configuration (the levels
+    the leader sentence and title state), the three hit rates long, with a ``label`` ``workload (load)``."""
+    hits = hit_by_workload_load(res)
+    if not len(hits):
+        return pd.DataFrame(columns=["server", "workload", "load", "label", "source", "hit_rate"])
+    keep = []
+    for server in dict.fromkeys(hits["server"]):
+        for workload, load in workload_levels(res, str(server)):
+            keep.append(hits[(hits["server"] == server) & (hits["workload"] == workload) & (hits["load"] == load)])
+    t = pd.concat(keep, ignore_index=True) if keep else hits.iloc[:0]
+    long = t.melt(id_vars=["server", "workload", "load"],
+                  value_vars=["measured", "predicted_by_simulator", "would_hit_with_caching"],
+                  var_name="source", value_name="hit_rate")
+    long["source"] = long["source"].map({"measured": "measured", "predicted_by_simulator": "predicted (simulator)",
+                                         "would_hit_with_caching": "would hit with caching on"})
+    long["label"] = long["workload"] + " (" + long["load"] + ")"
+    return long[["server", "workload", "load", "label", "source", "hit_rate"]]
 
 
 @caveat("block_size", "hit_rates")

@@ -7,14 +7,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kvscope.harness.analysis.common import _load_order, _ms, _ok_cells, _pct
+from kvscope.harness.analysis.common import (
+    _ok_cells,
+    _pct,
+    one_selection,
+    selected_requests,
+    stated,
+    workload_levels,
+)
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
-from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.primer.roofline import decode_tokens_per_s_upper_bound
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.goodput import goodput as goodput_block
+from kvscope.harness.results.goodput import meets_slo
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import CLIENT_STALL_S, ExperimentSpecCore
+from kvscope.harness.results.selection import Selection, Statement, sorted_loads
 
 
 def latency_long(res: ExperimentResults) -> pd.DataFrame:
@@ -110,25 +118,76 @@ def error_table(res: ExperimentResults, max_message_chars: int = 160) -> pd.Data
 CLIENT_STALL_SHARE = 0.01
 
 
-def latency_findings(res: ExperimentResults) -> list[Finding]:
+def _per_workload_sentence(res: ExperimentResults, metric: str, levels: list[tuple[str, str]],
+                           value, **extra: Any) -> tuple[str, list[Statement]]:
+    """'<workload> at <load>: <server> <number>, …; …' and its statements, one per server × workload × level
+    (``value(requests)`` computes the number from the selected requests)."""
+    parts, statements = [], []
+    for workload, load in levels:
+        words = []
+        for server in _servers(res):
+            sel = one_selection(res, server, workload, load)
+            if sel.repeats is None:
+                continue
+            r = selected_requests(res, sel)
+            if not len(r):
+                continue
+            st = Statement(metric=metric, value=float(value(r)), selection=sel, **extra)
+            statements.append(st)
+            words.append(f"{server} {stated(st)}")
+        if words:
+            parts.append(f"{workload} at {load}: {', '.join(words)}")
+    return "; ".join(parts), statements
+
+
+def _number_key(prefix: str, st: Statement) -> str:
+    """A finding's number name for one statement: ``ttft_p50_<server>_<workload>_<load>``."""
+    sel = st.selection
+    return "_".join((prefix, sel.servers[0], sel.workloads[0], sel.loads[0]))
+
+
+def _servers(res: ExperimentResults) -> list[str]:
     c = _ok_cells(res)
-    loads = _load_order(res)
-    if not len(c) or not loads or "ttft_p50_s" not in c:
+    return list(dict.fromkeys(map(str, c["server"]))) if len(c) else []
+
+
+def latency_findings(res: ExperimentResults) -> list[Finding]:
+    """TTFT p50 per configuration, per workload at its lowest load level, and the share of requests meeting the
+    SLO per workload at its highest: never a median or mean over workloads or load levels (`results.selection`)."""
+    c = _ok_cells(res)
+    if not len(c) or not len(res.ok_requests()):
         return []
-    low = c[c["load"].astype(str) == loads[0]].groupby("server", sort=False)["ttft_p50_s"].median()
-    parts = ", ".join(f"{s} {_ms(v)} ms" for s, v in low.items())
-    out = [Finding(question="latency", notebook="latency", figure="latency_ecdf",
-                   sentence=f"TTFT p50 at {loads[0]} (median over workloads): {parts}.",
-                   numbers={f"ttft_p50_{s}_s": float(v) for s, v in low.items()})]
+    low = workload_levels(res)
+    text, sts = _per_workload_sentence(res, "ttft_p50_s", low,
+                                       lambda r: np.percentile(r["ttft_s"].astype(float), 50))
+    out = [Finding(question="latency", notebook="latency", figure="ttft_by_load", statements=sts,
+                   sentence=f"TTFT p50 at each workload's lowest load level: {text}.",
+                   numbers={_number_key("ttft_p50", st) + "_s": st.value for st in sts})]
     slo = res.spec.slo if res.spec is not None else None
-    if slo is not None and slo.ttft_ms and "goodput_fraction" in c:
-        gp = c.groupby("server", sort=False)["goodput_fraction"].mean()
-        out.append(Finding(question="latency", notebook="latency", figure="ttft_by_load",
-                           sentence="Share of requests meeting the SLO (TTFT ≤ {:.0f} ms{}): {}.".format(
-                               slo.ttft_ms, f", TPOT ≤ {slo.tpot_ms:.0f} ms" if slo.tpot_ms else "",
-                               ", ".join(f"{s} {_pct(v)}" for s, v in gp.items())),
-                           numbers={f"goodput_{s}": nan_to_none(v, float) for s, v in gp.items()}))
+    if slo is not None and slo.ttft_ms:
+        high = workload_levels(res, highest=True)
+        text, sts = _per_workload_sentence(
+            res, "slo_share", high, lambda r: meets_slo(r, slo.ttft_ms, slo.tpot_ms).mean(),
+            slo_ttft_ms=float(slo.ttft_ms), slo_tpot_ms=None if slo.tpot_ms is None else float(slo.tpot_ms))
+        out.append(Finding(question="latency", notebook="latency", figure="ttft_by_load", statements=sts,
+                           sentence="Share of requests meeting the SLO (TTFT ≤ {:.0f} ms{}) at each workload's "
+                                    "highest load level: {}.".format(
+                               slo.ttft_ms, f", TPOT ≤ {slo.tpot_ms:.0f} ms" if slo.tpot_ms else "", text),
+                           numbers={_number_key("slo_share", st): st.value for st in sts}))
     return out
+
+
+def latency_ecdf_title(res: ExperimentResults) -> Finding:
+    """The key figure's title: a distribution over every workload and load level, said as one (no "fastest"
+    over a pool: the per-workload comparison is the TTFT-by-load figure and the finding beside it)."""
+    c = _ok_cells(res)
+    sel = Selection(servers=tuple(_servers(res)) or ("–",),
+                    workloads=tuple(dict.fromkeys(map(str, c["workload"]))) or ("–",),
+                    loads=tuple(sorted_loads(c["load"].astype(str))) or ("–",),
+                    distribution_over=("server", "workload", "load"))
+    return Finding(question="latency", notebook="latency", figure="latency_ecdf",
+                   sentence=f"Latency per configuration, {sel.words().split('; ', 1)[-1]}; compare configurations "
+                            "per workload and load in TTFT by load level. Dashed: the SLOs")
 
 
 @caveat("burst", "latency")

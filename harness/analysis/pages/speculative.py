@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 from kvscope.harness.analysis.claims import speculative_claims, speculative_recommendation
+from kvscope.harness.analysis.common import _change_words
 from kvscope.harness.analysis.pages.ab_compare import ab_table, page_ab_table
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.primer.speculative import expected_tokens_per_pass
@@ -76,9 +77,16 @@ def workload_character(res: ExperimentResults) -> pd.DataFrame:
 
 
 def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
-    """The primer's prediction against the run: with acceptance rate a and k drafted tokens the primer expects
-    (1 − a^(k+1)) / (1 − a) tokens per target pass; the server measured its mean acceptance length. A gap
-    says acceptance is not independent per position (the primer's assumption): see acceptance by position."""
+    """The primer's expected tokens per target pass against the server's measured mean acceptance length.
+
+    vLLM's per-position rates ``p_i`` are the share of drafts whose first ``i + 1`` tokens were all accepted, so a
+    pass yields ``1 + Σ p_i`` tokens: that is the expectation (``primer_tokens_per_pass``, ``primer_basis``
+    ``per-position``), and it equals the measured length. The primer's closed form ``(1 − a^(k+1)) / (1 − a)``
+    holds for one *conditional* acceptance rate ``a`` shared by every position; the aggregate acceptance rate is
+    not that rate (it averages ``p_i``, which already include every earlier acceptance), so plugging it in
+    (``independent_tokens_per_pass``) under-predicts even when positions are independent. Whether they are is
+    read from the conditional rates ``p_i / p_(i−1)`` (``conditional_acceptance``): equal rates are independence.
+    Without per-position rates the closed form on the aggregate rate is all there is (``aggregate``)."""
     c = res.cells
     if not len(c) or "speculative" not in c:
         return pd.DataFrame()
@@ -87,13 +95,36 @@ def speculation_vs_primer(res: ExperimentResults) -> pd.DataFrame:
         k = _num_speculative_tokens(res.server(s["server"]))
         a = s.get("spec_acceptance_rate")
         measured = s.get("spec_mean_acceptance_length")
-        predicted = expected_tokens_per_pass(float(a), int(k)) if k and a is not None and pd.notna(a) else math.nan
+        summary = res.summaries.get(s["cell"])
+        spec = summary.speculative if summary is not None else None
+        positions = [p for p in (spec.acceptance_by_position if spec is not None else None) or []]
+        independent = expected_tokens_per_pass(float(a), int(k)) if k and a is not None and pd.notna(a) \
+            else math.nan
+        if positions and all(p is not None for p in positions):
+            predicted, basis = 1.0 + float(sum(positions)), "per-position"
+            conditional = [p / prev if prev else math.nan for prev, p in zip([1.0, *positions[:-1]], positions)]
+        else:
+            predicted, basis, conditional = independent, "aggregate", []
         rows.append({"cell": s["cell"], "server": s["server"], "workload": s["workload"], "load": s["load"],
                      "num_speculative_tokens": k, "acceptance_rate": a,
-                     "primer_tokens_per_pass": predicted, "measured_acceptance_length": measured,
+                     "primer_tokens_per_pass": predicted, "primer_basis": basis,
+                     "independent_tokens_per_pass": independent,
+                     "conditional_acceptance": ", ".join(f"{x:.2f}" for x in conditional) or None,
+                     "measured_acceptance_length": measured,
                      "measured_minus_primer": (measured - predicted) if measured is not None and pd.notna(measured)
                      else math.nan})
     return pd.DataFrame(rows)
+
+
+def throughput_title(res: ExperimentResults, ab: pd.DataFrame | None) -> str:
+    """The acceptance figure's title: what the bars are (one per workload, point estimates) and each
+    configuration's claim in the same words as the page's finding (the median over its workload × load
+    comparisons, with the verdicts), never a mean of its own over workloads."""
+    claims = speculative_claims(res, ab) if ab is not None and len(ab) else []
+    parts = [f"{c.key.split(':', 1)[1]}: output throughput {_change_words(c.numbers.get('median_throughput_change'))}"
+             f" (median of {int(c.numbers['comparisons'] or 0)} workload × load comparisons; "
+             f"{int(c.numbers['better'] or 0)} decided better)" for c in claims]
+    return "Per workload (point estimates); " + ("; ".join(parts) if parts else "no A/B verdicts")
 
 
 def _num_speculative_tokens(server: ServerEntry | None) -> int | None:

@@ -1,0 +1,153 @@
+"""Every number of the report carries its selection, and the claims audit recomputes it from the records.
+
+Each test builds the experiment on which the old pages pooled: a "TTFT p50 (median over workloads)", an SLO
+share that mixed load levels, a hit-rate leader pooled over loads (the finding and the figure title named
+different workloads), a habit's hit rates pooled over levels beside a TTFT verdict at one level, a concurrency
+level's TTFT p90 over several workloads. On each, the sentence now names its workload and level, and the audit
+(`analysis.audit`) recomputes every stated number from the request records and finds it written in the sentence.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+from kvscope.harness.analysis import audit as A
+from kvscope.harness.analysis import common
+from kvscope.harness.analysis import findings as F
+from kvscope.harness.analysis.pages import concurrency, hit_rates, latency
+from kvscope.harness.results.findings_file import FINDINGS_NAME
+from kvscope.harness.results.selection import Selection, Statement, sorted_loads
+from pydantic import ValidationError
+
+from tests.test_findings import _cell, _results
+
+
+def _pooled_experiment(tmp=None):
+    """agent at c1 (fast, 50 % hit) and c2 (slow, 95 % hit), chat at c1 only (middling, 60 % hit)."""
+    cells = [_cell("apc", "agent", "c1", hit=0.50, ttft_s=0.030),
+             _cell("apc", "agent", "c2", hit=0.95, ttft_s=0.400, seed=1),
+             _cell("apc", "chat", "c1", hit=0.60, ttft_s=0.200, seed=2)]
+    return _results(cells, slo_ttft_ms=250, **({"tmp": tmp} if tmp else {}))
+
+
+def _assert_audited(res, found):
+    audit = A.audit_findings(res, found)
+    assert audit.lines, "no statement to audit"
+    assert not audit.failures, audit.summary()
+    return audit
+
+
+def test_a_selection_cannot_pool_workloads_or_loads_unless_it_is_a_distribution():
+    with pytest.raises(ValidationError, match="pools them"):
+        Selection(servers=("apc",), workloads=("agent", "chat"), loads=("c1",))
+    with pytest.raises(ValidationError, match="pools them"):
+        Selection(servers=("apc",), workloads=("agent",), loads=("c1", "c2"))
+    one = Selection(servers=("apc",), workloads=("agent",), loads=("c2",), repeats=3)
+    assert one.words() == "agent at c2 (3 repeats pooled) on apc"
+    dist = Selection(servers=("apc", "off"), workloads=("a", "b"), loads=("c1", "c2", "c4"),
+                     distribution_over=("server", "workload", "load"))
+    assert "pooled over 2 workloads and 3 load levels (a distribution, not a comparison)" in dist.words()
+
+
+def test_load_levels_sort_by_their_number_not_their_text():
+    assert sorted_loads(["sweep-c5", "sweep-c12", "sweep-c4", "timestamps", "c2"]) == \
+        ["c2", "sweep-c4", "sweep-c5", "sweep-c12", "timestamps"]
+    res = _results([_cell("apc", "sweep", f"sweep-c{n}", hit=0.5, ttft_s=0.03) for n in (5, 12, 4)])
+    assert common._load_order(res) == ["sweep-c4", "sweep-c5", "sweep-c12"]
+
+
+def test_ttft_and_slo_shares_are_per_workload_at_a_named_level_and_recompute_from_the_records():
+    """The old sentence was 'TTFT p50 at c1 (median over workloads): apc 115 ms' — a number of neither workload —
+    and the SLO share was a mean over every cell's level (c1 and c2 together)."""
+    res = _pooled_experiment()
+    found = latency.latency_findings(res)
+    ttft, share = found
+    assert "median over workloads" not in ttft.sentence
+    assert "agent at c1: apc 30 ms" in ttft.sentence and "chat at c1: apc 200 ms" in ttft.sentence
+    # the SLO share at each workload's highest level: agent at c2 misses the 250 ms SLO, chat at c1 meets it
+    assert "agent at c2: apc 0 %" in share.sentence and "chat at c1: apc 100 %" in share.sentence
+    assert {st.selection.loads for st in share.statements} == {("c2",), ("c1",)}
+    _assert_audited(res, found)
+
+
+def test_the_hit_rate_leader_is_one_sentence_for_finding_and_title_at_stated_levels():
+    """Pooled over loads, agent (50 % at c1, 95 % at c2) 'reused the most'; at the same, stated level, chat does."""
+    res = _pooled_experiment()
+    leader = hit_rates.hit_rate_leader(res)
+    assert leader is not None
+    assert "chat (c1) reuses the most, 60 %" in leader.sentence and "agent (c1) the least, 50 %" in leader.sentence
+    [first, *_] = hit_rates.hit_rate_findings(res)
+    assert first.sentence == leader.sentence  # the figure title (notebook) draws this same finding
+    assert leader in A.figure_titles(res)
+    _assert_audited(res, [leader])
+    fig = hit_rates.hit_rate_figure_table(res)
+    assert set(zip(fig["workload"], fig["load"])) == {("agent", "c1"), ("chat", "c1")}
+
+
+def test_a_habit_states_the_hit_rates_at_the_level_of_its_ttft_verdict():
+    """The habit's TTFT verdict is at c1; its hit rates were pooled over c1 and c2 (agent 72 % instead of 84 %)."""
+    res = _results([_cell("apc", "agent", "c1", hit=0.84, ttft_s=0.03),
+                    _cell("apc", "agent", "c2", hit=0.60, ttft_s=0.05, seed=3),
+                    _cell("apc", "agent-ts", "c1", hit=0.0, ttft_s=0.12, seed=1)])
+    [f] = hit_rates.habit_findings(res, resamples=200)
+    assert "at c1" in f.sentence and "from 84 % to 0 %" in f.sentence
+    _assert_audited(res, [f])
+
+
+def test_a_concurrency_level_is_never_pooled_over_workloads():
+    """Old: one row per (server, load), its TTFT p90 over every workload's requests at that level."""
+    cells = [_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.040, concurrency=1),
+             _cell("apc", "agent", "c2", hit=0.8, ttft_s=0.300, concurrency=2, seed=1),
+             _cell("apc", "chat", "c1", hit=0.8, ttft_s=0.050, concurrency=1, seed=2),
+             _cell("apc", "chat", "c2", hit=0.8, ttft_s=0.100, concurrency=2, seed=3)]
+    res = _results(cells, slo_ttft_ms=250)
+    levels = concurrency.capacity_by_level(res)
+    assert list(zip(levels["workload"], levels["load"])) == [("agent", "c1"), ("agent", "c2"), ("chat", "c1"),
+                                                             ("chat", "c2")]
+    found = {f.sentence.split(" on ")[1].split()[0]: f for f in concurrency.capacity_findings(res)}
+    assert "holds load c1" in found["agent"].sentence and "holds load c2" in found["chat"].sentence
+    _assert_audited(res, list(found.values()))
+
+
+def test_the_audit_catches_a_number_from_other_records_and_a_sentence_that_does_not_write_it():
+    res = _pooled_experiment()
+    [ttft, _] = latency.latency_findings(res)
+    agent_c2 = common.one_selection(res, "apc", "agent", "c2")
+    wrong_records = ttft.model_copy(update={"statements": [
+        ttft.statements[0].model_copy(update={"selection": agent_c2})]})  # 30 ms stated, the records say 400
+    [line] = A.audit_findings(res, [wrong_records]).failures
+    assert line.recomputed == pytest.approx(0.4, rel=0.15) and line.written
+    unwritten = ttft.model_copy(update={"sentence": "TTFT p50 is low."})
+    assert all(not line.written for line in A.audit_findings(res, [unwritten]).failures)
+    bare = ttft.model_copy(update={"statements": []})
+    assert A.audit_findings(res, [bare]).unaudited == [bare]
+
+
+def test_the_audit_reads_a_rendered_reports_findings_files(tmp_path):
+    """`audit_experiment` on a finished directory audits the findings.json files the report wrote."""
+    res = _pooled_experiment(tmp=tmp_path)
+    for page in ("latency", "hit_rates"):
+        (tmp_path / "report" / "figures" / page).mkdir(parents=True)
+        F.write_page_findings(res, page, tmp_path / "report" / "figures" / page, resamples=200)
+    assert (tmp_path / "report" / "figures" / "latency" / FINDINGS_NAME).exists()
+    found = A.report_findings(res)
+    assert {f.notebook for f in found} >= {"latency", "hit_rates"}
+    audit = _assert_audited(res, found)
+    assert {line.metric for line in audit.lines} >= {"ttft_p50_s", "slo_share", "hit_rate"}
+
+
+def test_a_statement_round_trips_through_the_findings_file():
+    st = Statement(metric="slo_share", value=0.5, slo_ttft_ms=250.0,
+                   selection=Selection(servers=("a",), workloads=("w",), loads=("c1",), repeats=2))
+    assert Statement.model_validate_json(st.model_dump_json()) == st
+    assert pd.notna(st.value)
+
+
+@pytest.mark.skipif(not os.environ.get("KVSCOPE_AUDIT_EXPERIMENT"),
+                    reason="set KVSCOPE_AUDIT_EXPERIMENT to a finished experiment directory to audit it")
+def test_the_claims_audit_passes_on_a_finished_experiment():
+    """The audit on a real experiment (the quickstart's): every stated number is what its records give."""
+    audit = A.audit_experiment(os.environ["KVSCOPE_AUDIT_EXPERIMENT"])
+    assert audit.lines and not audit.failures, audit.summary()
