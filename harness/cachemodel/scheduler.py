@@ -472,15 +472,19 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     ``scale`` multiplies every step's cost (a noise draw: one for the whole run of steps).
     """
     m = len(batch)
-    tokens = ctx = 0
+    tokens = ctx = spec_seqs = drafts = 0
     pairs = 0.0
     for s, n in batch:
         tokens += n
         if s.num_computed + 1 >= s.num_tokens:  # a decode (with any drafts): reads its whole context
             ctx += s.num_computed + 1
+            if n > 1:  # it verifies n - 1 drafts
+                spec_seqs += 1
+                drafts += n - 1
         else:
             pairs += prefill_pairs(n, s.num_computed)
-    dt = cost.step_s(tokens, m, ctx, pairs) * scale
+    dt = (cost.step_s(tokens, m, ctx, pairs, spec_seqs, drafts) if spec_seqs
+          else cost.step_s(tokens, m, ctx, pairs)) * scale
     if not steady or tokens != m or now + dt >= next_arrival_s:
         return 1, dt
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)
