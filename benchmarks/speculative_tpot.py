@@ -53,7 +53,7 @@ def main() -> int:
                     "--tokenizer", args.model, "--sessions", str(args.sessions), "--out", str(work / "trace"),
                     "--no-progress"], check=True)
     server = VllmServer(ServerConfig(model=args.model, served_model_name="tiny", max_model_len=4096,
-                                     kv_cache_memory_bytes="16M", startup_timeout_s=300,
+                                     kv_cache_memory_bytes="16M", startup_timeout_s=900,
                                      speculative_config=SPECULATIVE_CONFIG), log_path=work / "server.log")
     server.start()
     levels = [int(x) for x in args.levels.split(",")]
@@ -61,7 +61,8 @@ def main() -> int:
                     "levels": []}
     try:
         t0 = time.perf_counter()
-        cal = calibrate_server(Backend.create("vllm", endpoint=server.endpoint), work / "calibration.json")
+        cal = calibrate_server(Backend.create("vllm", endpoint=server.endpoint), work / "calibration.json",
+                               client_priority_mode="auto")
         report["calibration_s"] = time.perf_counter() - t0
         report["calibration"] = {"fit_r2": cal.fit_r2, "speculation": cal.server.speculation,
                                  **cal.cost.model_dump()}
@@ -70,7 +71,8 @@ def main() -> int:
               f"{1e3 * cal.cost.per_spec_seq_s:.2f} ms per verifying sequence, +"
               f"{1e3 * cal.cost.per_draft_token_s:.2f} ms per draft token", flush=True)
         for c in levels:
-            records, preempted, load = measure_level(work / "trace", server.endpoint, c, work / f"c{c}")
+            records, preempted, load = measure_level(work / "trace", server.endpoint, c, work / f"c{c}",
+                                                     client_priority_mode="auto")
             row = compare_tpot(work / "trace", records, cal, concurrency=c)
             row.update({"preemptions": preempted, "load_average_1m": load})
             report["levels"].append(row)
