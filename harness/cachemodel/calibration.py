@@ -116,6 +116,9 @@ class TimingSample:
     spec_seq_steps: float = 0.0
     #: Draft tokens verified, summed over the steps (also in ``tokens``).
     draft_tokens: float = 0.0
+    #: The measured shape when repeats of it differ in their features (a speculative server's decode batches:
+    #: each answer drafts differently), so :func:`median_of_repeats` groups them by it; "" otherwise.
+    shape: str = ""
 
     def features(self) -> list[float]:
         """In the order of :class:`StepCostModel`'s coefficients."""
@@ -134,11 +137,19 @@ class CostFit:
 
 def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
     """One sample per measured shape (identical features), its time the median of the repeats: a single slow
-    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
+    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all.  Repeats of a
+    named ``shape`` (whose features differ) keep the repeat of median time, features and all (the lower middle
+    of an even count): a measured pair, as robust to one stall as the median."""
     groups: dict[tuple, list[TimingSample]] = {}
     for s in samples:
-        groups.setdefault((s.kind, *s.features()), []).append(s)
-    return [replace(g[0], seconds=median(x.seconds for x in g)) for g in groups.values()]
+        groups.setdefault((s.kind, s.shape) if s.shape else (s.kind, *s.features()), []).append(s)
+    out = []
+    for g in groups.values():
+        if g[0].shape:
+            out.append(sorted(g, key=lambda x: x.seconds)[(len(g) - 1) // 2])
+        else:
+            out.append(replace(g[0], seconds=median(x.seconds for x in g)))
+    return out
 
 
 def timing_cv(samples: Sequence[TimingSample]) -> float | None:
@@ -222,7 +233,7 @@ def batch_sample(batch: int, prompt_tokens: int, cached_tokens: int, output_toke
 
 
 def speculative_batch_sample(prompt_tokens: int, cached_tokens: int, drafted: Sequence[Sequence[int]],
-                             context_tokens: Sequence[Sequence[float]], seconds: float) -> TimingSample:
+                             context_tokens: Sequence[Sequence[float]], seconds: float, shape: str = "") -> TimingSample:
     """:func:`batch_sample` on a server that decodes speculatively: request i's decode steps verify
     ``drafted[i][j]`` drafts at ``context_tokens[i][j]`` tokens of context (the offline model's
     ``RequestSpeculation`` on the tokens the server generated), so requests of one batch take different
@@ -236,4 +247,4 @@ def speculative_batch_sample(prompt_tokens: int, cached_tokens: int, drafted: Se
     context = float(sum(sum(float(c) for c in cs) for cs in context_tokens))
     return TimingSample(1 + max(n_steps, default=0), batch * new + sum(n_steps) + draft_tokens,
                         batch + sum(n_steps), context, seconds, "decode", 1.0,
-                        batch * prefill_pairs(new, cached), spec_seq_steps, draft_tokens)
+                        batch * prefill_pairs(new, cached), spec_seq_steps, draft_tokens, shape)

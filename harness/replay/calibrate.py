@@ -171,7 +171,8 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
                             for p, o in zip(prompts, outputs)]
                     samples.append(speculative_batch_sample(prompt_len, cached, [x.drafted for x in sims],
                                                             [x.context_tokens for x in sims],
-                                                            max(t[1] for t in timed)))
+                                                            max(t[1] for t in timed),
+                                                            f"{'motif' if motif else 'random'}-{prompt_len}x{batch}"))
     return samples
 
 

@@ -500,3 +500,18 @@ def test_a_calibration_of_the_one_context_cost_model_is_refused_in_one_line(tmp_
     assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "version 1" in err and "version 2" in err
+
+
+def test_repeats_of_a_speculative_shape_keep_the_repeat_of_median_time():
+    """A speculative server's repeats of one batch shape draft differently (their features differ), so they are
+    grouped by the shape and the repeat of median time is kept whole: one stalled repeat moves nothing."""
+    from kvscope.harness.cachemodel.calibration import median_of_repeats, speculative_batch_sample
+
+    reps = [speculative_batch_sample(64, 0, [[4] * n], [[65.0 + i for i in range(n)]], t, "motif-64x1")
+            for n, t in ((10, 0.05), (12, 0.06), (9, 2.5))]  # the third: a stall of the host
+    plain = [batch_sample(1, 64, 0, 24, t) for t in (0.1, 0.3, 0.2)]
+    out = median_of_repeats(reps + plain)
+    assert len(out) == 2
+    spec = next(s for s in out if s.shape)
+    assert spec == reps[1]  # features and seconds of one measured repeat
+    assert next(s for s in out if not s.shape).seconds == 0.2
