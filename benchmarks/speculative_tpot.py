@@ -75,7 +75,7 @@ def main() -> int:
             report["rounds"].append(entry)
             print(f"round {rnd}: calibrated in {entry['calibration_s']:.0f} s: R² {cal.fit_r2:.3f}, "
                   f"{len(cal.samples)} samples; plain decode step {1e3 * cal.cost_model().step_s(1, 1, 500):.2f} ms "
-                  f"at 500 tokens, +{1e3 * cal.cost.per_spec_seq_s:.2f} ms per verifying sequence, +"
+                  f"at 500 tokens, +{1e3 * cal.cost.per_spec_step_s:.2f} ms per verifying step, +"
                   f"{1e3 * cal.cost.per_draft_token_s:.2f} ms per draft token", flush=True)
             for c in levels:
                 records, preempted, load = measure_level(work / "trace", endpoint, c, work / f"r{rnd}-c{c}",

@@ -348,7 +348,7 @@ def _ngram_sweep_case(tmp_path, with_token_ids: bool = True):
                                                    max_num_batched_tokens=512, max_model_len=2048,
                                                    speculation="ngram:k=4,min=2,max=4"),
                           cost=CalibrationCost(base_s=0.004, per_token_s=2e-5, per_seq_s=1e-4, per_context_token_s=0.0,
-                                               request_overhead_s=0.002, per_prefill_pair_s=0.0, per_spec_seq_s=3e-3,
+                                               request_overhead_s=0.002, per_prefill_pair_s=0.0, per_spec_step_s=3e-3,
                                                per_draft_token_s=3e-4),
                           fit_r2=0.95, fit_median_rel_error=0.05)
     spec = ExperimentSpec.model_validate({**BASE, "servers": {"ngram": {}}, "replay": {"time_scale": 0},

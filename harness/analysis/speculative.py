@@ -364,7 +364,7 @@ def compare_tpot(trace_dir: str | Path, records: pd.DataFrame, cal, *, concurren
                 if r.output_tokens > 1}
 
     predicted = tpots(cost)
-    plain_cost = tpots(replace(cost, per_spec_seq_s=0.0, per_draft_token_s=0.0))
+    plain_cost = tpots(replace(cost, per_spec_step_s=0.0, per_draft_token_s=0.0))
     ok = records[records["error_class"].isna()] if "error_class" in records.columns else records
     measured = {int(r): float(t) for r, t in zip(ok["request_id"], ok["tpot_s"])
                 if t is not None and np.isfinite(t) and int(r) in predicted}

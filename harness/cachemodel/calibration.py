@@ -24,12 +24,13 @@ in every timed request once, whatever its number of steps, which is what separat
 A request's measured time is a *sum* of steps, and sums of linear steps are linear in summed features, so a
 sample is ``(steps, tokens, sequence-steps, decode context, requests, prefill pairs) -> seconds`` and one fit
 takes prefill (TTFT) and batch (send to last token of requests decoding together) samples alike.
-A server that decodes speculatively (n-gram) adds two features: the sequences that verify drafts in a step
-(``spec_seqs``) and the draft tokens they verify (``draft_tokens``).  Why not fold drafts into ``tokens``: on
-vLLM CPU a decode step that verifies ``d`` drafts costs far more than ``d`` prefill tokens (the tiny model:
+A server that decodes speculatively (n-gram) adds two features: the steps in which some sequence verifies
+drafts (``spec_steps``) and the draft tokens verified (``draft_tokens``).  Why not fold drafts into ``tokens``:
+on vLLM CPU a decode step that verifies ``d`` drafts costs far more than ``d`` prefill tokens (the tiny model:
 a plain step 4.3 ms, a verifying step 7.3-8.4 ms for 2-4 drafts, against 0.1-0.2 ms that the per-token cost
-fitted on prefills adds), and most of that is per verifying sequence, not per draft token (fitted on two
-n-gram settings: about 3 ms per verifying sequence-step and 0.3 ms per draft token; benchmarks/README.md).
+fitted on prefills adds), and most of that is per verifying *step* (rejection sampling, the proposer), not per
+sequence: costed per verifying sequence, the tiny model's TPOT at concurrency 4 came out 33-57 % high where
+concurrency 1 was within 12 % (benchmarks/README.md).
 Both are fitted on the speculative server itself (``kvscope.harness.replay.calibrate``: its decode samples'
 drafts come from the offline model on the tokens the server generated); a server without speculation has
 both features 0 and both coefficients 0.
@@ -56,10 +57,10 @@ MIN_FIT_R2 = 0.5
 @dataclass(frozen=True)
 class StepCostModel:
     """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
-    + per_prefill_pair_s*prefill_pairs + per_spec_seq_s*spec_seqs + per_draft_token_s*draft_tokens``
+    + per_prefill_pair_s*prefill_pairs + per_spec_step_s*[spec_seqs > 0] + per_draft_token_s*draft_tokens``
     (context tokens: attended by the step's decodes; prefill pairs: the (query, key) pairs of its prefill
-    chunks; spec seqs: its decodes that verify drafts; draft tokens: the drafts they verify, also counted in
-    ``tokens``)."""
+    chunks; spec seqs: its decodes that verify drafts, which cost once per step; draft tokens: the drafts they
+    verify, also counted in ``tokens``)."""
 
     base_s: float = 0.01
     per_token_s: float = 2e-5
@@ -70,8 +71,8 @@ class StepCostModel:
     request_overhead_s: float = 0.0
     #: Per (query, key) pair of a prefill chunk.
     per_prefill_pair_s: float = 0.0
-    #: Per decoding sequence that verifies drafts in the step (speculative decoding), beyond its tokens.
-    per_spec_seq_s: float = 0.0
+    #: Per step in which some decoding sequence verifies drafts (speculative decoding), beyond its tokens.
+    per_spec_step_s: float = 0.0
     #: Per draft token verified, beyond ``per_token_s``.
     per_draft_token_s: float = 0.0
 
@@ -79,7 +80,7 @@ class StepCostModel:
                spec_seqs: int = 0, draft_tokens: int = 0) -> float:
         return (self.base_s + self.per_token_s * tokens + self.per_seq_s * seqs
                 + self.per_context_token_s * context_tokens + self.per_prefill_pair_s * prefill_pairs
-                + self.per_spec_seq_s * spec_seqs + self.per_draft_token_s * draft_tokens)
+                + self.per_spec_step_s * (spec_seqs > 0) + self.per_draft_token_s * draft_tokens)
 
     def decode_run_s(self, seqs: int, context_tokens: float, steps: int) -> float:
         """``steps`` decode steps after one at ``context_tokens`` (:class:`~.step_cost.StepCost`): step j costs
@@ -93,7 +94,7 @@ class StepCostModel:
         """Every per-step cost times ``factor`` (the frontend's per-request overhead unchanged)."""
         return StepCostModel(self.base_s * factor, self.per_token_s * factor, self.per_seq_s * factor,
                              self.per_context_token_s * factor, self.request_overhead_s,
-                             self.per_prefill_pair_s * factor, self.per_spec_seq_s * factor,
+                             self.per_prefill_pair_s * factor, self.per_spec_step_s * factor,
                              self.per_draft_token_s * factor)
 
 
@@ -112,8 +113,8 @@ class TimingSample:
     requests: float = 0.0
     #: (query, key) pairs of the prefill chunks, summed over the steps.
     prefill_pairs: float = 0.0
-    #: Sequence-steps that verified drafts (speculative decoding), summed over the steps.
-    spec_seq_steps: float = 0.0
+    #: Steps in which some sequence verified drafts (speculative decoding).
+    spec_steps: float = 0.0
     #: Draft tokens verified, summed over the steps (also in ``tokens``).
     draft_tokens: float = 0.0
     #: The measured shape when repeats of it differ in their features (a speculative server's decode batches:
@@ -123,7 +124,7 @@ class TimingSample:
     def features(self) -> list[float]:
         """In the order of :class:`StepCostModel`'s coefficients."""
         return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests, self.prefill_pairs,
-                self.spec_seq_steps, self.draft_tokens]
+                self.spec_steps, self.draft_tokens]
 
 
 @dataclass(frozen=True)
@@ -243,8 +244,10 @@ def speculative_batch_sample(prompt_tokens: int, cached_tokens: int, drafted: Se
     new = prompt_tokens - cached
     n_steps = [len(d) for d in drafted]
     draft_tokens = float(sum(sum(int(x) for x in d) for d in drafted))
-    spec_seq_steps = float(sum(sum(1 for x in d if int(x) > 0) for d in drafted))
+    # decode step j of the batch verifies if any of its requests drafted at its step j (all decode in lockstep)
+    spec_steps = float(sum(1 for j in range(max(n_steps, default=0))
+                           if any(j < len(d) and int(d[j]) > 0 for d in drafted)))
     context = float(sum(sum(float(c) for c in cs) for cs in context_tokens))
     return TimingSample(1 + max(n_steps, default=0), batch * new + sum(n_steps) + draft_tokens,
                         batch + sum(n_steps), context, seconds, "decode", 1.0,
-                        batch * prefill_pairs(new, cached), spec_seq_steps, draft_tokens, shape)
+                        batch * prefill_pairs(new, cached), spec_steps, draft_tokens, shape)

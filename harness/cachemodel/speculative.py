@@ -543,7 +543,7 @@ def predicted_tpot_s(req: RequestSpeculation, cost: StepCostModel) -> float:
         return math.nan
     t = cost.base_s * req.decode_steps + cost.per_token_s * float((1 + req.drafted).sum()) \
         + cost.per_seq_s * req.decode_steps + cost.per_context_token_s * float(req.context_tokens.sum()) \
-        + cost.per_spec_seq_s * req.num_drafts + cost.per_draft_token_s * req.draft_tokens
+        + cost.per_spec_step_s * req.num_drafts + cost.per_draft_token_s * req.draft_tokens
     return t / (req.output_tokens - 1)
 
 

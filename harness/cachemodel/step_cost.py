@@ -25,7 +25,7 @@ class StepCost(Protocol):
         """Seconds of one engine step: ``tokens`` scheduled over ``seqs`` sequences, decodes attending
         ``context_tokens`` in all, prefill chunks attending ``prefill_pairs`` (query, key) pairs; of the
         decodes, ``spec_seqs`` verify ``draft_tokens`` drafts in all (speculative decoding; the drafts are
-        also in ``tokens``)."""
+        also in ``tokens``; a step's verification overhead is paid once whatever ``spec_seqs`` is)."""
         ...
 
     def decode_run_s(self, seqs: int, context_tokens: float, steps: int) -> float:

@@ -220,7 +220,7 @@ def calibrate_server(backend: Backend, out_path: str | Path, *, seed: int = 0,
                           timing_cv=timing_cv(timings),
                           samples=[CalibrationSample(kind=s.kind, steps=s.steps, tokens=s.tokens,  # type: ignore[arg-type]
                                                      seq_steps=s.seq_steps, context_tokens=s.context_tokens,
-                                                     prefill_pairs=s.prefill_pairs, spec_seq_steps=s.spec_seq_steps,
+                                                     prefill_pairs=s.prefill_pairs, spec_steps=s.spec_steps,
                                                      draft_tokens=s.draft_tokens,
                                                      seconds=s.seconds, requests=s.requests) for s in samples])
     write_versioned(out_path, cal)

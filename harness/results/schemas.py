@@ -418,8 +418,8 @@ class CalibrationCost(_FiniteBlock):
     per_context_token_s: float = Field(ge=0, le=MAX_STEP_COST_S)
     request_overhead_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
     per_prefill_pair_s: float = Field(ge=0, le=MAX_STEP_COST_S)
-    #: Speculative decoding (0 without): per sequence verifying drafts in a step, and per draft token verified.
-    per_spec_seq_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
+    #: Speculative decoding (0 without): per step in which some sequence verifies drafts, per draft token verified.
+    per_spec_step_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
     per_draft_token_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
 
     @model_validator(mode="after")
@@ -443,7 +443,7 @@ class CalibrationSample(_FiniteBlock):
     seconds: float
     requests: float = 0.0
     prefill_pairs: float = 0.0
-    spec_seq_steps: float = 0.0
+    spec_steps: float = 0.0
     draft_tokens: float = 0.0
 
 
@@ -455,8 +455,8 @@ class CalibrationFile(VersionedFile):
     FORMAT = "kvscope-calibration"
     #: Version 2 split attention into decode context and prefill (query, key) pairs: a version-1 cost model
     #: has one context coefficient for both, so it cannot be read as a version-2 one (calibrate again).
-    #: The speculative fields (``server.speculation``, ``cost.per_spec_seq_s``/``per_draft_token_s``, the
-    #: samples' ``spec_seq_steps``/``draft_tokens``) are optional with a default of none/0, which is what a
+    #: The speculative fields (``server.speculation``, ``cost.per_spec_step_s``/``per_draft_token_s``, the
+    #: samples' ``spec_steps``/``draft_tokens``) are optional with a default of none/0, which is what a
     #: file written before them means, so they came without a version bump.
     SUPPORTED_VERSIONS = (2,)
 
