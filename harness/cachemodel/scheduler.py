@@ -30,7 +30,9 @@ member of an ensemble, ``capacity_model``).  Long runs of identical decode steps
 With speculative decoding (a request's ``spec_drafted``/``spec_accepted`` from the offline model), a decoding
 request is scheduled for ``1 + drafts`` tokens (they count against the token budget and get slots), and after
 the step its computed tokens fall back by the rejected drafts: it emits ``1 + accepted`` tokens, as vLLM's
-``update_from_output`` does.  Such steps are taken one at a time (no fast-forward).
+``update_from_output`` does.  Such steps are taken one at a time (no fast-forward), and the step cost is told
+how many of its decodes verify drafts and how many drafts (a calibrated n-gram server prices verification
+apart from tokens: :mod:`.calibration`).
 
 Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
 when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
