@@ -318,7 +318,6 @@ def _ngram_sweep_case(tmp_path, with_token_ids: bool = True):
 
     rng = np.random.default_rng(5)
     b = TraceBuilder()
-    generated = {}
     rid = 0
     for si in range(8):
         ids: list[int] = []
@@ -329,12 +328,11 @@ def _ngram_sweep_case(tmp_path, with_token_ids: bool = True):
             b.add_request(session_id=f"s{si}", step=step, parent_request_id=-1 if step == 0 else rid - 1,
                           arrival_s=0.0, session_start_s=0.0, prompt_segment_ids=list(ids), output_segment_id=oid,
                           output_tokens=len(out), transition="first" if step == 0 else "append")
-            generated[rid] = out
             rid += 1
             ids = ids + [oid]
     trace = b.build({"name": "t"}).write(tmp_path / "trace")
     records = []
-    for r, out in generated.items():
+    for r in range(rid):
         motif = (np.arange(7) * 31 + 100 + r).tolist()
         answer = (motif * 6)[:40]
         records.append(asdict(RequestRecord(request_id=r, session_id="s", step=0, sent_s=float(r), ttft_s=0.01,
