@@ -160,7 +160,7 @@ def test_no_prediction_is_made_where_the_model_cannot_make_one_and_each_says_why
 
     sw, cal, trace = _predicting_sweep(tmp_path, 250)
     assert prediction_skipped(sw.spec, speculative=False) is None
-    assert "speculative decoding" in prediction_skipped(sw.spec, speculative=True)
+    assert "speculative decoding" in prediction_skipped(sw.spec, speculative=True)  # not one the model computes
     assert "off" in prediction_skipped(sw.spec.model_copy(update={"predict": False}), speculative=False)
     assert "session rates" in prediction_skipped(sw.spec.model_copy(update={"kind": "session_rate"}),
                                                  speculative=False)
@@ -299,3 +299,99 @@ def test_kvscope_capacity_resolves_a_relative_slo_from_its_predicted_lowest_leve
     assert cli["slo_ttft_p90"] == "3x_unloaded" and cli["slo_unloaded_ttft_p90_ms"] == pytest.approx(lowest_ms)
     assert cli["slo_ttft_ms"] == pytest.approx(3 * lowest_ms)
     assert f"3x unloaded ({lowest_ms:.0f} ms, predicted at concurrency 1)" in capsys.readouterr().out
+
+
+# ---- an n-gram configuration's sweep: planned from the drafts of the answers its first level generated ------
+
+
+def _ngram_sweep_case(tmp_path, with_token_ids: bool = True):
+    """A kvscope trace of 8 sessions, an n-gram server's calibration (a small pool: the curve has an edge) and the
+    first level's cell: records whose generated answers repeat a motif of their prompt (so n-gram drafts hit),
+    unlike the trace's own recorded answers (random: nothing to draft from)."""
+    import time as _time
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    import numpy as np
+    from kvscope.harness.results.records import RequestRecord, records_frame, write_records_parquet
+    from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationServer
+    from kvscope.workloads.trace import TraceBuilder
+
+    rng = np.random.default_rng(5)
+    b = TraceBuilder()
+    rid = 0
+    for si in range(8):
+        ids: list[int] = []
+        for step in range(4):
+            ids = ids + [b.add_segment(rng.integers(100, 900, 120).astype(np.int32), "user")]
+            out = rng.integers(100, 900, 40).astype(np.int32)
+            oid = b.add_segment(out, "assistant")
+            b.add_request(session_id=f"s{si}", step=step, parent_request_id=-1 if step == 0 else rid - 1,
+                          arrival_s=0.0, session_start_s=0.0, prompt_segment_ids=list(ids), output_segment_id=oid,
+                          output_tokens=len(out), transition="first" if step == 0 else "append")
+            rid += 1
+            ids = ids + [oid]
+    trace = b.build({"name": "t"}).write(tmp_path / "trace")
+    records = []
+    for r in range(rid):
+        motif = (np.arange(7) * 31 + 100 + r).tolist()
+        answer = (motif * 6)[:40]
+        records.append(asdict(RequestRecord(request_id=r, session_id="s", step=0, sent_s=float(r), ttft_s=0.01,
+                                            tpot_s=0.005, output_tokens=40,
+                                            output_token_ids=answer if with_token_ids else [])))
+    cell = tmp_path / "run" / "cells" / "c1"
+    cell.mkdir(parents=True)
+    write_records_parquet(cell, records_frame(records))
+    cal = CalibrationFile(created_at=_time.time(),
+                          server=CalibrationServer(block_size=16, num_gpu_blocks=60, max_num_seqs=8,
+                                                   max_num_batched_tokens=512, max_model_len=2048,
+                                                   speculation="ngram:k=4,min=2,max=4"),
+                          cost=CalibrationCost(base_s=0.004, per_token_s=2e-5, per_seq_s=1e-4, per_context_token_s=0.0,
+                                               request_overhead_s=0.002, per_prefill_pair_s=0.0, per_spec_step_s=3e-3,
+                                               per_draft_token_s=3e-4),
+                          fit_r2=0.95, fit_median_rel_error=0.05)
+    spec = ExperimentSpec.model_validate({**BASE, "servers": {"ngram": {}}, "replay": {"time_scale": 0},
+                                          "sweep": {"levels": [1, 4, 5, 6, 8], "slo_ttft_p90": "3x_unloaded"}})
+    sw = plan_sweeps(spec)[0]
+    run = SimpleNamespace(run_dir=tmp_path / "run", manifest=SimpleNamespace(traces={"w": str(trace)}), spec=spec)
+    entry = CellEntry(server="ngram", workload="w", load="sweep-c1", repeat=0, status="ok", dir="cells/c1")
+    return sw, cal, run, entry, trace
+
+
+def test_an_ngram_sweep_is_planned_from_the_drafts_of_the_answers_its_first_level_generated(tmp_path, capsys):
+    from kvscope.harness.analysis.capacity_prediction import predict_curve
+    from kvscope.harness.experiment.runner import _plan_speculative_sweep, _plan_sweep
+    from kvscope.harness.experiment.sweep import predict_sweep, prediction_skipped
+
+    sw, cal, run, entry, trace = _ngram_sweep_case(tmp_path)
+    assert prediction_skipped(sw.spec, speculative=True, speculation=cal.server.speculation) is None
+    _plan_sweep(run, sw, cal, "calibrations/ngram.json", None)
+    assert sw.awaiting_speculation and not sw.planned  # the curve waits for the first level's answers
+    assert sw.next_load() == 1
+    sw.record(LoadPoint(1, 0.05))
+    _plan_speculative_sweep(run, sw, (cal, "calibrations/ngram.json", None), entry)
+    assert sw.planned and not sw.awaiting_speculation, sw.plan_note
+    # every request's drafts come from the generated answers (the motif), not the trace's random ones
+    assert len(sw.speculation) == 32 and all(s.accepted_tokens > 20 for s in sw.speculation.values())
+    plain = predict_curve(trace, cal, [1, 2], time_scale=0).rows
+    assert sw.predicted_rows[0].e2e_p50_s < 0.6 * plain[0].e2e_p50_s  # ~4 tokens a verifying step
+    nxt = sw.next_load()
+    assert nxt is not None and nxt != 1 and nxt in [p.load for p in sw.predicted]
+    assert sw.plan_record()["plan"] == "predicted"
+    pred = predict_sweep(sw, trace, cal, "calibrations/ngram.json", time_scale=0, mode="recorded")
+    assert pred.get("skipped") is None and [lv["load"] for lv in pred["levels"]] == list(range(1, 9))
+    assert "speculative decoding" in capsys.readouterr().out
+
+
+def test_an_ngram_sweep_whose_first_level_kept_no_tokens_climbs_the_ladder_and_says_why(tmp_path):
+    from kvscope.harness.experiment.runner import _plan_speculative_sweep, _plan_sweep
+    from kvscope.harness.experiment.sweep import predict_sweep
+
+    sw, cal, run, entry, trace = _ngram_sweep_case(tmp_path, with_token_ids=False)
+    _plan_sweep(run, sw, cal, "calibrations/ngram.json", None)
+    sw.record(LoadPoint(1, 0.05))
+    _plan_speculative_sweep(run, sw, (cal, "calibrations/ngram.json", None), entry)
+    assert not sw.planned and "generated no tokens" in sw.plan_note
+    assert sw.next_load() == 4  # the ladder
+    assert "no measured level's generated tokens" in predict_sweep(sw, trace, cal, "c.json", time_scale=0,
+                                                                  mode="recorded")["skipped"]

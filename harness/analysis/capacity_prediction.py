@@ -12,7 +12,7 @@ over :func:`~.capacity.predicted_points`), so a predicted capacity means what a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING
 from kvscope.harness.analysis.capacity import Capacity, TtftSlo, capacity_from_points, predicted_points
 from kvscope.harness.cachemodel.calibration import MIN_FIT_R2
 from kvscope.harness.cachemodel.capacity_model import DEFAULT_CLIFF_DROP_PP, find_cliff, predict_levels
+from kvscope.harness.cachemodel.gpu_predict import attach_speculation
 from kvscope.harness.cachemodel.trace_io import load_trace
 
 if TYPE_CHECKING:
     from kvscope.harness.cachemodel.capacity_model import LevelPrediction
     from kvscope.harness.cachemodel.scheduler import SchedulerConfig
+    from kvscope.harness.cachemodel.speculative import RequestSpeculation
     from kvscope.harness.results.schemas import CalibrationFile
 
 
@@ -48,14 +50,20 @@ class PredictedCurve:
 
 def predict_curve(trace_dir: str | Path, cal: CalibrationFile, levels: Sequence[int], *,
                   num_gpu_blocks: int | None = None, time_scale: float = 1.0, mode: str = "recorded",
-                  ensemble_runs: int | None = None, min_fit_r2: float = MIN_FIT_R2) -> PredictedCurve:
+                  ensemble_runs: int | None = None, min_fit_r2: float = MIN_FIT_R2,
+                  speculation: Mapping[int, RequestSpeculation] | None = None) -> PredictedCurve:
     """Run the trace through the scheduler model of the calibrated server at each closed-loop concurrency of
     ``levels`` (``predict_levels``: an ensemble with the calibration's timing noise near a full pool).
+    ``speculation``: a speculative server's decode steps per request id (drafts and accepted tokens, the
+    offline model's on the tokens it generated: :func:`~.speculative.generated_speculation`); a request
+    without an entry decodes one token a step.
     :class:`CalibrationFitError` (before the trace is read) when the fit's R² is below ``min_fit_r2``."""
     if not cal.fit_r2 >= min_fit_r2:
         raise CalibrationFitError(cal.fit_r2, min_fit_r2)
     cfg = cal.scheduler_config(num_gpu_blocks)
     requests = load_trace(trace_dir, cfg.block_size).requests
+    if speculation:
+        requests = attach_speculation(requests, {rid: (s.drafted, s.accepted) for rid, s in speculation.items()})
     rows = predict_levels(requests, cfg, cal.cost_model(), levels, time_scale=time_scale, mode=mode,
                           timing_cv=cal.timing_cv, ensemble_runs=ensemble_runs)
     return PredictedCurve(rows, cfg)

@@ -28,12 +28,16 @@ from kvscope.harness.cachemodel.speculative import (
     NgramConfig,
     OracleConfig,
     SpecConfig,
+    RequestSpeculation,
     SpeculationResult,
     SuffixConfig,
     plain_tpot_s,
     predicted_tpot_s,
     simulate,
+    simulate_request,
+    summarize,
 )
+from kvscope.harness.cachemodel.spec_predict import speculative_spec_of_vllm
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.loaders import load_calibration, load_run_manifest
@@ -47,7 +51,9 @@ if TYPE_CHECKING:
     from kvscope.harness.cachemodel.calibration import StepCostModel
 
 __all__ = [
+    "compare_tpot",
     "default_configs",
+    "generated_speculation",
     "load_speculation_input",
     "measured_beside_predicted",
     "position_table",
@@ -153,6 +159,33 @@ def generated_trace(trace: Trace, records: pd.DataFrame, live: bool, name: str) 
     return b.build({"name": name})
 
 
+def generated_speculation(trace: Trace, records: pd.DataFrame, cfg: SpecConfig, *, live: bool = False,
+                          max_model_len: int | None = None) -> dict[int, RequestSpeculation]:
+    """Each successful request's decode steps under ``cfg`` on the tokens its server generated (a run's
+    records' ``output_token_ids``), by request id; the prompt as sent (recorded mode: the trace's; ``live``:
+    the parent's generated answer substituted).  Why the generated tokens: an n-gram proposer drafts against
+    the server's own answer, and in a recorded-mode replay that answer is not the trace's.  Each request is
+    computed alone, which is exact for n-gram (its proposer sees only the request's own tokens).  Empty where
+    the records keep no token ids."""
+    if "output_token_ids" not in records.columns or not len(records):
+        return {}
+    recs = records[records["error_class"].isna()] if "error_class" in records.columns else records
+    recs = recs.sort_values(["request_id", "attempt"] if "attempt" in recs.columns else ["request_id"])
+    generated = {int(r): np.asarray(t if t is not None else [], np.int32)
+                 for r, t in zip(recs["request_id"], recs["output_token_ids"])}
+    out: dict[int, RequestSpeculation] = {}
+    for rid, tokens in generated.items():
+        if tokens.size == 0 or not 0 <= rid < trace.num_requests:
+            continue
+        sub = None
+        if live:
+            parent = int(trace.requests["parent_request_id"].iat[rid])
+            if parent >= 0 and parent in generated:
+                sub = {trace.output_segment_id(parent): generated[parent]}
+        out[rid] = simulate_request(trace.prompt_token_ids(rid, sub), tokens, cfg, max_model_len, request_id=rid)
+    return out
+
+
 def recorded_output_lengths(trace: Trace) -> np.ndarray:
     """Recorded output tokens per request (0 where the trace knows only the output length)."""
     out_ids = trace.requests["output_segment_id"].to_numpy(np.int64)
@@ -220,12 +253,9 @@ def speculative_configs_of_servers(servers: dict[str, dict | None]) -> dict[str,
     """The n-gram servers of an experiment (server name -> its ``speculative_config``) as model configs."""
     out: dict[str, SpecConfig] = {}
     for name, sc in servers.items():
-        if not sc or sc.get("method", "ngram" if sc.get("model") in ("ngram", "[ngram]") else None) != "ngram":
-            continue
-        k = int(sc.get("num_speculative_tokens", 1))
-        lo, hi = sc.get("prompt_lookup_min"), sc.get("prompt_lookup_max")
-        lo, hi = (lo or hi or 5), (hi or lo or 5)
-        out[name] = NgramConfig(k, int(lo), int(hi))
+        spec = speculative_spec_of_vllm(sc)
+        if spec is not None:
+            out[name] = spec.offline_config()
     return out
 
 
@@ -340,3 +370,56 @@ def experiment_predictions(res, k: int = 4) -> tuple[pd.DataFrame, pd.DataFrame,
                          "predicted_mean_acceptance_length": s["mean_acceptance_length"]})
     return (prediction_table(files) if files else pd.DataFrame(), position_table(files) if files else pd.DataFrame(),
             pd.DataFrame(rows))
+
+
+def compare_tpot(trace_dir: str | Path, records: pd.DataFrame, cal, *, concurrency: int,
+                 time_scale: float = 0.0, mode: str = "recorded") -> dict:
+    """A closed-loop run of a speculative server (its records) beside the scheduler model's prediction of it:
+    the calibration's step costs (``cal``, a ``CalibrationFile`` of that server, ``server.speculation`` set)
+    and each request's drafts and accepted tokens from the offline model on the tokens the server generated.
+    TPOT per request is ``(e2e - ttft) / (output_tokens - 1)`` on both sides, over the requests that emitted
+    two tokens or more.  Also the same prediction with the speculative step costs left out (drafts costed as
+    tokens only), which is what the calibration's two speculative coefficients add."""
+    from dataclasses import replace
+
+    from kvscope.harness.cachemodel.capacity_model import prompt_blocks_only
+    from kvscope.harness.cachemodel.gpu_predict import attach_speculation
+    from kvscope.harness.cachemodel.scheduler import SessionTiming, run_scheduler
+    from kvscope.harness.cachemodel.spec_predict import parse_speculative
+    from kvscope.harness.cachemodel.trace_io import load_trace
+
+    if not cal.server.speculation:
+        raise KvscopeError("the calibration is of a server without speculative decoding the offline model computes")
+    cfg = parse_speculative(cal.server.speculation).offline_config()
+    trace = Trace.read(trace_dir)
+    spec = generated_speculation(trace, records, cfg, live=mode == "live", max_model_len=cal.server.max_model_len)
+    sched = cal.scheduler_config()
+    requests = load_trace(trace_dir, sched.block_size).requests
+    if mode == "recorded":
+        requests = prompt_blocks_only(requests, sched.block_size)
+    requests = attach_speculation(requests, {rid: (s.drafted, s.accepted) for rid, s in spec.items()})
+    timing = SessionTiming(concurrency=concurrency, time_scale=time_scale)
+    cost = cal.cost_model()
+
+    def tpots(step_cost) -> dict[int, float]:
+        run = run_scheduler(requests, sched, step_cost, timing)
+        return {r.request_id: (r.done_s - r.first_token_s) / (r.output_tokens - 1) for r in run.results
+                if r.output_tokens > 1}
+
+    predicted = tpots(cost)
+    plain_cost = tpots(replace(cost, per_spec_step_s=0.0, per_draft_token_s=0.0))
+    ok = records[records["error_class"].isna()] if "error_class" in records.columns else records
+    measured = {int(r): float(t) for r, t in zip(ok["request_id"], ok["tpot_s"])
+                if t is not None and np.isfinite(t) and int(r) in predicted}
+    ids = sorted(measured)
+    m = np.array([measured[i] for i in ids])
+    p = np.array([predicted[i] for i in ids])
+    q = np.array([plain_cost[i] for i in ids])
+    summary = summarize([spec[i] for i in ids if i in spec], cfg.max_drafts)
+    return {"concurrency": concurrency, "requests": len(ids),
+            "measured_tpot_p50_ms": float(np.median(m) * 1e3), "predicted_tpot_p50_ms": float(np.median(p) * 1e3),
+            "tpot_p50_error": float(np.median(p) / np.median(m) - 1.0),
+            "measured_tpot_mean_ms": float(m.mean() * 1e3), "predicted_tpot_mean_ms": float(p.mean() * 1e3),
+            "predicted_tpot_p50_no_spec_cost_ms": float(np.median(q) * 1e3),
+            "acceptance_rate": nan_to_none(summary["acceptance_rate"], float),
+            "tokens_per_step": nan_to_none(summary["tokens_per_step"], float)}

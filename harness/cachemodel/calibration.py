@@ -24,6 +24,17 @@ in every timed request once, whatever its number of steps, which is what separat
 A request's measured time is a *sum* of steps, and sums of linear steps are linear in summed features, so a
 sample is ``(steps, tokens, sequence-steps, decode context, requests, prefill pairs) -> seconds`` and one fit
 takes prefill (TTFT) and batch (send to last token of requests decoding together) samples alike.
+A server that decodes speculatively (n-gram) adds two features: the steps in which some sequence verifies
+drafts (``spec_steps``) and the draft tokens verified (``draft_tokens``).  Why not fold drafts into ``tokens``:
+on vLLM CPU a decode step that verifies ``d`` drafts costs far more than ``d`` prefill tokens (the tiny model:
+a plain step 4.3 ms, a verifying step 7.3-8.4 ms for 2-4 drafts, against 0.1-0.2 ms that the per-token cost
+fitted on prefills adds), and most of that is per verifying *step* (rejection sampling, the proposer), not per
+sequence: costed per verifying sequence, the tiny model's TPOT at concurrency 4 came out 33-57 % high where
+concurrency 1 was within 12 % (benchmarks/README.md).
+Both are fitted on the speculative server itself (``kvscope.harness.replay.calibrate``: its decode samples'
+drafts come from the offline model on the tokens the server generated); a server without speculation has
+both features 0 and both coefficients 0.
+
 Coefficients are constrained non-negative (``scipy.optimize.nnls``): a negative per-token cost fitted from
 noisy timings would make long prompts cheaper than short ones.
 
@@ -46,8 +57,10 @@ MIN_FIT_R2 = 0.5
 @dataclass(frozen=True)
 class StepCostModel:
     """``step_s = base_s + per_token_s*tokens + per_seq_s*seqs + per_context_token_s*context_tokens
-    + per_prefill_pair_s*prefill_pairs`` (context tokens: attended by the step's decodes; prefill pairs: the
-    (query, key) pairs of its prefill chunks)."""
+    + per_prefill_pair_s*prefill_pairs + per_spec_step_s*[spec_seqs > 0] + per_draft_token_s*draft_tokens``
+    (context tokens: attended by the step's decodes; prefill pairs: the (query, key) pairs of its prefill
+    chunks; spec seqs: its decodes that verify drafts, which cost once per step; draft tokens: the drafts they
+    verify, also counted in ``tokens``)."""
 
     base_s: float = 0.01
     per_token_s: float = 2e-5
@@ -58,10 +71,16 @@ class StepCostModel:
     request_overhead_s: float = 0.0
     #: Per (query, key) pair of a prefill chunk.
     per_prefill_pair_s: float = 0.0
+    #: Per step in which some decoding sequence verifies drafts (speculative decoding), beyond its tokens.
+    per_spec_step_s: float = 0.0
+    #: Per draft token verified, beyond ``per_token_s``.
+    per_draft_token_s: float = 0.0
 
-    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
+    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0,
+               spec_seqs: int = 0, draft_tokens: int = 0) -> float:
         return (self.base_s + self.per_token_s * tokens + self.per_seq_s * seqs
-                + self.per_context_token_s * context_tokens + self.per_prefill_pair_s * prefill_pairs)
+                + self.per_context_token_s * context_tokens + self.per_prefill_pair_s * prefill_pairs
+                + self.per_spec_step_s * (spec_seqs > 0) + self.per_draft_token_s * draft_tokens)
 
     def decode_run_s(self, seqs: int, context_tokens: float, steps: int) -> float:
         """``steps`` decode steps after one at ``context_tokens`` (:class:`~.step_cost.StepCost`): step j costs
@@ -75,7 +94,8 @@ class StepCostModel:
         """Every per-step cost times ``factor`` (the frontend's per-request overhead unchanged)."""
         return StepCostModel(self.base_s * factor, self.per_token_s * factor, self.per_seq_s * factor,
                              self.per_context_token_s * factor, self.request_overhead_s,
-                             self.per_prefill_pair_s * factor)
+                             self.per_prefill_pair_s * factor, self.per_spec_step_s * factor,
+                             self.per_draft_token_s * factor)
 
 
 @dataclass(frozen=True)
@@ -93,10 +113,18 @@ class TimingSample:
     requests: float = 0.0
     #: (query, key) pairs of the prefill chunks, summed over the steps.
     prefill_pairs: float = 0.0
+    #: Steps in which some sequence verified drafts (speculative decoding).
+    spec_steps: float = 0.0
+    #: Draft tokens verified, summed over the steps (also in ``tokens``).
+    draft_tokens: float = 0.0
+    #: The measured shape when repeats of it differ in their features (a speculative server's decode batches:
+    #: each answer drafts differently), so :func:`median_of_repeats` groups them by it; "" otherwise.
+    shape: str = ""
 
     def features(self) -> list[float]:
         """In the order of :class:`StepCostModel`'s coefficients."""
-        return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests, self.prefill_pairs]
+        return [self.steps, self.tokens, self.seq_steps, self.context_tokens, self.requests, self.prefill_pairs,
+                self.spec_steps, self.draft_tokens]
 
 
 @dataclass(frozen=True)
@@ -110,11 +138,19 @@ class CostFit:
 
 def median_of_repeats(samples: Sequence[TimingSample]) -> list[TimingSample]:
     """One sample per measured shape (identical features), its time the median of the repeats: a single slow
-    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all."""
+    outlier (a stall of the host, a burst of the frontend) moves a median of three not at all.  Repeats of a
+    named ``shape`` (whose features differ) keep the repeat of median time, features and all (the lower middle
+    of an even count): a measured pair, as robust to one stall as the median."""
     groups: dict[tuple, list[TimingSample]] = {}
     for s in samples:
-        groups.setdefault((s.kind, *s.features()), []).append(s)
-    return [replace(g[0], seconds=median(x.seconds for x in g)) for g in groups.values()]
+        groups.setdefault((s.kind, s.shape) if s.shape else (s.kind, *s.features()), []).append(s)
+    out = []
+    for g in groups.values():
+        if g[0].shape:
+            out.append(sorted(g, key=lambda x: x.seconds)[(len(g) - 1) // 2])
+        else:
+            out.append(replace(g[0], seconds=median(x.seconds for x in g)))
+    return out
 
 
 def timing_cv(samples: Sequence[TimingSample]) -> float | None:
@@ -148,7 +184,7 @@ def fit_cost_model(samples: Sequence[TimingSample]) -> CostFit:
     from scipy.optimize import nnls  # deferred: scipy is heavy, importing this module must not load it
 
     if len(samples) < 6:
-        raise ValueError(f"need at least 6 timing samples to fit 6 coefficients, got {len(samples)}")
+        raise ValueError(f"need at least 6 timing samples to fit the step costs, got {len(samples)}")
     X = np.array([s.features() for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples], dtype=float)
     w = 1.0 / np.maximum(y, 1e-6)
@@ -195,3 +231,23 @@ def batch_sample(batch: int, prompt_tokens: int, cached_tokens: int, output_toke
     context = decode_steps * prompt_tokens + decode_steps * output_tokens / 2
     return TimingSample(1 + decode_steps, batch * (new + decode_steps), batch * (1 + decode_steps),
                         batch * context, seconds, "decode", 1.0, batch * prefill_pairs(new, cached))
+
+
+def speculative_batch_sample(prompt_tokens: int, cached_tokens: int, drafted: Sequence[Sequence[int]],
+                             context_tokens: Sequence[Sequence[float]], seconds: float, shape: str = "") -> TimingSample:
+    """:func:`batch_sample` on a server that decodes speculatively: request i's decode steps verify
+    ``drafted[i][j]`` drafts at ``context_tokens[i][j]`` tokens of context (the offline model's
+    ``RequestSpeculation`` on the tokens the server generated), so requests of one batch take different
+    numbers of steps; the batch takes as many as its longest request (all are prefilled in the first)."""
+    batch = len(drafted)
+    cached = min(cached_tokens, prompt_tokens - 1)
+    new = prompt_tokens - cached
+    n_steps = [len(d) for d in drafted]
+    draft_tokens = float(sum(sum(int(x) for x in d) for d in drafted))
+    # decode step j of the batch verifies if any of its requests drafted at its step j (all decode in lockstep)
+    spec_steps = float(sum(1 for j in range(max(n_steps, default=0))
+                           if any(j < len(d) and int(d[j]) > 0 for d in drafted)))
+    context = float(sum(sum(float(c) for c in cs) for cs in context_tokens))
+    return TimingSample(1 + max(n_steps, default=0), batch * new + sum(n_steps) + draft_tokens,
+                        batch + sum(n_steps), context, seconds, "decode", 1.0,
+                        batch * prefill_pairs(new, cached), spec_steps, draft_tokens, shape)

@@ -113,7 +113,9 @@ class RooflineStepCost:
                                            + tokens * self.allreduce_bytes_per_token / self.interconnect_bytes_per_s)
 
     # -- StepCost ----------------------------------------------------------------------------------------
-    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
+    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0,
+               spec_seqs: int = 0, draft_tokens: int = 0) -> float:
+        # drafts cost what any scheduled token costs here: on a GPU a verifying decode is one more query row
         return self.factor * (max(self.compute_s(tokens, seqs, context_tokens, prefill_pairs),
                                   self.memory_s(tokens, context_tokens))
                               + self.step_overhead_s + self.comm_s(tokens))

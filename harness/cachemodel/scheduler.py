@@ -30,7 +30,9 @@ member of an ensemble, ``capacity_model``).  Long runs of identical decode steps
 With speculative decoding (a request's ``spec_drafted``/``spec_accepted`` from the offline model), a decoding
 request is scheduled for ``1 + drafts`` tokens (they count against the token budget and get slots), and after
 the step its computed tokens fall back by the rejected drafts: it emits ``1 + accepted`` tokens, as vLLM's
-``update_from_output`` does.  Such steps are taken one at a time (no fast-forward).
+``update_from_output`` does.  Such steps are taken one at a time (no fast-forward), and the step cost is told
+how many of its decodes verify drafts and how many drafts (a calibrated n-gram server prices verification
+apart from tokens: :mod:`.calibration`).
 
 Session timing follows ``kvscope replay``: closed loop (``concurrency`` sessions at a time, the next one starts
 when one ends), open loop (sessions start at their trace times), each later request sent ``gap_s``
@@ -472,15 +474,19 @@ def _advance(model: SchedulerModel, batch: list[tuple[_Seq, int]], cost: StepCos
     ``scale`` multiplies every step's cost (a noise draw: one for the whole run of steps).
     """
     m = len(batch)
-    tokens = ctx = 0
+    tokens = ctx = spec_seqs = drafts = 0
     pairs = 0.0
     for s, n in batch:
         tokens += n
         if s.num_computed + 1 >= s.num_tokens:  # a decode (with any drafts): reads its whole context
             ctx += s.num_computed + 1
+            if n > 1:  # it verifies n - 1 drafts
+                spec_seqs += 1
+                drafts += n - 1
         else:
             pairs += prefill_pairs(n, s.num_computed)
-    dt = cost.step_s(tokens, m, ctx, pairs) * scale
+    dt = (cost.step_s(tokens, m, ctx, pairs, spec_seqs, drafts) if spec_seqs
+          else cost.step_s(tokens, m, ctx, pairs)) * scale
     if not steady or tokens != m or now + dt >= next_arrival_s:
         return 1, dt
     k_max = 1 + min(s.res.output_tokens - s.generated - 1 for s, _ in batch)

@@ -97,6 +97,19 @@ def parse_speculative(text: str) -> SpeculativeSpec:
     return spec
 
 
+def speculative_spec_of_vllm(speculative_config: dict | None) -> SpeculativeSpec | None:
+    """A vLLM ``speculative_config`` as the spec the offline model computes (n-gram: ``num_speculative_tokens``,
+    ``prompt_lookup_min``/``max`` with vLLM's defaults where one or both are left out); None for none and for
+    a method whose drafts cannot be computed from the tokens (a draft model, EAGLE, ...)."""
+    sc = speculative_config or {}
+    method = sc.get("method") or ("ngram" if sc.get("model") in ("ngram", "[ngram]") else None)
+    if method != "ngram":
+        return None
+    lo, hi = sc.get("prompt_lookup_min"), sc.get("prompt_lookup_max")
+    lo, hi = (lo or hi or 5), (hi or lo or 5)
+    return SpeculativeSpec("ngram", {"k": int(sc.get("num_speculative_tokens", 1)), "min": int(lo), "max": int(hi)})
+
+
 def draft_acceptance_pattern(k: int, acceptance: float, steps: int) -> list[int]:
     """Accepted drafts per step whose running mean tracks the expectation ``sum_{i=1..k} a^i`` (deterministic:
     step j gets ``floor((j+1) E) - floor(j E)``, capped at k)."""
@@ -147,8 +160,9 @@ class DraftStepCost:
     def request_overhead_s(self) -> float:
         return self.target.request_overhead_s
 
-    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
-        t = self.target.step_s(tokens, seqs, context_tokens, prefill_pairs)
+    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0,
+               spec_seqs: int = 0, draft_tokens: int = 0) -> float:
+        t = self.target.step_s(tokens, seqs, context_tokens, prefill_pairs, spec_seqs, draft_tokens)
         if context_tokens > 0:  # decodes in the step
             t += self.k * self.draft.step_s(seqs, seqs, context_tokens)
         return t

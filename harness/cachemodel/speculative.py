@@ -538,11 +538,12 @@ def simulate(trace: Trace, cfg: SpecConfig, max_model_len: int | None = None,
 def predicted_tpot_s(req: RequestSpeculation, cost: StepCostModel) -> float:
     """TPOT of one request running alone: its decode steps' costs over its decode tokens (vLLM's
     ``(e2e - ttft) / (n_out - 1)``); a step verifying ``1 + d`` tokens at context ``T`` costs
-    ``cost.step_s(1 + d, 1, T)``."""
+    ``cost.step_s(1 + d, 1, T, spec_seqs=(d > 0), draft_tokens=d)``."""
     if req.output_tokens <= 1:
         return math.nan
     t = cost.base_s * req.decode_steps + cost.per_token_s * float((1 + req.drafted).sum()) \
-        + cost.per_seq_s * req.decode_steps + cost.per_context_token_s * float(req.context_tokens.sum())
+        + cost.per_seq_s * req.decode_steps + cost.per_context_token_s * float(req.context_tokens.sum()) \
+        + cost.per_spec_step_s * req.num_drafts + cost.per_draft_token_s * req.draft_tokens
     return t / (req.output_tokens - 1)
 
 

@@ -20,9 +20,12 @@ class StepCost(Protocol):
     #: Frontend time per request (HTTP, tokenization) before it reaches the scheduler.
     request_overhead_s: float
 
-    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0) -> float:
+    def step_s(self, tokens: int, seqs: int, context_tokens: float, prefill_pairs: float = 0.0,
+               spec_seqs: int = 0, draft_tokens: int = 0) -> float:
         """Seconds of one engine step: ``tokens`` scheduled over ``seqs`` sequences, decodes attending
-        ``context_tokens`` in all, prefill chunks attending ``prefill_pairs`` (query, key) pairs."""
+        ``context_tokens`` in all, prefill chunks attending ``prefill_pairs`` (query, key) pairs; of the
+        decodes, ``spec_seqs`` verify ``draft_tokens`` drafts in all (speculative decoding; the drafts are
+        also in ``tokens``; a step's verification overhead is paid once whatever ``spec_seqs`` is)."""
         ...
 
     def decode_run_s(self, seqs: int, context_tokens: float, steps: int) -> float:

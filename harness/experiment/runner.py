@@ -60,6 +60,7 @@ from kvscope.harness.experiment.sweep import (
     predict_sweep,
     predicted_curve,
     prediction_skipped,
+    sweep_speculation,
 )
 from kvscope.harness.experiment.workload_traces import write_workload_trace
 from kvscope.harness.model.tinymodel import build_tiny_model, read_model_card
@@ -632,6 +633,8 @@ def _run_sweeps(run: RunContext, servers: _Servers, after_cell: Callable[[Cell, 
             if entry.status != "ok":
                 _run_one(run, servers, cell, after_cell, level)
             sw.record(point_from_cell(load, cells[cell.name]), cells[cell.name].reason)
+            if sw.awaiting_speculation:
+                _plan_speculative_sweep(run, sw, calibrations[sw.server], cells[cell.name])
     run.manifest.capacity = []
     for sw in sweeps:
         cap = sw.capacity()
@@ -664,7 +667,7 @@ def _calibrate_for_sweep(run: RunContext, servers: _Servers, name: str, sweep: A
     path = safe_child(run.run_dir, "calibrations", f"{name}.json")
     try:
         backend = servers.get(name, 0)
-        why = prediction_skipped(sweep, speculative=backend.speculative_decoding())
+        why = prediction_skipped(sweep, speculative=backend.speculative_decoding(), speculation=backend.speculation())
         if why:
             return None, None, why
         if path.exists():
@@ -689,6 +692,11 @@ def _plan_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped
     calibration, a poor fit, a model error) it climbs its ladder and records why."""
     if cal is None:
         sw.set_prediction(None, skipped or "no calibration")
+    elif cal.server.speculation and sw.speculation is None:
+        sw.awaiting_speculation = True  # the curve needs the answers the server generates: after the first level
+        print(f"[{sw.server}] {sw.workload}: speculative decoding ({cal.server.speculation}): the curve is predicted "
+              "from the drafts of the answers the first level generates", flush=True)
+        return
     else:
         try:
             sw.set_prediction(predicted_curve(sw, run.run_dir / run.manifest.traces[sw.workload], cal,
@@ -703,10 +711,35 @@ def _plan_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped
         print(f"[{sw.server}] {sw.workload}: no predicted curve ({sw.plan_note}); climbing the levels", flush=True)
 
 
+def _plan_speculative_sweep(run: RunContext, sw: Any, calibration: tuple[Any, str | None, str | None],
+                            entry: CellEntry) -> None:
+    """A speculative sweep's first level is measured: its generated tokens give every request's drafts, and
+    the curve planned from them chooses the rest; without them (a failed cell, records without token ids) the
+    sweep climbs its ladder and records why."""
+    sw.awaiting_speculation = False
+    trace_dir = run.run_dir / run.manifest.traces[sw.workload]
+    try:
+        sw.speculation = (sweep_speculation(trace_dir, calibration[0], run.run_dir / entry.dir,
+                                            mode=run.spec.replay.mode) if entry.status == "ok" and entry.dir else {})
+    except Exception as exc:  # noqa: BLE001 - the ladder measures without a plan
+        sw.speculation = {}
+        print(f"[{sw.server}] drafts not computed: {exc.__class__.__name__}: {exc}"[:300], flush=True)
+    if not sw.speculation:
+        sw.set_prediction(None, "speculative decoding: the first level generated no tokens to compute the drafts from")
+        print(f"[{sw.server}] {sw.workload}: no predicted curve ({sw.plan_note}); climbing the levels", flush=True)
+        return
+    _plan_sweep(run, sw, *calibration)
+
+
 def _predict_sweep(run: RunContext, sw: Any, cal: Any, cal_rel: str | None, skipped: str | None) -> dict[str, Any]:
     if cal is None:
         return {"skipped": skipped or "no calibration"}
     try:
+        if cal.server.speculation and sw.speculation is None and sw.order:  # a ladder: from its first level
+            entry = run.manifest.cells.get(Cell(sw.server, sw.workload, sw.level_name(sw.order[0]), 0).name)
+            if entry is not None and entry.status == "ok" and entry.dir:
+                sw.speculation = sweep_speculation(run.run_dir / run.manifest.traces[sw.workload], cal,
+                                                   run.run_dir / entry.dir, mode=run.spec.replay.mode)
         return predict_sweep(sw, run.run_dir / run.manifest.traces[sw.workload], cal, cal_rel or "",
                              time_scale=run.spec.replay.time_scale, mode=run.spec.replay.mode)
     except Exception as exc:  # noqa: BLE001 - the measured capacity stands without it

@@ -19,8 +19,15 @@ with both capacities read by the same rule.
 With ``sweep.plan: predicted`` (the default) that curve is computed before the first level and chooses the
 levels (`analysis.capacity.next_planned_level`): the unloaded one, those around the predicted edge, a bounded
 search where the measurement disagrees, and one level past the measured edge. A full climb spends most of its
-cells far below the edge; the model is cheap and usually within a level of it. Without a curve (speculative
-decoding, session rates, no calibration) the sweep climbs its ladder as above, and the record says why.
+cells far below the edge; the model is cheap and usually within a level of it. Without a curve (session rates,
+no calibration, speculative decoding whose drafts the offline model cannot compute) the sweep climbs its
+ladder as above, and the record says why.
+
+An n-gram server's curve needs each request's drafts and accepted tokens, which depend on the answers that
+server generates (the offline model, ``kvscope speculate``, computes them exactly from the tokens): its sweep
+measures its first level (the unloaded one) before the curve, computes every request's steps from that
+cell's generated tokens (:func:`sweep_speculation`), and is planned from there like any other; its calibration
+was taken on the speculative server itself, whose decode samples carry their drafts.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ if TYPE_CHECKING:
     from kvscope.harness.results.schemas import CalibrationFile, CellEntry
 
 __all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
-           "prediction_skipped"]
+           "prediction_skipped", "sweep_speculation"]
 
 #: The prediction covers every concurrency between the lowest and the highest swept level when there are at
 #: most this many (the quickstart's 1-8: 8 model runs, 0.1 s); wider sweeps get their own levels only.
@@ -76,6 +83,11 @@ class SweepState:
     predicted_rows: list[Any] | None = None  # the curve's LevelPredictions, reused for the record
     plan_note: str | None = None
     order: list[float] = field(default_factory=list)  # levels in the order they were measured
+    #: A speculative configuration's decode steps per request id (the offline model on the tokens the server
+    #: generated at the first level measured), which its predicted curve needs; None until then.
+    speculation: dict[int, Any] | None = None
+    #: The curve waits for the first level's generated tokens (``plan: predicted`` on a speculative server).
+    awaiting_speculation: bool = False
 
     def set_prediction(self, rows: list[Any] | None, why_not: str | None = None) -> None:
         """The predicted curve that plans this sweep's levels, or why there is none (then: the ladder)."""
@@ -214,17 +226,36 @@ def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:
                      mean_sessions_in_flight=head.mean_sessions_in_flight, cell=entry.dir)
 
 
-def prediction_skipped(spec: SweepSpec, *, speculative: bool) -> str | None:
+def prediction_skipped(spec: SweepSpec, *, speculative: bool, speculation: str | None = None) -> str | None:
     """Why a sweep gets no predicted curve before anything is measured (None: calibrate and predict).
-    ``speculative``: the configuration decodes speculatively (``Backend.speculative_decoding``)."""
+    ``speculative``: the configuration decodes speculatively (``Backend.speculative_decoding``);
+    ``speculation``: as a spec the offline model computes (``Backend.speculation``: n-gram), else None."""
     if not spec.predict:
         return "sweep.predict is off"
     if spec.kind != "concurrency":
         return "the scheduler model predicts closed-loop concurrency levels, not session rates"
-    if speculative:
-        return ("speculative decoding is not modelled: the scheduler model takes one token per decode step, "
-                "so its calibration of this server explains little")
+    if speculative and not speculation:
+        return ("this speculative decoding is not modelled: its drafts cannot be computed from the tokens "
+                "(the offline model computes n-gram)")
     return None
+
+
+def sweep_speculation(trace_dir: Path, cal: CalibrationFile, cell_dir: Path, *, mode: str) -> dict[int, Any]:
+    """A speculative server's decode steps per request of the sweep's trace: the offline model
+    (``cal.server.speculation``) on the tokens the server generated in one measured cell (its records'
+    ``output_token_ids``).  Why from a cell and not the trace: n-gram drafts against the server's own answer,
+    and the trace's recorded answers are another model's.  At temperature 0 a request's answer does not depend
+    on the load, so the first level measured serves every level; a request that cell did not answer decodes
+    one token a step.  Empty where the records keep no token ids."""
+    # deferred, as every use of the scheduler model here: a sweep without speculation never loads them
+    from kvscope.harness.analysis.speculative import generated_speculation
+    from kvscope.harness.cachemodel.spec_predict import parse_speculative
+    from kvscope.harness.results.records import read_records
+    from kvscope.workloads.trace import Trace
+
+    cfg = parse_speculative(cal.server.speculation or "").offline_config()
+    return generated_speculation(Trace.read(trace_dir), read_records(cell_dir), cfg, live=mode == "live",
+                                 max_model_len=cal.server.max_model_len)
 
 
 def curve_levels(state: SweepState) -> list[int]:
@@ -242,7 +273,8 @@ def predicted_curve(state: SweepState, trace_dir: Path, cal: CalibrationFile, *,
     same rows plan a ``sweep.plan: predicted`` sweep before it starts and are recorded beside it after.
     `CalibrationFitError` (a ValueError) when the calibration's fit is too poor to predict from."""
     # deferred, as every use of the scheduler model here: a sweep without ``predict`` never loads it
-    return predict_curve(trace_dir, cal, curve_levels(state), time_scale=time_scale, mode=mode).rows
+    return predict_curve(trace_dir, cal, curve_levels(state), time_scale=time_scale, mode=mode,
+                         speculation=state.speculation).rows
 
 
 def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, calibration_rel: str, *,
@@ -253,6 +285,9 @@ def predict_sweep(state: SweepState, trace_dir: Path, cal: CalibrationFile, cali
     measures few of them, and a prediction limited to those said 4 on the quickstart where its own curve at 5
     passes (measured: 6)."""
     base = {"calibration": calibration_rel, "fit_r2": cal.fit_r2}
+    if cal.server.speculation and not state.speculation:
+        return {**base, "skipped": "speculative decoding: no measured level's generated tokens to compute the "
+                                   "drafts from"}
     rows = state.predicted_rows
     if rows is None or [r.concurrency for r in rows] != curve_levels(state):
         try:

@@ -20,6 +20,7 @@ because on a shared host the timings are only as good as the load was quiet.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from kvscope.harness.cachemodel.calibration import (MIN_FIT_R2, TimingSample, batch_sample, fit_cost_model,
-                                                     median_of_repeats, prefill_sample, timing_cv)
+                                                     median_of_repeats, prefill_sample, speculative_batch_sample,
+                                                     timing_cv)
 from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.replay.priority import DEFAULT_CLIENT_PRIORITY, ClientPriority, client_priority
 from kvscope.harness.results.schemas import CalibrationCost, CalibrationFile, CalibrationSample, CalibrationServer
@@ -41,6 +43,8 @@ DECODE_BATCHES = (1, 2, 4, 8, 16)
 #: per-context-token cost is not identified (the fit put it at 0) and a batch of agent turns at ~1,000 tokens
 #: each decoded twice as slowly as the model said.
 LONG_DECODE_BATCHES = (1, 2, 4, 8)
+#: A speculative server's short-context batches again with prompts of a repeated motif (steps that draft).
+SPECULATIVE_MOTIF_BATCHES = (1, 2, 4, 8)
 #: Each shape is timed this many times and its median kept (two calibrations of one server, one pass each,
 #: gave TTFT predictions 30 % apart).
 CALIBRATION_ROUNDS = 3
@@ -51,10 +55,14 @@ CALIBRATION_ROUNDS = 3
 POOR_FIT_EXTRA_PASSES = 2
 
 
-def _timed_completion(client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-    """(TTFT s, send-to-last-token s) of one streamed completion."""
+def _timed_completion(client, url: str, model: str, prompt: list[int], max_tokens: int,
+                      token_ids: list[int] | None = None) -> tuple[float, float]:
+    """(TTFT s, send-to-last-token s) of one streamed completion; ``token_ids``, where given, receives the
+    generated token ids (a speculative server's drafts are computed from them)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
             "stream": True}
+    if token_ids is not None:
+        body["return_token_ids"] = True
     t0 = time.perf_counter()
     first = last = None
     with client.stream("POST", url, json=body) as r:
@@ -65,9 +73,20 @@ def _timed_completion(client, url: str, model: str, prompt: list[int], max_token
                 now = time.perf_counter()
                 first = now if first is None else first
                 last = now
+                if token_ids is not None:
+                    for choice in json.loads(line[5:]).get("choices") or []:
+                        token_ids.extend(choice.get("token_ids") or [])
     if first is None or last is None:
         raise KvscopeError(f"calibration request to {url} streamed no tokens")
     return first - t0, last - t0
+
+
+def _motif_prompt(rng: random.Random, n: int) -> list[int]:
+    """``n`` tokens of a short random motif repeated after a random head: on an n-gram server its suffix
+    n-grams occur earlier, so decodes draft (how many are accepted is the model's business)."""
+    head = [rng.randrange(10, 8000) for _ in range(n // 2)]
+    motif = [rng.randrange(10, 8000) for _ in range(8)]
+    return (head + motif * (n // 8 + 1))[:n]
 
 
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
@@ -76,7 +95,13 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
                     ) -> list[TimingSample]:
     """Every shape measured ``rounds`` times (interleaved, round by round): all the timings, unreduced
     (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread). ``headers``:
-    the server's auth headers, carried by every request."""
+    the server's auth headers, carried by every request.
+
+    A speculative server (``server.speculation``): each decode sample's steps are the offline model's on the
+    tokens the server generated (its drafts per step), the batch timed to its last request's last token; and
+    the short-context batches are measured once more with prompts of a repeated motif, so that steps which
+    verify drafts and steps which do not are both well represented (random prompts draft only where the
+    model's own answer repeats)."""
     import httpx  # deferred: a heavy import that only a measurement needs
 
     rng = random.Random(seed)
@@ -89,6 +114,13 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(10, 8000) for _ in range(n)]
+
+    spec_cfg = None
+    if server.speculation:
+        from kvscope.harness.cachemodel.spec_predict import parse_speculative  # deferred: only a speculative server needs the offline model
+        from kvscope.harness.cachemodel.speculative import simulate_request
+
+        spec_cfg = parse_speculative(server.speculation).offline_config()
 
     samples: list[TimingSample] = []
     with httpx.Client(timeout=300.0, verify=tls_context(), headers=dict(headers or {})) as client:
@@ -108,25 +140,39 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
                 if cached:
                     ttft, _ = _timed_completion(client, url, model, prompt, 1)
                     samples.append(prefill_sample(n, ttft, budget, cached_tokens=cached))
-            for prompt_len, batches in ((short_len, DECODE_BATCHES), (long_len, LONG_DECODE_BATCHES)):
+            shapes = [(short_len, DECODE_BATCHES, False), (long_len, LONG_DECODE_BATCHES, False)]
+            if spec_cfg is not None:
+                shapes.append((short_len, SPECULATIVE_MOTIF_BATCHES, True))
+            for prompt_len, batches, motif in shapes:
                 per_req_blocks = -(-(prompt_len + decode_tokens) // server.block_size)
                 for batch in batches:
                     if batch > server.max_num_seqs or (server.num_gpu_blocks and
                                                        batch * per_req_blocks > server.num_gpu_blocks - 1):
                         break
-                    prompts = [ids(prompt_len) for _ in range(batch)]
+                    prompts = [_motif_prompt(rng, prompt_len) if motif else ids(prompt_len) for _ in range(batch)]
                     if prompt_len > short_len:
                         # Prefill them once first: sent again together, all but their last block hits the cache,
                         # so every prefill fits in the first step and no prefill chunk lands inside the decodes.
                         for p in prompts:
                             _timed_completion(client, url, model, p, 1)
+                    outputs: list[list[int] | None] = [[] if spec_cfg is not None else None for _ in prompts]
                     with ThreadPoolExecutor(batch) as pool:
-                        timed = list(pool.map(lambda p: _timed_completion(client, url, model, p, decode_tokens),
-                                              prompts))
-                    e2e_s = sorted(t[1] for t in timed)[len(timed) // 2]
+                        timed = list(pool.map(lambda po: _timed_completion(client, url, model, po[0], decode_tokens,
+                                                                           po[1]), zip(prompts, outputs)))
                     cached = (prompt_len - 1) // server.block_size * server.block_size if prompt_len > short_len \
                         else 0
-                    samples.append(batch_sample(batch, prompt_len, cached, decode_tokens, e2e_s))
+                    if spec_cfg is None:
+                        e2e_s = sorted(t[1] for t in timed)[len(timed) // 2]
+                        samples.append(batch_sample(batch, prompt_len, cached, decode_tokens, e2e_s))
+                        continue
+                    # requests of one batch draft differently and so finish at different steps: the batch is
+                    # timed to its last token, the steps counted to its longest request
+                    sims = [simulate_request(p, o or [], spec_cfg, server.max_model_len)
+                            for p, o in zip(prompts, outputs)]
+                    samples.append(speculative_batch_sample(prompt_len, cached, [x.drafted for x in sims],
+                                                            [x.context_tokens for x in sims],
+                                                            max(t[1] for t in timed),
+                                                            f"{'motif' if motif else 'random'}-{prompt_len}x{batch}"))
     return samples
 
 
@@ -149,7 +195,7 @@ def calibrate_server(backend: Backend, out_path: str | Path, *, seed: int = 0,
     server = CalibrationServer(endpoint=endpoint, model=facts.model, block_size=whole(facts.block_size),
                                num_gpu_blocks=whole(facts.num_blocks), max_num_seqs=int(limits.max_num_seqs or 128),
                                max_num_batched_tokens=int(limits.max_num_batched_tokens or 2048),
-                               max_model_len=whole(facts.max_model_len))
+                               max_model_len=whole(facts.max_model_len), speculation=backend.speculation())
     load = os.getloadavg()[0]
     # With realtime/auto the requests go out from real-time threads, so the times are the server's and not
     # this host's wake-up delays (replay/priority.py).
@@ -174,7 +220,8 @@ def calibrate_server(backend: Backend, out_path: str | Path, *, seed: int = 0,
                           timing_cv=timing_cv(timings),
                           samples=[CalibrationSample(kind=s.kind, steps=s.steps, tokens=s.tokens,  # type: ignore[arg-type]
                                                      seq_steps=s.seq_steps, context_tokens=s.context_tokens,
-                                                     prefill_pairs=s.prefill_pairs,
+                                                     prefill_pairs=s.prefill_pairs, spec_steps=s.spec_steps,
+                                                     draft_tokens=s.draft_tokens,
                                                      seconds=s.seconds, requests=s.requests) for s in samples])
     write_versioned(out_path, cal)
     return cal

@@ -435,6 +435,10 @@ class CalibrationServer(_FiniteBlock):
     max_num_batched_tokens: int = Field(2048, gt=0, le=MAX_BATCHED_TOKENS)
     max_model_len: int | None = Field(None, gt=0, le=MAX_MODEL_LEN)
     enable_chunked_prefill: bool = True
+    #: The server's speculative decoding as a ``kvscope predict --speculative`` string (``ngram:k=4,min=2,max=4``;
+    #: None: none): its decode samples were featured with the offline model's drafts, and a prediction from
+    #: this calibration gives each request its drafts and acceptance.
+    speculation: str | None = None
 
 
 class CalibrationCost(_FiniteBlock):
@@ -448,6 +452,9 @@ class CalibrationCost(_FiniteBlock):
     per_context_token_s: float = Field(ge=0, le=MAX_STEP_COST_S)
     request_overhead_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
     per_prefill_pair_s: float = Field(ge=0, le=MAX_STEP_COST_S)
+    #: Speculative decoding (0 without): per step in which some sequence verifies drafts, per draft token verified.
+    per_spec_step_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
+    per_draft_token_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S)
 
     @model_validator(mode="after")
     def _a_step_takes_time(self) -> CalibrationCost:
@@ -470,6 +477,8 @@ class CalibrationSample(_FiniteBlock):
     seconds: float
     requests: float = 0.0
     prefill_pairs: float = 0.0
+    spec_steps: float = 0.0
+    draft_tokens: float = 0.0
 
 
 class CalibrationFile(VersionedFile):
@@ -480,6 +489,9 @@ class CalibrationFile(VersionedFile):
     FORMAT = "kvscope-calibration"
     #: Version 2 split attention into decode context and prefill (query, key) pairs: a version-1 cost model
     #: has one context coefficient for both, so it cannot be read as a version-2 one (calibrate again).
+    #: The speculative fields (``server.speculation``, ``cost.per_spec_step_s``/``per_draft_token_s``, the
+    #: samples' ``spec_steps``/``draft_tokens``) are optional with a default of none/0, which is what a
+    #: file written before them means, so they came without a version bump.
     SUPPORTED_VERSIONS = (2,)
 
     format: Literal["kvscope-calibration"] = "kvscope-calibration"

@@ -199,9 +199,14 @@ class Backend(ABC):
         return SchedulerLimits()
 
     def speculative_decoding(self) -> bool:
-        """Whether the configuration turns on speculative decoding (the scheduler model takes one token per
-        decode step, so it does not predict such a server)."""
+        """Whether the configuration turns on speculative decoding."""
         return False
+
+    def speculation(self) -> str | None:
+        """The configuration's speculative decoding as a ``kvscope predict --speculative`` string where the
+        offline model computes its drafts from the tokens (n-gram), else None: the scheduler model then cannot
+        predict a speculative server (``speculative_decoding()`` says whether it is one)."""
+        return None
 
     def gpus_per_server(self) -> int:
         """GPUs one server of this configuration uses when kvscope launches it (placement on a cluster)."""

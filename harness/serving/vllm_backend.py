@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel
 
+from kvscope.harness.cachemodel.spec_predict import speculative_spec_of_vllm
 from kvscope.harness.common.errors import ServerError
 from kvscope.harness.serving.backend import Backend, ResetOutcome, SchedulerLimits, ServerFacts
 from kvscope.harness.serving.metrics import PREEMPTIONS_COUNTER
@@ -116,6 +117,11 @@ class VllmBackend(Backend):
     def speculative_decoding(self) -> bool:
         cfg = self.server_config
         return bool(cfg is not None and cfg.speculative_config)
+
+    def speculation(self) -> str | None:
+        cfg = self.server_config
+        spec = speculative_spec_of_vllm(cfg.speculative_config) if cfg is not None else None
+        return spec.label if spec is not None else None
 
     def gpus_per_server(self) -> int:
         """Tensor x pipeline x data parallel size (pipeline parallelism is set through ``extra_args``)."""

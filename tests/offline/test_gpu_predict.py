@@ -319,9 +319,11 @@ def test_serving_cost_splits_the_hour_by_prefill_time_and_charges_idle_time():
     assert c.busy_usd_per_1000_sessions == pytest.approx(80.0)
 
 
-def test_a_lone_speculative_request_has_the_offline_models_tpot():
+@pytest.mark.parametrize("spec_costs", [(0.0, 0.0), (3e-3, 4e-4)])
+def test_a_lone_speculative_request_has_the_offline_models_tpot(spec_costs):
     """One request alone: the scheduler model's speculative steps are the offline model's steps, so its TPOT is
-    `speculative.predicted_tpot_s` (each step costs `step_s(1 + drafts, 1, context)`)."""
+    `speculative.predicted_tpot_s` (each step costs `step_s(1 + drafts, 1, context)`, plus a verifying
+    sequence's and its draft tokens' own costs where the calibration has them)."""
     from kvscope.harness.cachemodel.speculative import NgramConfig, predicted_tpot_s, simulate_request
 
     rng = np.random.default_rng(3)
@@ -329,12 +331,16 @@ def test_a_lone_speculative_request_has_the_offline_models_tpot():
     output = (prompt[50:70] * 4)[:61]
     sim = simulate_request(prompt, output, NgramConfig(4, 2, 4))
     assert sim.accepted_tokens > 10
-    cost = StepCostModel(0.004, 1e-4, 3e-4, 2e-6, 0.0, 1e-8)
+    cost = StepCostModel(0.004, 1e-4, 3e-4, 2e-6, 0.0, 1e-8, *spec_costs)
     [r] = gp.synthetic_requests([len(prompt)], [len(output)], block_size=16)
     r.spec_drafted, r.spec_accepted = sim.drafted.tolist(), sim.accepted.tolist()
     run = run_scheduler([r], SchedulerConfig(block_size=16, num_gpu_blocks=None), cost, SessionTiming(concurrency=1))
     pred = gp._from_run([r], run, 1).requests[0]
     assert pred.tpot_s == pytest.approx(predicted_tpot_s(sim, cost), rel=1e-9)
+    if spec_costs[0]:  # the verifying steps' own costs are in the TPOT: sim.num_drafts steps and their drafts
+        plain = StepCostModel(0.004, 1e-4, 3e-4, 2e-6, 0.0, 1e-8)
+        extra_s = spec_costs[0] * sim.num_drafts + spec_costs[1] * sim.draft_tokens
+        assert pred.tpot_s - predicted_tpot_s(sim, plain) == pytest.approx(extra_s / (len(output) - 1), rel=1e-9)
 
 
 def test_kv_memory_presets_agree_with_the_bundled_configs():

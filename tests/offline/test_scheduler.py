@@ -212,7 +212,8 @@ def test_a_pinned_early_departure_still_takes_the_blocks_of_its_ungenerated_toke
 def _modelled(truth: StepCostModel, s) -> float:
     """A sample's seconds under known costs: the coefficients in the order of ``TimingSample.features``."""
     coef = [truth.base_s, truth.per_token_s, truth.per_seq_s, truth.per_context_token_s, truth.request_overhead_s,
-            truth.per_prefill_pair_s]
+            truth.per_prefill_pair_s, truth.per_spec_step_s, truth.per_draft_token_s]
+    assert len(coef) == len(s.features())
     return sum(c * f for c, f in zip(coef, s.features()))
 
 
@@ -265,6 +266,61 @@ def test_a_batch_sample_times_what_the_scheduler_model_takes_for_that_batch():
         e2e = sorted(r.done_s - r.arrival_s for r in run.results)[batch // 2]
         modelled = _modelled(truth, batch_sample(batch, prompt, 0, out, 0.0))
         assert modelled == pytest.approx(e2e, rel=0.02), (batch, prompt, out, modelled, e2e)
+
+
+def _speculative_batch(batch: int, prompt: int, out: int, seed: int):
+    """``batch`` requests whose answers repeat a motif of their prompt (n-gram drafts, some rejected), each with
+    the offline model's steps attached, and those steps."""
+    from dataclasses import replace
+
+    from kvscope.harness.cachemodel.speculative import NgramConfig, simulate_request
+
+    rng = random.Random(seed)
+    pairs, sims = [], []
+    for i in range(batch):
+        p = [rng.randrange(50, 90) for _ in range(prompt)]
+        o = (p[10:10 + 6 + i] * out)[:out - 3] + [rng.randrange(50, 90) for _ in range(3)]
+        pairs.append((p, o))
+        sims.append(simulate_request(p, o, NgramConfig(4, 2, 4)))
+    reqs = requests_from_token_pairs(pairs, B, session_ids=[f"s{i}" for i in range(batch)])
+    reqs = [replace(r, spec_drafted=x.drafted.tolist(), spec_accepted=x.accepted.tolist()) for r, x in zip(reqs, sims)]
+    return reqs, sims
+
+
+def test_a_speculative_batch_sample_times_what_the_scheduler_model_takes_and_its_costs_are_fitted_back():
+    """On an n-gram server the calibration's decode samples carry the offline model's drafts
+    (`speculative_batch_sample`): its steps, tokens, verifying sequences and drafts are what the scheduler model
+    runs for that batch (the batch timed to its last token), so a fit of such samples beside prefills gives back
+    the cost of a verifying step too."""
+    from dataclasses import replace
+
+    from kvscope.harness.cachemodel.calibration import speculative_batch_sample
+
+    truth = StepCostModel(0.004, 3e-5, 2e-4, 1.5e-7, 0.005, 3e-8, 3e-3, 4e-4)
+    samples = [replace(s, seconds=_modelled(truth, s)) for s in
+               [prefill_sample(p, 0.0, 2048) for p in (50, 200, 500, 1000, 1800)]
+               + [prefill_sample(p, 0.0, 2048, cached_tokens=p - 20) for p in (500, 1800)]
+               + [batch_sample(b, p, 0, 20, 0.0) for b in (1, 2, 4) for p in (64, 1000)]]
+    for batch, prompt, out, seed in ((1, 64, 24, 1), (2, 64, 24, 2), (4, 300, 24, 3), (3, 100, 9, 4)):
+        reqs, sims = _speculative_batch(batch, prompt, out, seed)
+        assert sum(x.draft_tokens for x in sims) > sum(x.accepted_tokens for x in sims) > 0  # drafts, some rejected
+        run = run_scheduler(reqs, SchedulerConfig(B, 1000, max_num_batched_tokens=8192), truth, at_once(batch),
+                            fast_forward=False)
+        sample = speculative_batch_sample(prompt, 0, [x.drafted for x in sims], [x.context_tokens for x in sims], 0.0)
+        last = max(r.done_s - r.arrival_s for r in run.results)
+        assert sample.steps == run.steps
+        assert _modelled(truth, sample) == pytest.approx(last, rel=1e-6), (batch, prompt, out)
+        samples.append(replace(sample, seconds=last))
+    fit = fit_cost_model(samples)
+    # a step's verification costs once however many of its sequences verify, its drafts each: batches of
+    # several drafting requests are what tell the two apart (alone, n-gram drafts k tokens nearly every step)
+    for name in ("base_s", "per_token_s", "per_seq_s", "per_context_token_s", "request_overhead_s",
+                 "per_spec_step_s", "per_draft_token_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert fit.r2 > 0.999
+    # a server without speculation: no sample has drafts, and both coefficients stay 0
+    plain = fit_cost_model([s for s in samples if not s.draft_tokens])
+    assert plain.model.per_spec_step_s == plain.model.per_draft_token_s == 0.0
 
 
 def _calibration_file(path, num_gpu_blocks=None, fit_r2=1.0):
@@ -442,3 +498,18 @@ def test_a_calibration_of_the_one_context_cost_model_is_refused_in_one_line(tmp_
     assert main(["capacity", str(_sessions_trace(tmp_path)), "--calibration", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "version 1" in err and "version 2" in err
+
+
+def test_repeats_of_a_speculative_shape_keep_the_repeat_of_median_time():
+    """A speculative server's repeats of one batch shape draft differently (their features differ), so they are
+    grouped by the shape and the repeat of median time is kept whole: one stalled repeat moves nothing."""
+    from kvscope.harness.cachemodel.calibration import median_of_repeats, speculative_batch_sample
+
+    reps = [speculative_batch_sample(64, 0, [[4] * n], [[65.0 + i for i in range(n)]], t, "motif-64x1")
+            for n, t in ((10, 0.05), (12, 0.06), (9, 2.5))]  # the third: a stall of the host
+    plain = [batch_sample(1, 64, 0, 24, t) for t in (0.1, 0.3, 0.2)]
+    out = median_of_repeats(reps + plain)
+    assert len(out) == 2
+    spec = next(s for s in out if s.shape)
+    assert spec == reps[1]  # features and seconds of one measured repeat
+    assert next(s for s in out if not s.shape).seconds == 0.2
