@@ -416,6 +416,22 @@ class RoutedRequest:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def add_attempt(self, model: str, served: bool, cached_tokens: int, previous_model: str | None,
+                    previous_had_tokens: int, output_tokens: int) -> None:
+        """Account one attempt on ``model`` that found ``cached_tokens`` there: the history the session's previous
+        model held (``previous_had_tokens``) and this one recomputed, and, for the discarded small attempt of an
+        escalation, the prefill and the ``output_tokens`` it wasted.  One rule for the sequential pools and the
+        scheduler model under concurrency."""
+        if previous_model is not None and previous_model != model:
+            self.model_switch_tokens += max(0, previous_had_tokens - cached_tokens)
+        if served:
+            self.cached_tokens = cached_tokens
+        else:
+            self.small_attempt_model = model
+            self.small_attempt_cached_tokens = cached_tokens
+            self.wasted_prefill_tokens = self.prompt_tokens - cached_tokens
+            self.wasted_output_tokens = output_tokens
+
 
 def _attempt_request(req: SimRequest, served: bool) -> SimRequest:
     """A discarded attempt's answer is not the one the history carries: only its prompt blocks can be shared."""
@@ -445,16 +461,8 @@ def simulate_routes(attempts: Sequence[Sequence[Attempt]], facts: Sequence[Reque
         for a in atts:
             req = _attempt_request(requests_by_block[bs[a.model]][a.index], a.served)
             cached, _fits = reps[a.model].run_sequential(req)
-            if prev is not None and prev != a.model:
-                rr.model_switch_tokens += max(0, had - cached)
-            if a.served:
-                rr.cached_tokens = cached
-            else:
-                rr.small_attempt_model = a.model
-                rr.small_attempt_cached_tokens = cached
-                rr.wasted_prefill_tokens = r.prompt_tokens - cached
-                n = r.columns.get(getattr(spec.policy, "output_column", None) or "", None)
-                rr.wasted_output_tokens = int(n) if n is not None else r.output_tokens
+            n = r.columns.get(getattr(spec.policy, "output_column", None) or "", None)
+            rr.add_attempt(a.model, a.served, cached, prev, had, int(n) if n is not None else r.output_tokens)
         last_model[key] = atts[-1].model
         out.append(rr)
         if progress and len(out) % 256 == 0:

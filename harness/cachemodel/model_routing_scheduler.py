@@ -255,16 +255,8 @@ def _routed(attempts, facts, servers, local, had, prev_model, sims) -> list[Rout
                            r.prompt_tokens, r.output_tokens, 0)
         prev = prev_model[i]
         for k, a in enumerate(atts):
-            cached = servers[a.model].results[local[i][k]].cached_tokens
-            if prev is not None and prev != a.model:
-                rr.model_switch_tokens += max(0, had[i] - cached)
-            if a.served:
-                rr.cached_tokens = cached
-            else:
-                rr.small_attempt_model = a.model
-                rr.small_attempt_cached_tokens = cached
-                rr.wasted_prefill_tokens = r.prompt_tokens - cached
-                rr.wasted_output_tokens = sims[i][k].output_tokens
+            rr.add_attempt(a.model, a.served, servers[a.model].results[local[i][k]].cached_tokens, prev, had[i],
+                           sims[i][k].output_tokens)
         out.append(rr)
     return out
 
