@@ -545,16 +545,10 @@ def predict_fast(attempts: Sequence[Sequence[Attempt]], facts: Sequence[RequestF
                            r.prompt_tokens, r.output_tokens, int(hits[atts[-1].model][i]))
         had = _probe_fast(index_by_block[bs[prev]], holds[prev], i) * bs[prev] if prev is not None else 0
         for a in atts:
-            cached = int(hits[a.model][i])
-            if prev is not None and prev != a.model:
-                rr.model_switch_tokens += max(0, had - cached)
-            if not a.served:
-                rr.small_attempt_model = a.model
-                rr.small_attempt_cached_tokens = cached
-                rr.wasted_prefill_tokens = r.prompt_tokens - cached
-                col = getattr(spec.policy, "output_column", None)
-                v = r.columns.get(col) if col else None
-                rr.wasted_output_tokens = int(v) if v is not None else r.output_tokens
+            col = getattr(spec.policy, "output_column", None)
+            v = r.columns.get(col) if col else None
+            rr.add_attempt(a.model, a.served, int(hits[a.model][i]), prev, had,
+                           int(v) if v is not None else r.output_tokens)
         last_model[key] = atts[-1].model
         out.append(rr)
     return out
