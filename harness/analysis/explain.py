@@ -292,6 +292,12 @@ class PredecessorIndex:
 def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
     """Traces without message structure: the kind of the segment holding token k, else the transition."""
     i = next((j for j, (_, s, e) in enumerate(r.seg_spans) if s <= k < e), len(r.seg_spans) - 1)
+    if 0 < i <= len(p.seg_spans) and k == r.seg_spans[i][1] and _segment_differs(r, p, i - 1):
+        # The divergence sits on a segment's first token because the segment before it changed and now ends
+        # there: a tool output cut to a prefix of itself (the compaction habit's truncation) matches the old
+        # one up to its new end. The edit is that segment's, and so is the patch that undoes it; the segment
+        # at k is the same in both (patched back to itself, the what-if would credit nothing).
+        i -= 1
     kind = r.seg_spans[i][0] if r.seg_spans else ""
     cause = _SEGMENT_CAUSE.get(kind) or _TRANSITION_CAUSE.get(r.transition) or Cause.PREFIX_CHANGED
     patch = None
@@ -305,6 +311,12 @@ def _classify_segments(r: RequestView, p: RequestView, k: int) -> _Break:
             # later tokens count only where the predecessor had them too (an unrelated prompt shares none)
             had += _lcp(r.prompt[e:], p.had_tokens[pe:])
     return _Break(cause, f"segment {i} ({kind}) at token {k}", had, patch)
+
+
+def _segment_differs(r: RequestView, p: RequestView, i: int) -> bool:
+    """Whether segment ``i`` of ``r`` holds other tokens than segment ``i`` of ``p``."""
+    (_, s, e), (_, ps, pe) = r.seg_spans[i], p.seg_spans[i]
+    return e - s != pe - ps or not np.array_equal(r.prompt[s:e], p.prompt[ps:pe])
 
 
 def _structural(r: RequestView, p: RequestView, d: int, rk: list[str], pk: list[str]) -> Cause:
