@@ -3,7 +3,9 @@ low concurrency; the reported capacity must be the highest measured level that m
 quickstart's relative one (3x the unloaded TTFT p90), so the test means the same on a slow host and a fast one,
 and the milliseconds it resolved to must be 3x the concurrency-1 cell's own TTFT p90. The sweep is planned from
 the scheduler model's curve (``plan: predicted``, the default), so the test also checks that the levels it
-measured bracket the measured edge and go one past it, and that the record's saved cells add up."""
+measured bracket the measured edge and go one past it, and that the record's saved cells add up. The trace
+has 16 sessions, twice the top level: a level counts only when it was driven (90 % of its sessions in flight),
+and with 8 a closed loop's tail left 5 and 6 under-driven on a busy CI host, so no ceiling counted."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ server_defaults: {{max_model_len: 2048, kv_cache_memory_bytes: 8M}}
 servers:
   small-kv: {{}}
 workloads:
-  agent: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 8, seed: 2, max_context: 1500,
+  agent: {{spec: agent-coding, scale: 0.02, output_scale: 0.15, sessions: 16, seed: 2, max_context: 1500,
            sweep_only: true}}
 repeats: 1
 replay: {{time_scale: 0, warmup_requests: 1}}
@@ -55,7 +57,9 @@ def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level
     slo_ms = cap.slo_ttft_p90_ms
     assert slo_ms == pytest.approx(3 * unloaded_ms) and f"= {slo_ms:.0f} ms" in cap.sentence
 
-    # Recompute pass/fail from each sweep cell's own summary.json, independently of the search.
+    # Recompute pass/fail from each sweep cell's own summary.json, independently of the search. A level holds
+    # when it met the SLO without preempting *and* was driven: at least 90 % of its sessions in flight on
+    # average (an under-driven pass measured a lower load and does not count; a failure counts either way).
     measured: dict[float, bool] = {}
     for name, cell in recorded.cells.items():
         if "__sweep-c" not in name:
@@ -66,8 +70,10 @@ def test_capacity_search_reaches_a_ceiling_and_reports_the_highest_passing_level
             continue
         s = load_summary(run_dir / cell.dir)
         preempted = (s.server_deltas or {}).get("num_preemptions") or 0
-        measured[level] = s.latency.ttft_s.p90 is not None and s.latency.ttft_s.p90 * 1000 <= slo_ms and not preempted
-        assert cell.headline.mean_sessions_in_flight is not None and cell.headline.mean_sessions_in_flight > 0
+        in_flight = cell.headline.mean_sessions_in_flight
+        assert in_flight is not None and in_flight > 0
+        measured[level] = (s.latency.ttft_s.p90 is not None and s.latency.ttft_s.p90 * 1000 <= slo_ms
+                           and not preempted and in_flight >= 0.9 * level)
     assert sorted(measured) == sorted(p.load for p in cap.points)
     passing = [lv for lv, ok in measured.items() if ok]
     assert cap.capacity == (max(passing) if passing else None)
