@@ -287,8 +287,12 @@ class Capacity:
         return [p for p in self.points if point_meets_slo(p, self.slo_ttft_p90_ms) and under_driven(p, self.kind)]
 
     def _under_driven_words(self, p: LoadPoint) -> str:
-        return (f"{self._level(p.load)} met the SLO with only {p.mean_sessions_in_flight:.1f} sessions in flight on "
-                f"average (under-driven: below {SHORTFALL_TOLERANCE * p.load:g}, the level less "
+        bar = SHORTFALL_TOLERANCE * p.load
+        # Two decimals when one would round up to the bar itself ("1.8 ... below 1.8" reads as a contradiction).
+        digits = 1 if round(p.mean_sessions_in_flight, 1) < bar else 2
+        return (f"{self._level(p.load)} met the SLO with only {p.mean_sessions_in_flight:.{digits}f} sessions in "
+                f"flight on "
+                f"average (under-driven: below {bar:g}, the level less "
                 f"{(1 - SHORTFALL_TOLERANCE) * 100:.0f} %), so it does not count")
 
     def level_verdict(self, p: LoadPoint) -> str:
