@@ -20,7 +20,7 @@ def test_capacity_is_the_highest_measured_load_meeting_the_slo_and_names_the_cei
     assert cap.capacity == 4 and cap.ceiling == "slo"
     assert 4 < cap.interpolated < 8
     assert cap.sentence() == ("baseline holds 4 concurrent agent sessions at TTFT p90 ≤ 250 ms (at 4: TTFT p90 50 ms, "
-                              "80 % inside the SLO); at 8 it breaks the SLO (TTFT p90 290 ms, 16 % over the SLO: the "
+                              "200 ms under the SLO); at 8 it breaks the SLO (TTFT p90 290 ms, 40 ms over the SLO: the "
                               "latency criterion decided); each level ran once")
 
 
@@ -100,10 +100,10 @@ def test_an_under_driven_pass_does_not_count_toward_the_capacity_and_is_named():
     assert cap.capacity == 4 and cap.ceiling == "preemption" and cap.under_driven == [5, 6, 7]
     s = cap.sentence()
     assert s.startswith("baseline holds 4 concurrent agent-sweep sessions at TTFT p90 ≤ 3x unloaded (25 ms, "
-                        "measured at concurrency 1) = 75 ms (at 4: TTFT p90 30 ms, 60 % inside the SLO, 3.9 sessions "
+                        "measured at concurrency 1) = 75 ms (at 4: TTFT p90 30 ms, 45 ms under the SLO, 3.9 sessions "
                         "in flight); 5 met the SLO with only 4.1 sessions in flight on average (under-driven: below "
                         "4.5, the level less 10 %), so it does not count; at 6 it preempts (2 preemptions, TTFT p90 "
-                        "149 ms, 97 % over the SLO, 4.5 sessions in flight (under-driven): both criteria fail)"), s
+                        "149 ms, 73 ms over the SLO, 4.5 sessions in flight (under-driven): both criteria fail)"), s
     # without the driven level 4 nothing between 1 and 6 holds: the answer is 1, never the under-driven 5
     without_4 = [p for p in quickstart_sweep() if p.load != 4]
     assert capacity_from_points("baseline", "w", "concurrency", without_4, slo).capacity == 1
@@ -111,7 +111,7 @@ def test_an_under_driven_pass_does_not_count_toward_the_capacity_and_is_named():
     failing = [LoadPoint(1, 0.02, 0, 1.0), LoadPoint(4, 0.03, 0, 3.9), LoadPoint(5, 0.031, 1, 4.16)]
     cap = capacity_from_points("ngram", "w", "concurrency", failing, slo)
     assert cap.capacity == 4 and cap.ceiling == "preemption"
-    assert cap.sentence().endswith("at 5 it preempts (1 preemption, TTFT p90 31 ms, 48 % inside the SLO, 4.2 "
+    assert cap.sentence().endswith("at 5 it preempts (1 preemption, TTFT p90 31 ms, 29 ms under the SLO, 4.2 "
                                    "sessions in flight (under-driven): the preemption criterion decided); each "
                                    "level ran once (one preemption decides this edge)")
 
@@ -135,3 +135,35 @@ def test_a_predicted_level_is_read_by_its_median_run_not_its_worst():
     assert [p.preemptions for p in points] == [0, 0, 3, 0] and points[3].ttft_p90_s is None
     cap = capacity_from_points("s", "w", "concurrency", points, slo_ttft_p90_ms=250)
     assert cap.capacity == 4 and cap.ceiling == "preemption"  # a few runs preempting at 4 do not fail it
+
+
+def _with_intervals(pts: list[LoadPoint], intervals: dict[float, tuple[float, float]]) -> list[LoadPoint]:
+    return [LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell,
+                      intervals.get(p.load)) for p in pts]
+
+
+def test_an_edge_inside_run_to_run_noise_is_said_to_be_and_a_clear_one_too():
+    """The deciding levels' 95 % intervals over sessions: where the SLO (250 ms) lies inside one, a repeat may
+    move the capacity, and the sentence says so; where both stay on their side, it says the edge is clear."""
+    pts = curve([1, 2, 4, 8], knee=4, slope_ms=60)  # 50, 50, 50, 290 ms
+    noisy = capacity_from_points("b", "w", "concurrency", _with_intervals(pts, {4: (0.04, 0.06), 8: (0.2, 0.4)}),
+                                 250)
+    assert noisy.capacity == 4 and noisy.noisy_edge_levels() == [8]
+    assert noisy.sentence().endswith("; the edge is within run-to-run noise: the SLO lies inside the TTFT p90's "
+                                     "95 % interval over sessions (200-400 ms at 8), so a repeat may move the "
+                                     "capacity by a level")
+    capacity_side = capacity_from_points("b", "w", "concurrency",
+                                         _with_intervals(pts, {4: (0.03, 0.26), 8: (0.27, 0.31)}), 250)
+    assert capacity_side.noisy_edge_levels() == [4]
+    clear = capacity_from_points("b", "w", "concurrency", _with_intervals(pts, {4: (0.04, 0.06), 8: (0.26, 0.32)}),
+                                 250)
+    assert clear.noisy_edge_levels() == []
+    assert clear.sentence().endswith("; the edge is clear of run-to-run noise: the TTFT p90's 95 % interval over "
+                                     "sessions stays on its side of the SLO (40-60 ms at 4, 260-320 ms at 8)")
+    # a preemption decides by a count: its level's latency interval does not make the edge noisy
+    preempting = [LoadPoint(1, 0.05), LoadPoint(2, 0.06, cell=None, ttft_p90_interval_s=(0.05, 0.07)),
+                  LoadPoint(4, 0.2, preemptions=2, ttft_p90_interval_s=(0.1, 0.3))]
+    by_count = capacity_from_points("s", "w", "concurrency", preempting, 250)
+    assert by_count.noisy_edge_levels() == [] and by_count.sentence().endswith("side of the SLO (50-70 ms at 2)")
+    # files written before the interval existed: nothing claimed either way
+    assert capacity_from_points("b", "w", "concurrency", pts, 250).noisy_edge_levels() is None

@@ -100,8 +100,8 @@ def test_the_edge_says_how_far_inside_the_slo_and_which_criterion_decided():
     """n-gram's capacity of 4 rests on one preemption at 5 whose TTFT p90 is well inside its SLO: said so."""
     ngram = {c.key: c for c in C.capacity_claims(quickstart())}["capacity:ngram-k4:agent-sweep"]
     assert ngram.value == "holds_4"
-    assert "(at 4: TTFT p90 34 ms, 51 % inside the SLO, 3.9 sessions in flight)" in ngram.sentence
-    assert ("at 5 it preempts (1 preemption, TTFT p90 31 ms, 55 % inside the SLO, 4.2 sessions in flight "
+    assert "(at 4: TTFT p90 34 ms, 36 ms under the SLO, 3.9 sessions in flight)" in ngram.sentence
+    assert ("at 5 it preempts (1 preemption, TTFT p90 31 ms, 38 ms under the SLO, 4.2 sessions in flight "
             "(under-driven): the preemption criterion decided); each level ran once (one preemption decides this "
             "edge)") in ngram.sentence
 

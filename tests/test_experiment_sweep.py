@@ -64,7 +64,7 @@ def test_adaptive_sweep_stops_at_the_first_failure_then_bisects_to_the_ceiling()
     cap = sw.capacity()
     assert cap.capacity == 5 and cap.ceiling == "slo"
     assert cap.sentence().startswith("a holds 5 concurrent w sessions at TTFT p90 ≤ 250 ms (at 5: TTFT p90 50 ms, "
-                                     "80 % inside the SLO); at 6 it breaks")
+                                     "200 ms under the SLO); at 6 it breaks")
 
 
 def test_bisections_are_bounded_and_a_fixed_sweep_runs_every_level():

@@ -258,6 +258,12 @@ def test_sweeps_run_in_their_configurations_actor_and_capacities_merge_in_plan_o
     assert ray_m.failed_cells == [] == local_m.failed_cells
     assert [(c.server, c.capacity) for c in ray_m.capacity or []] == \
         [(c.server, c.capacity) for c in local_m.capacity or []] == [("zeta", 2), ("alpha", 2)]
+    # each level carries its TTFT p90's interval over its 16 sessions, and the sentence reads the edge from it
+    for cap in [*ray_m.capacity, *local_m.capacity]:
+        for point in cap.points:
+            lo, hi = point.ttft_p90_interval_s
+            assert lo <= point.ttft_p90_s <= hi
+        assert "run-to-run noise" in cap.sentence
 
 
 def test_a_named_client_node_replays_from_its_own_actor(ray_cluster, tiny_model_dir, tmp_path, capsys):

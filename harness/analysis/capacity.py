@@ -19,8 +19,11 @@ The planned search treats such a pass as not shown to hold and measures below it
 half session: a closed loop over a finite trace always ends with a tail, and a share scales with the level
 (the quickstart's 8-session trace keeps 97 % of 4 in flight and 82 % of 5).
 
-Each level runs once, so the edge carries no interval; instead its sentence states how far inside or outside
-the SLO the deciding levels were and which criterion (latency or preemption) decided the first failing one.
+Each level runs once; its run-to-run noise is carried by a 95 % bootstrap interval of the TTFT p90 over the
+level's sessions (sessions, not requests, are the unit of independence within a run). The sentence states how
+far under or over the SLO the deciding levels were, which criterion (latency or preemption) decided the first
+failing one, and whether the SLO lies inside a deciding level's interval (the edge is then within noise: a
+repeat may move the capacity by a level).
 
 The SLO is absolute (``250`` ms) or relative to the server's own unloaded latency (``3x_unloaded``:
 :class:`TtftSlo`). A fixed 250 ms says nothing on a machine where one session alone already takes longer; a
@@ -107,6 +110,9 @@ class LoadPoint:
     preemptions: float = 0.0
     mean_sessions_in_flight: float | None = None
     cell: str | None = None
+    #: 95 % bootstrap interval of the TTFT p90 over the level's sessions (s): how far run-to-run noise moves the
+    #: figure the SLO is judged on (None: not measured, e.g. a predicted level or fewer than two sessions).
+    ttft_p90_interval_s: tuple[float, float] | None = None
 
 
 def predicted_points(rows: Sequence[LevelPrediction]) -> list[LoadPoint]:
@@ -272,12 +278,50 @@ class Capacity:
         text += f" (at {self._level(at.load)}: {self.level_verdict(at)})"
         text += "".join(f"; {self._under_driven_words(p)}" for p in skipped if p.load > self.capacity)
         if self.ceiling is None:
-            return text + "; no ceiling within the levels: capacity is at least this"
+            return text + "; no ceiling within the levels: capacity is at least this" + self._edge_words(at, None)
         nxt = min((p for p in self.points if p.load > self.capacity and
                    not point_meets_slo(p, self.slo_ttft_p90_ms)), key=lambda p: p.load)
         why = "preempts" if self.ceiling == "preemption" else "breaks the SLO"
         single = " (one preemption decides this edge)" if nxt.preemptions == 1 and self._within(nxt) else ""
-        return text + f"; at {self._level(nxt.load)} it {why} ({self.level_verdict(nxt)}); each level ran once{single}"
+        return (text + f"; at {self._level(nxt.load)} it {why} ({self.level_verdict(nxt)}); each level ran once{single}"
+                + self._edge_words(at, nxt))
+
+    def noisy_edge_levels(self) -> list[float] | None:
+        """The deciding levels whose TTFT p90 could fall on the other side of the SLO in a repeat: the SLO lies
+        inside the level's 95 % interval over sessions (the capacity level's, and the first failing level's
+        where latency decided it; a preemption is a count, not a percentile). None: no interval is known."""
+        if self.capacity is None or self.slo_ttft_p90_ms is None:
+            return None
+        at = next(p for p in self.points if p.load == self.capacity)
+        nxt = None if self.ceiling is None else min(
+            (p for p in self.points if p.load > self.capacity and not point_meets_slo(p, self.slo_ttft_p90_ms)),
+            key=lambda p: p.load)
+        deciding = [at] + ([nxt] if nxt is not None and not nxt.preemptions else [])
+        if all(p.ttft_p90_interval_s is None for p in deciding):
+            return None
+        slo_s = self.slo_ttft_p90_ms / 1e3
+        return [p.load for p in deciding if p.ttft_p90_interval_s is not None
+                and p.ttft_p90_interval_s[0] <= slo_s < p.ttft_p90_interval_s[1]]
+
+    def _edge_words(self, at: LoadPoint, nxt: LoadPoint | None) -> str:
+        """Run-to-run noise at the edge, from the deciding levels' 95 % intervals over sessions."""
+        noisy = self.noisy_edge_levels()
+        if noisy is None:
+            return ""
+
+        def interval(p: LoadPoint) -> str:
+            lo, hi = p.ttft_p90_interval_s  # type: ignore[misc]
+            return f"{lo * 1e3:.0f}-{hi * 1e3:.0f} ms at {self._level(p.load)}"
+
+        # the levels whose latency decides: the capacity level, and the next one unless a preemption failed it
+        shown = [p for p in (at, nxt) if p is not None and p.ttft_p90_interval_s is not None
+                 and not (p is nxt and p.preemptions)]
+        if noisy:
+            return (f"; the edge is within run-to-run noise: the SLO lies inside the TTFT p90's 95 % interval over "
+                    f"sessions ({', '.join(interval(p) for p in shown if p.load in noisy)}), so a repeat may move the "
+                    "capacity by a level")
+        return ("; the edge is clear of run-to-run noise: the TTFT p90's 95 % interval over sessions stays on its "
+                f"side of the SLO ({', '.join(interval(p) for p in shown)})")
 
     def _within(self, p: LoadPoint) -> bool:
         return (self.slo_ttft_p90_ms is not None and p.ttft_p90_s is not None and not math.isnan(p.ttft_p90_s)
@@ -306,8 +350,9 @@ class Capacity:
             parts.append("no request answered")
         elif self.slo_ttft_p90_ms:
             ms = p.ttft_p90_s * 1e3
-            margin = (self.slo_ttft_p90_ms - ms) / self.slo_ttft_p90_ms
-            parts.append(f"TTFT p90 {ms:.0f} ms, {abs(margin) * 100:.0f} % {'inside' if margin >= 0 else 'over'} the SLO")
+            margin_ms = self.slo_ttft_p90_ms - ms
+            parts.append(f"TTFT p90 {ms:.0f} ms, {abs(margin_ms):.0f} ms {'under' if margin_ms >= 0 else 'over'} "
+                         "the SLO")
         if p.mean_sessions_in_flight is not None:
             parts.append(f"{p.mean_sessions_in_flight:.1f} sessions in flight"
                          + (" (under-driven)" if under_driven(p, self.kind) else ""))

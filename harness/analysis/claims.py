@@ -241,7 +241,8 @@ def sweep_capacity(e) -> Capacity:
     :func:`~kvscope.harness.analysis.capacity.capacity_from_points`, against the SLO the sweep resolved: the
     report states what the points support, whatever rule wrote the file (an under-driven level counted toward
     the recorded capacity of files written before it stopped counting)."""
-    points = [LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell) for p in e.points]
+    points = [LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell, p.ttft_p90_interval_s)
+              for p in e.points]
     words = {"slo_ttft_p90": e.slo_ttft_p90, "slo_unloaded_ttft_p90_ms": e.slo_unloaded_ttft_p90_ms,
              "slo_unloaded_source": e.slo_unloaded_source}
     if e.slo_ttft_p90_ms is None:

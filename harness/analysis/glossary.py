@@ -26,7 +26,9 @@ TERMS: dict[str, str] = {
     "evicted": "tokens an infinite cache would have served from blocks that were cached and then dropped from "
                "the KV pool; tokens the pool never held are not evicted.",
     "capacity": "the highest load level (concurrent sessions) of one configuration on one workload at which "
-                "TTFT p90 meets the SLO with no preemption, among the levels that were measured.",
+                "TTFT p90 meets the SLO with no preemption, among the levels that were measured and driven "
+                "(at least 90 % of the level's sessions in flight). Each level runs once; the TTFT p90's 95 % "
+                "interval over its sessions says whether a repeat could move the edge.",
     "decided": "an A/B verdict of better, worse or equivalent: its 95 % interval (sessions resampled within "
                "repeats) lies beyond the margin, or inside it. 'better' follows the metric's direction (lower "
                "TTFT, higher throughput). Otherwise inconclusive; a verdict with one run a side is inconclusive.",
@@ -43,6 +45,8 @@ COLUMNS: dict[str, str] = {
     "by_construction": "a verdict fixed by the set-up (e.g. hit rate with caching off is 0), not measured",
     "ttft_p50_ms": "time to first token, median (ms)", "ttft_p90_ms": "time to first token, 90th percentile (ms)",
     "ttft_p90_s": "time to first token, 90th percentile (s)",
+    "ttft_p90_ci_low_ms": "lower end of the TTFT p90's 95 % interval over the level's sessions (ms)",
+    "ttft_p90_ci_high_ms": "upper end of the TTFT p90's 95 % interval over the level's sessions (ms)",
     "goodput_fraction": "share of requests meeting the SLO", "goodput_req_per_s": "requests per second meeting the SLO",
     "measured": "hit rate the server reported", "predicted_by_simulator": "hit rate kvscope's simulator predicts",
     "would_hit_with_caching": "hit rate the same traffic would get with prefix caching on",

@@ -55,6 +55,7 @@ from kvscope.harness.experiment.spec import (
 )
 from kvscope.harness.experiment.sweep import (
     cell_in_flight,
+    cell_ttft_p90_interval,
     plan_sweeps,
     point_from_cell,
     predict_sweep,
@@ -829,7 +830,9 @@ def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:
                         hit_rate=summary.hit_rate.server_per_request, ttft_p50_s=summary.latency.ttft_s.p50,
                         ttft_p90_s=summary.latency.ttft_s.p90, req_per_s=summary.throughput.requests_per_s,
                         preemptions=float(deltas.get("num_preemptions") or 0) if deltas else 0.0,
-                        mean_sessions_in_flight=in_flight, under_driven=short)
+                        mean_sessions_in_flight=in_flight, under_driven=short,
+                        ttft_p90_interval_s=cell_ttft_p90_interval(cell_dir) if level.concurrency is not None
+                        else None)
 
 
 def _num(x: float | None) -> str:

@@ -54,12 +54,13 @@ from kvscope.harness.analysis.capacity import (
 )
 from kvscope.harness.analysis.capacity_prediction import predict_curve, predicted_capacity
 from kvscope.harness.common.numbers import nan_to_none
+from kvscope.harness.results.percentiles import session_bootstrap_interval
 from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_level
 
 if TYPE_CHECKING:
     from kvscope.harness.results.schemas import CalibrationFile, CellEntry
 
-__all__ = ["SweepState", "cell_in_flight", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
+__all__ = ["SweepState", "cell_in_flight", "cell_ttft_p90_interval", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
            "prediction_skipped", "sweep_speculation"]
 
 #: The prediction covers every concurrency between the lowest and the highest swept level when there are at
@@ -214,6 +215,15 @@ def cell_in_flight(cell_dir: Path) -> float | None:
     return mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
 
 
+def cell_ttft_p90_interval(cell_dir: Path) -> tuple[float, float] | None:
+    """95 % bootstrap interval of a replayed cell's TTFT p90 over its sessions (answered requests only)."""
+    path = cell_dir / "requests.parquet"
+    if not path.exists():
+        return None
+    rec = pd.read_parquet(path, columns=["session_id", "ttft_s"]).dropna()
+    return session_bootstrap_interval(rec["ttft_s"].to_numpy(float), rec["session_id"].astype(str).tolist(), 90)
+
+
 def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:
     """A sweep cell's manifest entry as a load point; a cell that replayed and failed (overload errors,
     timeouts) fails the SLO; one that never replayed (the server did not start) is no measurement: None."""
@@ -223,7 +233,8 @@ def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:
                                                            mean_sessions_in_flight=None, cell=entry.dir)
     ok = entry.status == "ok"
     return LoadPoint(load=load, ttft_p90_s=head.ttft_p90_s if ok else None, preemptions=float(head.preemptions or 0),
-                     mean_sessions_in_flight=head.mean_sessions_in_flight, cell=entry.dir)
+                     mean_sessions_in_flight=head.mean_sessions_in_flight, cell=entry.dir,
+                     ttft_p90_interval_s=head.ttft_p90_interval_s if ok else None)
 
 
 def prediction_skipped(spec: SweepSpec, *, speculative: bool, speculation: str | None = None) -> str | None:

@@ -81,3 +81,41 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     diff_b_a = b - a
     out = a + diff_b_a * t
     return np.where(t >= 0.5, b - diff_b_a * (1 - t), out)
+
+
+def session_bootstrap_interval(values: np.ndarray, sessions: Sequence[str], q: float, *, draws: int = 2000,
+                               level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """A ``level`` interval of the ``q``-th percentile of ``values``, from a bootstrap that resamples *sessions*.
+
+    Why sessions: a session's requests share their history (its prefix hits, its place in the closed loop), so
+    they are not independent draws; the session is the unit of independence within a run, as in the A/B
+    engine. A draw resamples the sessions with replacement and weighs each request by its session's count
+    (:func:`weighted_percentiles`, the exact percentile of the repeated values).
+
+    Why not the draws' own 2.5th-97.5th percentiles: with the 4-16 sessions of a sweep level they cover the true
+    percentile far less often than they claim (73-86 % at 4-8 sessions for a nominal 95 %, measured in
+    ``tests/test_percentiles.py`` on traffic with session effects). The interval is instead the estimate ± a
+    Student t quantile (k - 1 degrees of freedom, k sessions) times the draws' standard deviation, inflated by
+    sqrt(k / (k - 1)) for the bootstrap's small-sample bias: 93-94 % coverage over the same cases with moderate
+    session effects, 88-91 % with strong ones. Clipped at 0 (a latency). None with fewer than two sessions (a bootstrap over one session only repeats it)."""
+    from scipy import stats  # deferred: scipy is heavy and only this function needs it
+
+    v = np.asarray(values, dtype=float)
+    s = np.asarray(sessions).astype(str)
+    keep = ~np.isnan(v)
+    v, s = v[keep], s[keep]
+    labels, index = np.unique(s, return_inverse=True)
+    k = len(labels)
+    if k < 2:
+        return None
+    order = np.argsort(v, kind="stable")
+    v, index = v[order], index[order]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, k, size=(k, draws))
+    counts = np.zeros((k, draws), dtype=np.int64)
+    for d in range(draws):  # a bincount per draw: draws x sessions is small (2,000 x tens)
+        counts[:, d] = np.bincount(picks[:, d], minlength=k)
+    est = weighted_percentiles(v, counts[index], [q])[0]
+    point = float(percentiles(v, [q])[0])
+    half = float(stats.t.ppf(0.5 + level / 2, k - 1) * np.nanstd(est, ddof=1) * np.sqrt(k / (k - 1)))
+    return max(point - half, 0.0), point + half

@@ -181,6 +181,8 @@ class CellHeadline(_Block):
     preemptions: float | None = None  # vllm:num_preemptions_total delta over the cell
     mean_sessions_in_flight: float | None = None  # achieved concurrency, from the records' send/done times
     under_driven: bool | None = None  # closed loop: fewer sessions in flight than the level's concurrency
+    #: 95 % bootstrap interval of the TTFT p90 over the cell's sessions (s; null: under two sessions, or older files)
+    ttft_p90_interval_s: tuple[float, float] | None = None
 
 
 class CellEntry(_Block):
@@ -256,6 +258,7 @@ class SweepPoint(_Block):
     preemptions: float
     mean_sessions_in_flight: float | None
     cell: str | None
+    ttft_p90_interval_s: tuple[float, float] | None = None  # 95 % over the level's sessions (null: not known)
 
 
 class PredictedLevel(_Block):

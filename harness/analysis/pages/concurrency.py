@@ -144,11 +144,12 @@ def _level(x: float | None) -> str:
 
 def _point(p) -> LoadPoint:
     """A recorded sweep level (experiment.json) as the capacity rule reads it."""
-    return LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell)
+    return LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell, p.ttft_p90_interval_s)
 
 
 def sweep_levels(res: ExperimentResults) -> pd.DataFrame:
-    """One row per measured sweep level: its TTFT p90, preemptions, mean sessions in flight and whether it was
+    """One row per measured sweep level: its TTFT p90 (and its 95 % interval over the level's sessions),
+    preemptions, mean sessions in flight and whether it was
     under-driven (fewer than 90 % of the level's sessions in flight: `analysis.capacity.under_driven`), whether
     it meets the SLO and whether it counts toward the capacity (met *and* driven), and the tightest TTFT p90 SLO
     it meets (none past the KV ceiling) as a multiple of the sweep's unloaded figure. Empty without a sweep."""
@@ -160,7 +161,10 @@ def sweep_levels(res: ExperimentResults) -> pd.DataFrame:
         base_ms = c.slo_unloaded_ttft_p90_ms or (low.ttft_p90_s * 1000 if low is not None and low.ttft_p90_s else None)
         for p in sorted(pts, key=lambda p: p.load):
             ms = None if p.ttft_p90_s is None else p.ttft_p90_s * 1000
+            iv = p.ttft_p90_interval_s
             rows.append({"server": c.server, "workload": c.workload, "load": p.load, "ttft_p90_ms": ms,
+                         "ttft_p90_ci_low_ms": None if iv is None else iv[0] * 1e3,
+                         "ttft_p90_ci_high_ms": None if iv is None else iv[1] * 1e3,
                          "preemptions": p.preemptions, "sessions_in_flight": p.mean_sessions_in_flight,
                          "under_driven": under_driven(p, c.kind), "slo_ms": c.slo_ttft_p90_ms,
                          "tightest_slo_met_ms": None if p.preemptions else ms,
