@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 import pytest
 from kvscope.harness.analysis import audit as A
@@ -151,3 +152,58 @@ def test_the_claims_audit_passes_on_a_finished_experiment():
     """The audit on a real experiment (the quickstart's): every stated number is what its records give."""
     audit = A.audit_experiment(os.environ["KVSCOPE_AUDIT_EXPERIMENT"])
     assert audit.lines and not audit.failures, audit.summary()
+
+
+def _sweep_experiment(stated_c4_ttft_p90_s=None, stated_c4_in_flight=None):
+    """A baseline sweep at levels 1 and 4 over four sessions of five requests; level 4 is slower (TTFT 15-30 ms)
+    and level 1 fast (10-20 ms). Its experiment.json entry states what the records give unless told otherwise."""
+    import numpy as np
+    from kvscope.harness.analysis.capacity import mean_in_flight
+    from tests.test_capacity_report import entry, results
+
+    rows = []
+    for level, base_s in ((1, 0.010), (4, 0.015)):
+        for s in range(4):
+            start = 0.0 if level == 4 else s * 1.0
+            for step in range(5):
+                ttft = base_s * (1 + (s * 5 + step) / 20)
+                sent = start + step * 0.2
+                rows.append({"cell": f"baseline__agent-sweep__sweep-c{level}__r0", "server": "baseline",
+                             "workload": "agent-sweep", "load": f"sweep-c{level}", "repeat": 0,
+                             "session_id": f"s{s}", "step": step, "prompt_tokens": 500, "cached_tokens": 0,
+                             "output_tokens": 10, "ttft_s": ttft, "sent_s": sent, "done_s": sent + 0.15,
+                             "error_class": None, "in_window": True})
+    req = pd.DataFrame(rows)
+
+    def level(n):
+        r = req[req["load"] == f"sweep-c{n}"]
+        return (float(np.percentile(r["ttft_s"], 90)),
+                mean_in_flight(r["session_id"].tolist(), r["sent_s"].to_numpy(), r["done_s"].to_numpy()))
+    (t1, f1), (t4, f4) = level(1), level(4)
+    t4 = t4 if stated_c4_ttft_p90_s is None else stated_c4_ttft_p90_s
+    f4 = f4 if stated_c4_in_flight is None else stated_c4_in_flight
+    res = results([entry("baseline", [(1, t1, 0, f1), (4, t4, 0, f4)], 4.0, t1 * 1e3)])
+    cells = req[["cell", "server", "workload", "load", "repeat"]].drop_duplicates().assign(status="ok")
+    return res.__class__(root=res.root, experiment=res.experiment, cells=cells.reset_index(drop=True),
+                         requests=req, metrics=pd.DataFrame()), (t1, t4, f4)
+
+
+def test_a_capacity_sentence_is_audited_level_by_level_and_a_pooled_figure_is_caught():
+    """The capacity sentence states every level's TTFT p90 and the capacity level's sessions in flight; each is
+    recomputed from that level's records alone. A TTFT p90 taken over both levels' records (what a pooled
+    read once gave) and an in-flight figure that is not the records' are failures."""
+    from kvscope.harness.analysis.claims import capacity_claims
+
+    res, (t1, t4, f4) = _sweep_experiment()
+    found = [c.finding("capacity", "concurrency") for c in capacity_claims(res)]
+    audit = _assert_audited(res, found)
+    assert {(line.metric, line.selection) for line in audit.lines} == {
+        ("ttft_p90_s", "agent-sweep at sweep-c1 on baseline"), ("ttft_p90_s", "agent-sweep at sweep-c4 on baseline"),
+        ("sessions_in_flight", "agent-sweep at sweep-c4 on baseline")}
+    pooled_p90 = float(np.percentile(res.requests["ttft_s"], 90))
+    bad, _ = _sweep_experiment(stated_c4_ttft_p90_s=pooled_p90)
+    wrong = A.audit_findings(bad, [c.finding("capacity", "concurrency") for c in capacity_claims(bad)]).failures
+    assert [(w.metric, w.selection) for w in wrong] == [("ttft_p90_s", "agent-sweep at sweep-c4 on baseline")]
+    bad, _ = _sweep_experiment(stated_c4_in_flight=f4 + 0.3)
+    wrong = A.audit_findings(bad, [c.finding("capacity", "concurrency") for c in capacity_claims(bad)]).failures
+    assert [w.metric for w in wrong] == ["sessions_in_flight"]

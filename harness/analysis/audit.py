@@ -29,7 +29,7 @@ __all__ = ["AuditLine", "ClaimsAudit", "audit_experiment", "audit_findings", "re
 
 #: How far a recomputed number may sit from the stated one (rounding in transit, float sums).
 TOLERANCE = {"ttft_p50_s": 1e-6, "ttft_p90_s": 1e-6, "hit_rate": 1e-6, "slo_share": 1e-9,
-             "output_throughput_change": 1e-6}
+             "output_throughput_change": 1e-6, "sessions_in_flight": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ def recompute(res: ExperimentResults, st: Statement) -> float:
     r = selected_requests(res, st.selection)
     if st.metric == "output_throughput_change":
         return _throughput_change(res, st)
+    if st.metric == "sessions_in_flight":
+        return _sessions_in_flight(res, st)
     if not len(r):
         return math.nan
     if st.metric in ("ttft_p50_s", "ttft_p90_s"):
@@ -87,6 +89,20 @@ def recompute(res: ExperimentResults, st: Statement) -> float:
     if st.metric == "slo_share":
         return float(meets_slo(r, st.slo_ttft_ms, st.slo_tpot_ms).mean())
     raise ValueError(f"unknown metric {st.metric!r}")
+
+
+def _sessions_in_flight(res: ExperimentResults, st: Statement) -> float:
+    """Mean sessions in flight over every record of the selection (answered or not), written out here: from the
+    first send to the last completion, each session in flight from its first send to its last completion."""
+    sel = st.selection
+    r = res.requests
+    r = r[r["server"].astype(str).isin(sel.servers) & r["workload"].astype(str).isin(sel.workloads)
+          & r["load"].astype(str).isin(sel.loads)].dropna(subset=["sent_s", "done_s"])
+    if not len(r) or r["cell"].nunique() != 1:  # one cell: in-flight figures of several runs do not add up
+        return math.nan
+    spans = r.groupby("session_id").agg(start=("sent_s", "min"), end=("done_s", "max"))
+    total = float(spans["end"].max() - spans["start"].min())
+    return float((spans["end"] - spans["start"]).clip(lower=0).sum() / total) if total > 0 else math.nan
 
 
 def _throughput_change(res: ExperimentResults, st: Statement) -> float:

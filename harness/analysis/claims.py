@@ -28,6 +28,7 @@ no two pages state different values for one key.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -38,6 +39,7 @@ from kvscope.harness.analysis.explain_experiment import cell_eviction
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
+from kvscope.harness.results.selection import Selection, Statement
 from kvscope.harness.results.summary import compared_statistic
 
 __all__ = ["Claim", "capacity_claims", "contradictions", "eviction_by_cell", "eviction_claim",
@@ -53,10 +55,12 @@ class Claim:
     sentence: str
     numbers: dict[str, float | None] = field(default_factory=dict)
     worse: str = ""  # what gets worse with it, in words (speculative claims)
+    statements: list[Statement] = field(default_factory=list)  # the numbers the claims audit recomputes
 
     def finding(self, question: str, notebook: str, figure: str | None = None) -> Finding:
         return Finding(question=question, sentence=self.sentence, numbers=self.numbers,  # type: ignore[arg-type]
-                       notebook=notebook, figure=figure, claim=self.key, claim_value=self.value)
+                       notebook=notebook, figure=figure, claim=self.key, claim_value=self.value,
+                       statements=self.statements)
 
 
 def contradictions(found: list[Finding]) -> dict[str, dict[str, str]]:
@@ -297,10 +301,27 @@ def _capacity_claim(e) -> Claim:
         sentence = (f"{e.server} meets {slo_text} at none of the measured{' driven' if skipped else ''} loads on "
                     f"{e.workload}: {only}{measured} {'was' if len(points) == 1 else 'were'} measured{stop}"
                     f"{skipped}{pred_words}.")
-        return Claim(f"capacity:{e.server}:{e.workload}", "none_measured", sentence, numbers)
+        return Claim(f"capacity:{e.server}:{e.workload}", "none_measured", sentence, numbers,
+                     statements=_level_statements(e, points, None))
     held = f"{cap.capacity:g}"
     sentence = f"{cap.sentence()}; measured: {measured}{pred_words}."
-    return Claim(f"capacity:{e.server}:{e.workload}", f"holds_{held}", sentence, numbers)
+    return Claim(f"capacity:{e.server}:{e.workload}", f"holds_{held}", sentence, numbers,
+                 statements=_level_statements(e, points, cap.capacity))
+
+
+def _level_statements(e, points: list[LoadPoint], capacity: float | None) -> list[Statement]:
+    """What the claims audit recomputes from a sweep's cells: every measured level's TTFT p90 and, at the
+    capacity level, the mean sessions in flight (the driven rule's figure)."""
+    out = []
+    for p in points:
+        label = re.search(r"__(sweep-[^_]+)__r\d+$", str(p.cell or ""))
+        if p.ttft_p90_s is None or label is None:
+            continue
+        sel = Selection(servers=(e.server,), workloads=(e.workload,), loads=(label.group(1),), repeats=1)
+        out.append(Statement(metric="ttft_p90_s", value=p.ttft_p90_s, selection=sel))
+        if p.load == capacity and p.mean_sessions_in_flight is not None:
+            out.append(Statement(metric="sessions_in_flight", value=p.mean_sessions_in_flight, selection=sel))
+    return out
 
 
 def _capacity_losses(res: ExperimentResults, server: str, base: str) -> list[str]:

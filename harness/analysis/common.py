@@ -118,6 +118,8 @@ def stated(st: Statement) -> str:
         return _ms(v) + " ms"
     if st.metric in ("hit_rate", "slo_share"):
         return _pct(v)
+    if st.metric == "sessions_in_flight":
+        return f"{v:.1f} sessions in flight"
     return _change_words(v)
 
 

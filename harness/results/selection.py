@@ -27,8 +27,9 @@ Dimension = Literal["server", "workload", "load"]
 #: TTFT percentiles over the selected requests (s); the token-weighted hit rate (cached / prompt tokens); the
 #: share of requests meeting the SLO (`results.goodput.meets_slo`); the output throughput's relative change of a
 #: configuration against its ``baseline`` (same workload, load and repeat, from summary.json; the median over
-#: the selected repeats).
-Metric = Literal["ttft_p50_s", "ttft_p90_s", "hit_rate", "slo_share", "output_throughput_change"]
+#: the selected repeats); the mean sessions in flight of one cell (its records' send and completion times).
+Metric = Literal["ttft_p50_s", "ttft_p90_s", "hit_rate", "slo_share", "output_throughput_change",
+                 "sessions_in_flight"]
 
 
 def load_value(load: str) -> float:
