@@ -303,3 +303,22 @@ def test_session_hit_rates_are_one_row_per_session_and_their_spread_beside_the_p
     assert spread["sessions"] == len(per)
     assert spread["min"] <= spread["median"] <= spread["max"]
     assert spread["pooled"] == pytest.approx(r["cached_tokens"].sum() / r["prompt_tokens"].sum())
+
+
+def test_a_what_if_short_of_the_reference_says_the_rest_is_new_tokens():
+    """The demo's compaction: undoing the edit gives 72 %, agent-coding measured 86 %; the rest is not a cache
+    break but new tokens (28 % of compaction's prompt tokens against 14 %), and the sentence says so. Where the
+    what-if reaches the reference, nothing is added."""
+    from kvscope.harness.analysis.explain import Explanation
+
+    def wx(name, cached, recomputed):
+        return X.WorkloadExplanation(name, Explanation([], [], 128, 10_000, cached, recomputed), "cell", "apc")
+
+    compaction, reference = wx("agent-compaction", 6_500, 700), wx("agent", 8_600, 0)
+    assert X.new_token_share(compaction.explanation) == pytest.approx(0.28)
+    words = X._rest_of_gap(compaction, reference, 0.72)
+    assert words == ("; the rest of the gap to 86 % is not recomputation: 28 % of agent-compaction's prompt tokens "
+                     "are new (no earlier request had them, so no cache serves them: text the habit rewrites is new "
+                     "once) against 14 % of agent's")
+    assert X._rest_of_gap(compaction, reference, 0.855) == ""  # within a point of the reference
+    assert X._rest_of_gap(wx("agent-ts", 0, 8_900), reference, 0.89) == ""  # the what-if passes it

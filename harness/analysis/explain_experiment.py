@@ -328,9 +328,30 @@ def cause_sentence(wx: WorkloadExplanation, explained: list[WorkloadExplanation]
     if ref is not None and top.cause not in RUN_SHORTFALLS:
         measured = (f"; {ref.workload}, the same sessions without it, measured {_pct(ref.explanation.hit_rate)}"
                     + (f" on {ref.server}" if ref.server else " (simulated)"))
+    rest = _rest_of_gap(wx, ref, top.what_if_hit_rate) if measured else ""
     return (f"{wx.workload}: {words}{f', {where},' if where else ''} causes {_pct(top.share)} of the "
             f"{ex.recomputed_tokens:,} recomputed tokens; removing it would take the hit rate from "
-            f"{_pct(ex.hit_rate)} to {_pct(top.what_if_hit_rate)}{cache}{measured}.")
+            f"{_pct(ex.hit_rate)} to {_pct(top.what_if_hit_rate)}{cache}{measured}{rest}.")
+
+
+def new_token_share(ex: Explanation) -> float:
+    """The share of prompt tokens no cache could serve (glossary: new tokens, with the partial last block a
+    request had before): prompt − cached − recomputed, over prompt."""
+    return 1.0 - (ex.cached_tokens + ex.recomputed_tokens) / ex.prompt_tokens if ex.prompt_tokens else math.nan
+
+
+def _rest_of_gap(wx: WorkloadExplanation, ref: WorkloadExplanation | None, what_if: float | None) -> str:
+    """Why undoing the cause does not reach the reference workload's hit rate, where it does not (more than a
+    percentage point short): the habit leaves more new tokens, which no cache serves (compaction's rewritten
+    history is new once, then repeated shorter). Empty where the what-if reaches the reference."""
+    if ref is None or what_if is None or ref.explanation.hit_rate - what_if <= 0.01:
+        return ""
+    mine, theirs = new_token_share(wx.explanation), new_token_share(ref.explanation)
+    if not (math.isfinite(mine) and math.isfinite(theirs)) or mine <= theirs:
+        return ""
+    return (f"; the rest of the gap to {_pct(ref.explanation.hit_rate)} is not recomputation: {_pct(mine)} of "
+            f"{wx.workload}'s prompt tokens are new (no earlier request had them, so no cache serves them: text the "
+            f"habit rewrites is new once) against {_pct(theirs)} of {ref.workload}'s")
 
 
 def recomputed_title(explained: list[WorkloadExplanation]) -> str:
