@@ -8,6 +8,7 @@ server killed once between cells and started again by the runner. Every notebook
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,11 @@ def test_every_report_page_renders_in_a_real_browser(report):
             assert by_page[f"{name}.html"].tables > 0, name
     assert sorted(p.name for p in (report.parent / "screenshots").glob("*.png")) == sorted(
         f"{Path(c.page).stem}.png" for c in checks)
+    # the index says, in words a reader sees, that the report's numbers were recomputed and none disagrees
+    audit = re.search(r"Claims audit\s+(\d+) numbers stated by this report were recomputed from the request "
+                      r"records[^:]*: (\d+) disagree", by_page["index.html"].visible_text)
+    assert audit is not None and int(audit.group(1)) >= 5 and audit.group(2) == "0", \
+        by_page["index.html"].visible_text[:3000]
 
 
 def test_compare_same_configuration_twice_is_not_significant(experiment, tmp_path):

@@ -207,3 +207,74 @@ def test_a_capacity_sentence_is_audited_level_by_level_and_a_pooled_figure_is_ca
     bad, _ = _sweep_experiment(stated_c4_in_flight=f4 + 0.3)
     wrong = A.audit_findings(bad, [c.finding("capacity", "concurrency") for c in capacity_claims(bad)]).failures
     assert [w.metric for w in wrong] == ["sessions_in_flight"]
+
+
+def test_a_habits_hit_rate_gain_is_audited_at_its_level_and_a_pooled_gain_is_caught():
+    """"Avoid a timestamp: without it, hit rate 84 pp higher" — the gain is the reference's hit rate less the
+    habit's at the verdict's level (c1); agent at c2 hits 60 %, so a gain over both levels would read 72 pp."""
+    res = _results([_cell("apc", "agent", "c1", hit=0.84, ttft_s=0.03),
+                    _cell("apc", "agent", "c2", hit=0.60, ttft_s=0.05, seed=3),
+                    _cell("apc", "agent-ts", "c1", hit=0.0, ttft_s=0.12, seed=1)])
+    [f] = hit_rates.habit_recommendations(res, resamples=200)
+    assert "hit rate 84 pp higher" in f.sentence
+    [line] = _assert_audited(res, [f]).lines
+    assert line.metric == "hit_rate_gain_pp" and line.recomputed == pytest.approx(84.0)
+    pooled = f.model_copy(update={"statements": [f.statements[0].model_copy(update={"value": 72.0})],
+                                  "sentence": f.sentence.replace("84 pp", "72 pp")})
+    [bad] = A.audit_findings(res, [pooled]).failures
+    assert bad.written and bad.recomputed == pytest.approx(84.0)
+
+
+def test_a_throughput_median_over_comparisons_is_audited_from_the_summaries():
+    """A/B and prefix-caching sentences state the median over workload × load comparisons of B's output
+    throughput against A's; the audit recomputes it from the cells' output tokens/s."""
+    cells = [_cell("off", "agent", "c1", hit=0.8, ttft_s=0.06, caching=False, tok_per_s=100.0),
+             _cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03, tok_per_s=120.0, seed=1),
+             _cell("off", "chat", "c1", hit=0.5, ttft_s=0.06, caching=False, tok_per_s=100.0, seed=2),
+             _cell("apc", "chat", "c1", hit=0.5, ttft_s=0.04, tok_per_s=140.0, seed=3),
+             _cell("off", "code", "c1", hit=0.5, ttft_s=0.06, caching=False, tok_per_s=100.0, seed=4),
+             _cell("apc", "code", "c1", hit=0.5, ttft_s=0.04, tok_per_s=190.0, seed=5)]
+    res = _results(cells)
+    found = hit_rates.prefix_caching_recommendations(res, resamples=200)
+    [f] = found
+    assert "output throughput 40 % higher with caching on (median of 3" in f.sentence
+    [line] = _assert_audited(res, found).lines
+    assert line.metric == "output_throughput_change" and line.recomputed == pytest.approx(0.40)
+    # a mean over the comparisons (+50 %) is not the median the sentence names: caught
+    mean = f.model_copy(update={"statements": [f.statements[0].model_copy(update={"value": 0.5})]})
+    assert A.audit_findings(res, [mean]).failures
+
+
+def test_self_hosted_cost_per_session_is_audited_from_durations_and_sessions():
+    res = _results([_cell("apc", "agent", "c1", hit=0.8, ttft_s=0.03)])
+    res.cells["duration_s"] = 90.0  # summary.json's figure
+    sessions = res.requests["session_id"].nunique()
+    sel = common.one_selection(res, "apc", "agent", "c1")
+    truth = 0.5 * 90.0 / 3600.0 / sessions * 1000.0
+    st = Statement(metric="self_hosted_usd_per_1000_sessions", value=truth, hourly_usd=0.5, selection=sel)
+    assert A.recompute(res, st) == pytest.approx(truth)
+    assert common.stated(st) == f"${truth:,.2f} per 1,000 sessions"
+    twice = st.model_copy(update={"hourly_usd": 1.0})  # priced at another rate than the one stated
+    assert A.recompute(res, twice) == pytest.approx(2 * truth)
+
+
+def test_the_index_says_how_many_numbers_were_recomputed_and_lists_any_that_disagree(tmp_path):
+    """The report's index carries the audit: "N numbers ... 0 disagree" on a sound report; a findings file
+    whose TTFT was taken from other records is named there, with what the records give."""
+    from kvscope.harness.report.summary import audit_html
+    from kvscope.harness.results.findings_file import load_findings_file, write_findings_file
+
+    res = _pooled_experiment(tmp=tmp_path)
+    assert audit_html(res, tmp_path / "report") == ""  # nothing rendered: nothing to say
+    page = tmp_path / "report" / "figures" / "latency"
+    page.mkdir(parents=True)
+    F.write_page_findings(res, "latency", page, resamples=200)
+    sound = audit_html(res, tmp_path / "report")
+    assert "Claims audit" in sound and ": 0 disagree." in sound and 'class="audit-ok"' in sound
+    file = load_findings_file(page / FINDINGS_NAME)
+    first = file.findings[0]
+    moved = first.model_copy(update={"statements": [first.statements[0].model_copy(update={
+        "selection": common.one_selection(res, "apc", "agent", "c2")})]})
+    write_findings_file(page / FINDINGS_NAME, file.model_copy(update={"findings": [moved, *file.findings[1:]]}))
+    wrong = audit_html(res, tmp_path / "report")
+    assert ": 1 disagree." in wrong and 'class="warn"' in wrong and "agent at c2 on apc" in wrong

@@ -29,7 +29,8 @@ __all__ = ["AuditLine", "ClaimsAudit", "audit_experiment", "audit_findings", "re
 
 #: How far a recomputed number may sit from the stated one (rounding in transit, float sums).
 TOLERANCE = {"ttft_p50_s": 1e-6, "ttft_p90_s": 1e-6, "hit_rate": 1e-6, "slo_share": 1e-9,
-             "output_throughput_change": 1e-6, "sessions_in_flight": 1e-6}
+             "output_throughput_change": 1e-6, "sessions_in_flight": 1e-6,
+             "self_hosted_usd_per_1000_sessions": 1e-6, "hit_rate_gain_pp": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,26 @@ def recompute(res: ExperimentResults, st: Statement) -> float:
         return _throughput_change(res, st)
     if st.metric == "sessions_in_flight":
         return _sessions_in_flight(res, st)
+    if st.metric == "self_hosted_usd_per_1000_sessions":
+        return _self_hosted(res, st)
+    if st.metric == "hit_rate_gain_pp":
+        ref = st.selection.model_copy(update={"workloads": (st.reference_workload or "",)})
+        return (_hit_rate(selected_requests(res, ref)) - _hit_rate(selected_requests(res, st.selection))) * 100
     if not len(r):
         return math.nan
     if st.metric in ("ttft_p50_s", "ttft_p90_s"):
         return float(np.percentile(r["ttft_s"].to_numpy(float), 50 if st.metric == "ttft_p50_s" else 90))
     if st.metric == "hit_rate":
-        prompt = float(r["prompt_tokens"].sum())
-        return float(r["cached_tokens"].fillna(0).sum()) / prompt if prompt else math.nan
+        return _hit_rate(r)
     if st.metric == "slo_share":
         return float(meets_slo(r, st.slo_ttft_ms, st.slo_tpot_ms).mean())
     raise ValueError(f"unknown metric {st.metric!r}")
+
+
+def _hit_rate(r) -> float:
+    """Token-weighted: cached over prompt tokens of the requests ``r``."""
+    prompt = float(r["prompt_tokens"].sum())
+    return float(r["cached_tokens"].fillna(0).sum()) / prompt if prompt else math.nan
 
 
 def _sessions_in_flight(res: ExperimentResults, st: Statement) -> float:
@@ -103,6 +114,22 @@ def _sessions_in_flight(res: ExperimentResults, st: Statement) -> float:
     spans = r.groupby("session_id").agg(start=("sent_s", "min"), end=("done_s", "max"))
     total = float(spans["end"].max() - spans["start"].min())
     return float((spans["end"] - spans["start"]).clip(lower=0).sum() / total) if total > 0 else math.nan
+
+
+def _self_hosted(res: ExperimentResults, st: Statement) -> float:
+    """The machine's hourly price times each selected cell's duration (summary.json) over the sessions it
+    completed (answered requests), per 1,000 sessions; the median over the cells (repeats)."""
+    c = _ok_cells(res)
+    sel = st.selection
+    c = c[c["server"].astype(str).isin(sel.servers) & c["workload"].astype(str).isin(sel.workloads)
+          & c["load"].astype(str).isin(sel.loads)]
+    ok = res.ok_requests()
+    per_cell = []
+    for _, cell in c.iterrows():
+        sessions = ok.loc[ok["cell"] == cell["cell"], "session_id"].nunique()
+        if sessions and st.hourly_usd is not None and cell.get("duration_s"):
+            per_cell.append(st.hourly_usd * float(cell["duration_s"]) / 3600.0 / sessions * 1000.0)
+    return float(np.median(per_cell)) if per_cell else math.nan
 
 
 def _throughput_change(res: ExperimentResults, st: Statement) -> float:

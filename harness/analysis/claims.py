@@ -167,9 +167,13 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
                     f"{once_words}.")
         worse_words = _what_gets_worse(res, t, server, base)
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
+        statements = [] if not math.isfinite(median) else [Statement(
+            metric="output_throughput_change", value=median, baseline=base,
+            selection=Selection(servers=(server,), workloads=tuple(dict.fromkeys(map(str, thr["workload"]))),
+                                loads=tuple(dict.fromkeys(map(str, thr["load"]))), distribution_over=("workload", "load")))]
         out.append(Claim(f"speculative:{server}", value, sentence,
                          {"better": float(better), "worse": float(worse), "comparisons": float(n),
-                          "median_throughput_change": nan_to_none(median)}, worse_words))
+                          "median_throughput_change": nan_to_none(median)}, worse_words, statements))
     return out
 
 
@@ -189,7 +193,8 @@ def speculative_recommendation(claim: Claim) -> Finding:
             "inconclusive": f"{server}: inconclusive — output throughput {median} (median) but only {counts}; "
                             f"turn it on only if throughput-bound{cost}."}[claim.value]
     return Finding(question="recommendation", sentence=text, numbers=claim.numbers, notebook="speculative",
-                   figure="acceptance_and_tpot", claim=claim.key, claim_value=claim.value)
+                   figure="acceptance_and_tpot", claim=claim.key, claim_value=claim.value,
+                   statements=claim.statements)
 
 
 def _what_gets_worse(res: ExperimentResults, t: pd.DataFrame, server: str, base: str) -> str:

@@ -120,6 +120,10 @@ def stated(st: Statement) -> str:
         return _pct(v)
     if st.metric == "sessions_in_flight":
         return f"{v:.1f} sessions in flight"
+    if st.metric == "self_hosted_usd_per_1000_sessions":
+        return f"${v:,.2f} per 1,000 sessions"
+    if st.metric == "hit_rate_gain_pp":
+        return f"hit rate {abs(v):.0f} pp {'higher' if v > 0 else 'lower'}" if round(v) else "hit rate unchanged"
     return _change_words(v)
 
 

@@ -40,7 +40,7 @@ from kvscope.harness.common.errors import KvscopeError
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.report.notebooks import page_by_name, page_names
 from kvscope.harness.report.on_gpu import on_gpu_html
-from kvscope.harness.report.summary import findings_html
+from kvscope.harness.report.summary import audit_html, findings_html
 from kvscope.harness.results.loaders import REPORT_NAME, load_report_file, load_results, write_result_file
 from kvscope.harness.results.schemas import ExperimentSpecCore, NotebookEntry, ReportFile
 
@@ -390,6 +390,7 @@ figure{{display:inline-block;margin:0.5em;width:45%}}img{{max-width:100%}}.warn{
 <p>Run directory: <code>{e(str(res.root))}</code> — {len(cells)} cells, {len(res.requests)} request records.</p>
 {warn}
 {on_gpu_html(res)}
+{audit_html(res, report_dir)}
 {glossary_html()}
 <h2>Reports</h2><ul>{''.join(links)}</ul>
 <h2>Key figures</h2>{''.join(figs) or '<p>none</p>'}

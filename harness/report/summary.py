@@ -96,3 +96,25 @@ def findings_html(report_dir: Path, order: list[str]) -> str:
         parts.append(f"<h3>Caveats</h3><ul>{''.join(map(_finding_li, cav))}</ul>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def audit_html(res, report_dir: Path) -> str:
+    """The claims audit of the rendered report (`analysis.audit`): how many of the numbers its pages state were
+    recomputed from the raw records and how many disagree, each disagreement listed. Empty where no page wrote a
+    statement (a single replay's report). The audit needs only the records and the findings files."""
+    from kvscope.harness.analysis.audit import audit_findings, report_findings  # deferred: loads every page
+
+    if not list((report_dir / "figures").glob(f"*/{FINDINGS_NAME}")):
+        return ""
+    audit = audit_findings(res, report_findings(res))
+    if not audit.lines:
+        return ""
+    e = html.escape
+    wrong = "".join(f"<li>{e(str(line))}</li>" for line in audit.failures)
+    head = (f"{len(audit.lines)} numbers stated by this report were recomputed from the request records with "
+            f"nothing but the configuration, workload and load level each names: {len(audit.failures)} disagree.")
+    rest = (f" {len(audit.unaudited)} findings state numbers that are not request measurements (the simulator's "
+            "predictions, the provider cache simulation, eviction against an unbounded cache, routing what-ifs, "
+            "the server's own KV facts); their own tests check them.") if audit.unaudited else ""
+    return (f'<h2 id="claims-audit">Claims audit</h2><p class="{"warn" if wrong else "audit-ok"}">{e(head)}{e(rest)}'
+            f"</p>" + (f"<ul>{wrong}</ul>" if wrong else ""))

@@ -28,8 +28,12 @@ Dimension = Literal["server", "workload", "load"]
 #: share of requests meeting the SLO (`results.goodput.meets_slo`); the output throughput's relative change of a
 #: configuration against its ``baseline`` (same workload, load and repeat, from summary.json; the median over
 #: the selected repeats); the mean sessions in flight of one cell (its records' send and completion times).
+#: And the self-hosted dollars per 1,000 sessions: ``hourly_usd`` times the cells' durations (summary.json) over
+#: the sessions each completed, the median over the selected repeats.
+#: And a habit's hit-rate cost in percentage points: the ``reference_workload``'s hit rate less the selected
+#: (habit) workload's, same configuration and load level.
 Metric = Literal["ttft_p50_s", "ttft_p90_s", "hit_rate", "slo_share", "output_throughput_change",
-                 "sessions_in_flight"]
+                 "sessions_in_flight", "self_hosted_usd_per_1000_sessions", "hit_rate_gain_pp"]
 
 
 def load_value(load: str) -> float:
@@ -107,3 +111,5 @@ class Statement(BaseModel):
     slo_ttft_ms: float | None = None  # slo_share: the objectives
     slo_tpot_ms: float | None = None
     baseline: str | None = None  # output_throughput_change: the configuration it is compared against
+    hourly_usd: float | None = None  # self_hosted_usd_per_1000_sessions: the machine's price an hour
+    reference_workload: str | None = None  # hit_rate_gain_pp: the workload without the habit

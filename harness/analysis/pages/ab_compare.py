@@ -33,6 +33,7 @@ from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding, VerdictCell
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import Use, compared_statistic, compared_statistics
+from kvscope.harness.results.selection import Selection, Statement
 
 
 def _names(use: Use) -> tuple[str, ...]:
@@ -189,18 +190,25 @@ def ab_findings(table: pd.DataFrame) -> list[Finding]:
     out = []
     for (a, b), g in table.groupby(["A", "B"], sort=False):
         parts = []
+        statements = []
         for metric in headline:
             m = g[g["metric"] == metric]
             if not len(m):
                 continue
             counts = m["verdict"].value_counts()
             rel = m["relative"].median()
+            if metric == "output_tokens_per_s" and math.isfinite(rel):  # recomputable from summary.json
+                statements.append(Statement(metric="output_throughput_change", value=float(rel), baseline=str(a),
+                                            selection=Selection(servers=(str(b),),
+                                                                workloads=tuple(dict.fromkeys(map(str, m["workload"]))),
+                                                                loads=tuple(dict.fromkeys(map(str, m["load"]))),
+                                                                distribution_over=("workload", "load"))))
             stat = compared_statistic(metric)
             # words, not keys or bare signs: "output throughput 5 % higher (median; verdicts: 1 better, …)"
             parts.append(f"{metric if stat is None else stat.display} {_change_words(rel)} (median; "
                          f"{verdict_words(counts)})")
         n = g.groupby(["workload", "load"]).ngroups
-        out.append(Finding(question="ab", notebook="ab_compare", figure="forest_relative_changes",
+        out.append(Finding(question="ab", notebook="ab_compare", figure="forest_relative_changes", statements=statements,
                            sentence=f"{b} against {a} over {n} workload × load comparisons: " + "; ".join(parts) + ".",
                            numbers={"comparisons": float(n)}))
     return out

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 from kvscope.harness.analysis.claims import sweep_capacity
-from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload
+from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload, one_selection
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.trace_io import load_trace
 from kvscope.harness.pricing.cost import no_cache_cost, self_hosted_cost
@@ -27,6 +27,7 @@ from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.schemas import ExperimentSpecCore
+from kvscope.harness.results.selection import Statement
 from kvscope.workloads.prefix import DEFAULT_BLOCK_SIZE
 
 
@@ -326,13 +327,19 @@ def cost_findings(res: ExperimentResults) -> list[Finding]:
         mine = own[(own["workload"] == wl) & own["within_capacity"]].sort_values("usd_per_1000_sessions") \
             if len(own) else own
         self_words = ""
+        statements: list[Statement] = []
         if len(mine) and machine is not None:
             cheap = mine.iloc[0]
             self_words = (f"; self-hosted on {machine.hardware} at ${machine.hourly_usd:,.2f} an hour: "
                           f"${cheap['usd_per_1000_sessions']:,.2f} per 1,000 sessions ({cheap['server']} at "
                           f"{cheap['load']}, {cheap['duration_s']:.0f} s for {cheap['sessions']:.0f} sessions)")
             numbers["self_hosted_usd_per_1000_sessions"] = float(cheap["usd_per_1000_sessions"])
+            statements.append(Statement(metric="self_hosted_usd_per_1000_sessions",
+                                        value=float(cheap["usd_per_1000_sessions"]), hourly_usd=machine.hourly_usd,
+                                        selection=one_selection(res, str(cheap["server"]), str(wl),
+                                                                str(cheap["load"]))))
         out.append(Finding(question="cost", notebook="cost", figure="provider_cost_per_session",
+                           statements=statements,
                            sentence=f"{wl}: cheapest provider is {best['preset']} at "
                                     f"${best['usd_per_1000_sessions']:,.2f} per 1,000 sessions with caching "
                                     f"(${best['usd_per_1000_sessions_no_cache']:,.2f} without; same "

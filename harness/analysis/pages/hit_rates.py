@@ -34,7 +34,7 @@ from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.selection import Statement
+from kvscope.harness.results.selection import Selection, Statement
 from kvscope.workloads.policies import Compaction, HistoryPolicy, VolatilePrefix
 from kvscope.workloads.spec import WorkloadSpec
 from kvscope.workloads.trace_schema import read_trace_file
@@ -273,7 +273,10 @@ def habit_recommendations(res: ExperimentResults, resamples: int = RESAMPLES) ->
             value = "inconclusive"
         out.append(Finding(question="recommendation", sentence=text, notebook="hit_rates", figure="hit_rate_by_workload",
                            numbers={"hit_rate_gain_pp": pp, "ttft_p50_gain_s": None if a is None or b is None
-                                    else float(b - a)}, claim=f"habit:{e.habit}", claim_value=value))
+                                    else float(b - a)}, claim=f"habit:{e.habit}", claim_value=value,
+                           statements=[Statement(metric="hit_rate_gain_pp", value=pp, reference_workload=e.reference,
+                                                 selection=one_selection(res, e.server, e.habit, e.load))]
+                           if math.isfinite(pp) else []))
     return out
 
 
@@ -298,6 +301,7 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             continue
         t = pd.concat(rows, ignore_index=True)
         parts, decided_better, decided_worse = [], 0, 0
+        statements = []
         for metric, label in (("output_tokens_per_s", "output throughput"), ("ttft_p50_s", "TTFT p50")):
             m = t[t["metric"] == metric]
             if not len(m):
@@ -306,6 +310,12 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             decided_better += int(counts.get("better", 0))
             decided_worse += int(counts.get("worse", 0))
             rel = (m["diff"] / m["a"].where(m["a"] != 0)).median()
+            if metric == "output_tokens_per_s" and math.isfinite(rel):
+                statements.append(Statement(
+                    metric="output_throughput_change", value=float(rel), baseline=off,
+                    selection=Selection(servers=(on,), workloads=tuple(dict.fromkeys(map(str, m["workload"]))),
+                                        loads=tuple(dict.fromkeys(map(str, m["load"]))),
+                                        distribution_over=("workload", "load"))))
             parts.append(f"{_change_words(rel, label)} with caching on (median of {len(m)}; "
                          f"{verdict_words(counts)})")
         n = t.groupby(["workload", "load"]).ngroups
@@ -320,7 +330,7 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             value = "inconclusive"
         out.append(Finding(question="recommendation", sentence=text, notebook="hit_rates",
                            figure="hit_rate_by_workload", numbers={"comparisons": float(n)},
-                           claim=f"prefix_caching:{on}", claim_value=value))
+                           claim=f"prefix_caching:{on}", claim_value=value, statements=statements))
     return out
 
 
