@@ -228,7 +228,7 @@ def test_names_cannot_escape_the_results_directory(tmp_path):
 def test_the_claims_audit_passes_on_the_integration_experiments_report(experiment, report):
     """The claims audit (analysis/audit.py) on a real vLLM experiment's rendered report, in CI: every number a
     page states with its selection is what that selection's request records give, and the sentence writes it.
-    (The quickstart itself is audited by `KVSCOPE_AUDIT_EXPERIMENT=<its results dir>`, test_selection_audit.)"""
+    (The quickstart's own records are audited in CI by test_selection_audit, from a recorded run.)"""
     from kvscope.harness.analysis.audit import audit_experiment
 
     audit = audit_experiment(experiment)
