@@ -8,6 +8,8 @@ the report of a replay whose server generated script payloads in tests/test_repo
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -193,6 +195,10 @@ def test_the_index_states_the_driven_capacity_the_scale_and_self_hosted_cost(chr
     assert "Scale: agent ran at prompt scale 0.02, outputs 0.15, contexts capped at 1,500 tokens" in text
     assert "self-hosted on a 2-core CPU VM at $0.10 an hour: $0.33 per 1,000 sessions" in text
     assert "GPU-hour" not in text
+    # the concurrency findings came from another experiment than this index's records: the audit says so
+    audit = re.search(r"Claims audit\s+(\d+) numbers stated by this report were recomputed from the request "
+                      r"records[^:]*: (\d+) disagree", text)
+    assert audit is not None and int(audit.group(2)) > 0, text[:2000]
 
 
 def test_figures_and_tables_are_checked_for_legibility_on_a_rendered_page(chromium, tmp_path):

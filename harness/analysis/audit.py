@@ -107,6 +107,8 @@ def _sessions_in_flight(res: ExperimentResults, st: Statement) -> float:
     first send to the last completion, each session in flight from its first send to its last completion."""
     sel = st.selection
     r = res.requests
+    if not {"sent_s", "done_s", "session_id"} <= set(r.columns):  # records without send/finish times back nothing
+        return math.nan
     r = r[r["server"].astype(str).isin(sel.servers) & r["workload"].astype(str).isin(sel.workloads)
           & r["load"].astype(str).isin(sel.loads)].dropna(subset=["sent_s", "done_s"])
     if not len(r) or r["cell"].nunique() != 1:  # one cell: in-flight figures of several runs do not add up
@@ -158,8 +160,12 @@ def audit_findings(res: ExperimentResults, found: list[Finding]) -> ClaimsAudit:
                 audit.unaudited.append(f)
             continue
         for st in f.statements:
+            try:
+                value = recompute(res, st)
+            except KeyError:  # the records lack a column the number needs: they cannot back it
+                value = math.nan
             audit.lines.append(AuditLine(f.notebook, f.sentence, st.metric, st.selection.words(), st.value,
-                                         recompute(res, st), stated(st) in f.sentence))
+                                         value, stated(st) in f.sentence))
     return audit
 
 

@@ -39,6 +39,7 @@ from kvscope.harness.cachemodel.scheduler import (
     ScheduledResult,
     SchedulerConfig,
     SchedulerModel,
+    StepStats,
     SessionTiming,
     _advance,
     _after_step,
@@ -52,23 +53,12 @@ from kvscope.harness.cachemodel.step_cost import StepCost
 
 
 @dataclass
-class ServerStats:
-    """One model's server over the run (as :class:`~.scheduler.ScheduleRun`'s step statistics)."""
-
-    steps: int = 0
-    preemptions: int = 0
-    evictions: int = 0
-    busy_s: float = 0.0
-    max_running: int = 0
-
-
-@dataclass
 class RoutedScheduleRun:
     """Per request (trace order) the routed prediction, with each attempt's scheduler result beside it."""
 
     routed: list[RoutedRequest]
     attempts: list[list[ScheduledResult]]
-    servers: dict[str, ServerStats] = field(default_factory=dict)
+    servers: dict[str, StepStats] = field(default_factory=dict)
     makespan_s: float = 0.0
 
 
@@ -82,7 +72,7 @@ class _Server:
     clock: _Clock = field(default_factory=_Clock)
     now: float = 0.0
     blocked: bool = False
-    stats: ServerStats = field(default_factory=ServerStats)
+    stats: StepStats = field(default_factory=StepStats)
 
     @property
     def busy(self) -> bool:
@@ -233,15 +223,12 @@ def run_routed_scheduler(attempts: Sequence[Sequence[Attempt]], facts: Sequence[
         steady = (model.preemptions == n_preempt and len(model.waiting) == n_wait
                   and len(batch) == len(model.running))
         k_steps, dt = _advance(model, batch, s.cost, s.now, next_event_s, steady and fast_forward)
-        s.stats.steps += k_steps
-        s.stats.busy_s += dt
-        s.stats.max_running = max(s.stats.max_running, len(model.running))
+        s.stats.record_steps(k_steps, dt, len(model.running))
         s.now += dt
         for seq, n in batch:
             _after_step(model, seq, n, k_steps, s.now, on_done)
-    for n, s in servers.items():
-        s.stats.preemptions = s.model.preemptions
-        s.stats.evictions = s.model.pool.evictions
+    for s in servers.values():
+        s.stats.record_end(s.model)
     return RoutedScheduleRun(_routed(attempts, facts, servers, local, had, prev_model, sims),
                              [[servers[a.model].results[local[i][k]] for k, a in enumerate(atts)]
                               for i, atts in enumerate(attempts)],
@@ -283,4 +270,4 @@ def run_routed_pinned(attempts: Sequence[Sequence[Attempt]], facts: Sequence[Req
     return out
 
 
-__all__ = ["RoutedScheduleRun", "ServerStats", "run_routed_pinned", "run_routed_scheduler"]
+__all__ = ["RoutedScheduleRun", "run_routed_pinned", "run_routed_scheduler"]

@@ -141,22 +141,40 @@ class ScheduledResult:
         return self.done_s - self.arrival_s
 
 
-@dataclass
-class ScheduleRun:
-    """Per-request results (input order) plus step statistics."""
+@dataclass(kw_only=True)
+class StepStats:
+    """One engine's step statistics over a run: what :func:`run_scheduler` reports beside its results and what
+    the routed model (`model_routing_scheduler`) reports per model's server, counted the same way."""
 
-    results: list[ScheduledResult]
-    config: SchedulerConfig
     steps: int = 0
     preemptions: int = 0
     evictions: int = 0
+    max_running: int = 0
+    #: Seconds the engine was stepping (the makespan less the idle waits for arrivals).
+    busy_s: float = 0.0
+
+    def record_steps(self, steps: int, seconds: float, running: int) -> None:
+        """``steps`` engine steps that took ``seconds`` with ``running`` sequences running after them."""
+        self.steps += steps
+        self.busy_s += seconds
+        self.max_running = max(self.max_running, running)
+
+    def record_end(self, model: SchedulerModel) -> None:
+        """The engine's preemption and eviction counts at the end of the run."""
+        self.preemptions = model.preemptions
+        self.evictions = model.pool.evictions
+
+
+@dataclass
+class ScheduleRun(StepStats):
+    """Per-request results (input order) plus the engine's step statistics."""
+
+    results: list[ScheduledResult]
+    config: SchedulerConfig
     makespan_s: float = 0.0
     #: Time-weighted mean and peak of vLLM's ``kv_cache_usage_perc`` (0-1).
     kv_usage_mean: float = 0.0
     kv_usage_max: float = 0.0
-    max_running: int = 0
-    #: Seconds the engine was stepping (the makespan less the idle waits for arrivals).
-    busy_s: float = 0.0
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -448,16 +466,13 @@ def run_scheduler(requests: Sequence[SimRequest], config: SchedulerConfig, cost:
         k_steps, dt = _advance(model, batch, cost, now, next_event_s, steady and fast_forward, scale)
         usage_area += model.pool.usage() * dt
         run.kv_usage_max = max(run.kv_usage_max, model.pool.usage())
-        run.max_running = max(run.max_running, len(model.running))
-        run.steps += k_steps
-        run.busy_s += dt
+        run.record_steps(k_steps, dt, len(model.running))
         now += dt
         for s, n in batch:
             _after_step(model, s, n, k_steps, now, on_done, pinned)
         if pinned is not None:
             pinned.force_finish(now, on_done)
-    run.preemptions = model.preemptions
-    run.evictions = model.pool.evictions
+    run.record_end(model)
     run.makespan_s = now
     run.kv_usage_mean = usage_area / now if now > 0 else 0.0
     return run

@@ -106,7 +106,11 @@ def audit_html(res, report_dir: Path) -> str:
 
     if not list((report_dir / "figures").glob(f"*/{FINDINGS_NAME}")):
         return ""
-    audit = audit_findings(res, report_findings(res))
+    try:
+        audit = audit_findings(res, report_findings(res))
+    except Exception as exc:  # the index is still written, and says the audit did not run and why
+        return (f'<h2 id="claims-audit">Claims audit</h2><p class="warn">The claims audit could not run: '
+                f"{html.escape(type(exc).__name__ + ': ' + str(exc))}</p>")
     if not audit.lines:
         return ""
     e = html.escape
