@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from kvscope.harness.analysis.capacity import mean_in_flight
 from kvscope.harness.analysis.common import _ok_cells, selected_requests, stated
+from kvscope.harness.pricing.cost import self_hosted_usd_per_1000_sessions
 from kvscope.harness.results.findings_file import FINDINGS_NAME, Finding, load_findings_file
 from kvscope.harness.results.goodput import meets_slo
 from kvscope.harness.results.loaders import ExperimentResults, load_results
@@ -103,19 +105,16 @@ def _hit_rate(r) -> float:
 
 
 def _sessions_in_flight(res: ExperimentResults, st: Statement) -> float:
-    """Mean sessions in flight over every record of the selection (answered or not), written out here: from the
-    first send to the last completion, each session in flight from its first send to its last completion."""
+    """Mean sessions in flight (`capacity.mean_in_flight`) over every record of the selection, answered or not;
+    one cell only (in-flight figures of several runs do not add up)."""
     sel = st.selection
     r = res.requests
-    if not {"sent_s", "done_s", "session_id"} <= set(r.columns):  # records without send/finish times back nothing
-        return math.nan
     r = r[r["server"].astype(str).isin(sel.servers) & r["workload"].astype(str).isin(sel.workloads)
-          & r["load"].astype(str).isin(sel.loads)].dropna(subset=["sent_s", "done_s"])
-    if not len(r) or r["cell"].nunique() != 1:  # one cell: in-flight figures of several runs do not add up
+          & r["load"].astype(str).isin(sel.loads)]
+    if not len(r) or r["cell"].nunique() != 1:
         return math.nan
-    spans = r.groupby("session_id").agg(start=("sent_s", "min"), end=("done_s", "max"))
-    total = float(spans["end"].max() - spans["start"].min())
-    return float((spans["end"] - spans["start"]).clip(lower=0).sum() / total) if total > 0 else math.nan
+    got = mean_in_flight(r["session_id"].tolist(), r["sent_s"].to_numpy(float), r["done_s"].to_numpy(float))
+    return math.nan if got is None else got
 
 
 def _self_hosted(res: ExperimentResults, st: Statement) -> float:
@@ -130,7 +129,7 @@ def _self_hosted(res: ExperimentResults, st: Statement) -> float:
     for _, cell in c.iterrows():
         sessions = ok.loc[ok["cell"] == cell["cell"], "session_id"].nunique()
         if sessions and st.hourly_usd is not None and cell.get("duration_s"):
-            per_cell.append(st.hourly_usd * float(cell["duration_s"]) / 3600.0 / sessions * 1000.0)
+            per_cell.append(self_hosted_usd_per_1000_sessions(st.hourly_usd, float(cell["duration_s"]), sessions))
     return float(np.median(per_cell)) if per_cell else math.nan
 
 

@@ -274,17 +274,22 @@ class Capacity:
         what = (f"concurrent {self.workload} session{'s' if held != '1' else ''}" if self.kind == "concurrency"
                 else f"{self.workload} sessions/s")
         text = f"{self.server} holds {held} {what} at {slo}"
-        at = next(p for p in self.points if p.load == self.capacity)
+        at, nxt = self._edge_points()
         text += f" (at {self._level(at.load)}: {self.level_verdict(at)})"
         text += "".join(f"; {self._under_driven_words(p)}" for p in skipped if p.load > self.capacity)
         if self.ceiling is None:
-            return text + "; no ceiling within the levels: capacity is at least this" + self._edge_words(at, None)
-        nxt = min((p for p in self.points if p.load > self.capacity and
-                   not point_meets_slo(p, self.slo_ttft_p90_ms)), key=lambda p: p.load)
+            return text + "; no ceiling within the levels: capacity is at least this" + self._edge_words()
+        assert nxt is not None  # a ceiling is a failing level above the capacity
         why = "preempts" if self.ceiling == "preemption" else "breaks the SLO"
         single = " (one preemption decides this edge)" if nxt.preemptions == 1 and self._within(nxt) else ""
         return (text + f"; at {self._level(nxt.load)} it {why} ({self.level_verdict(nxt)}); each level ran once{single}"
-                + self._edge_words(at, nxt))
+                + self._edge_words())
+
+    def _edge_points(self) -> tuple[LoadPoint, LoadPoint | None]:
+        """The capacity level and the first failing level above it (None: no ceiling within the levels)."""
+        at = next(p for p in self.points if p.load == self.capacity)
+        above = [p for p in self.points if p.load > at.load and not point_meets_slo(p, self.slo_ttft_p90_ms)]
+        return at, min(above, key=lambda p: p.load) if above else None
 
     def noisy_edge_levels(self) -> list[float] | None:
         """The deciding levels whose TTFT p90 could fall on the other side of the SLO in a repeat: the SLO lies
@@ -292,18 +297,20 @@ class Capacity:
         where latency decided it; a preemption is a count, not a percentile). None: no interval is known."""
         if self.capacity is None or self.slo_ttft_p90_ms is None:
             return None
-        at = next(p for p in self.points if p.load == self.capacity)
-        nxt = None if self.ceiling is None else min(
-            (p for p in self.points if p.load > self.capacity and not point_meets_slo(p, self.slo_ttft_p90_ms)),
-            key=lambda p: p.load)
-        deciding = [at] + ([nxt] if nxt is not None and not nxt.preemptions else [])
-        if all(p.ttft_p90_interval_s is None for p in deciding):
+        shown = self._latency_deciding()
+        if not shown:
             return None
         slo_s = self.slo_ttft_p90_ms / 1e3
-        return [p.load for p in deciding if p.ttft_p90_interval_s is not None
-                and p.ttft_p90_interval_s[0] <= slo_s < p.ttft_p90_interval_s[1]]
+        return [p.load for p in shown if p.ttft_p90_interval_s[0] <= slo_s < p.ttft_p90_interval_s[1]]  # type: ignore[index]
 
-    def _edge_words(self, at: LoadPoint, nxt: LoadPoint | None) -> str:
+    def _latency_deciding(self) -> list[LoadPoint]:
+        """The deciding levels whose latency decides and whose interval is known: the capacity level, and the
+        first failing level unless a preemption failed it."""
+        at, nxt = self._edge_points()
+        return [p for p in (at, nxt) if p is not None and p.ttft_p90_interval_s is not None
+                and not (p is nxt and p.preemptions)]
+
+    def _edge_words(self) -> str:
         """Run-to-run noise at the edge, from the deciding levels' 95 % intervals over sessions."""
         noisy = self.noisy_edge_levels()
         if noisy is None:
@@ -313,9 +320,7 @@ class Capacity:
             lo, hi = p.ttft_p90_interval_s  # type: ignore[misc]
             return f"{lo * 1e3:.0f}-{hi * 1e3:.0f} ms at {self._level(p.load)}"
 
-        # the levels whose latency decides: the capacity level, and the next one unless a preemption failed it
-        shown = [p for p in (at, nxt) if p is not None and p.ttft_p90_interval_s is not None
-                 and not (p is nxt and p.preemptions)]
+        shown = self._latency_deciding()
         if noisy:
             return (f"; the edge is within run-to-run noise: the SLO lies inside the TTFT p90's 95 % interval over "
                     f"sessions ({', '.join(interval(p) for p in shown if p.load in noisy)}), so a repeat may move the "
@@ -335,8 +340,7 @@ class Capacity:
         # Two decimals when one would round up to the bar itself ("1.8 ... below 1.8" reads as a contradiction).
         digits = 1 if round(p.mean_sessions_in_flight, 1) < bar else 2
         return (f"{self._level(p.load)} met the SLO with only {p.mean_sessions_in_flight:.{digits}f} sessions in "
-                f"flight on "
-                f"average (under-driven: below {bar:g}, the level less "
+                f"flight on average (under-driven: below {bar:g}, the level less "
                 f"{(1 - SHORTFALL_TOLERANCE) * 100:.0f} %), so it does not count")
 
     def level_verdict(self, p: LoadPoint) -> str:

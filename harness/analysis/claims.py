@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 from kvscope.harness.analysis.capacity import (Capacity, LoadPoint, capacity_from_points, point_meets_slo,
                                                predicted_point, under_driven)
-from kvscope.harness.analysis.common import _change_words, _derived, _ok_cells, _pct, _signed_pct, verdict_words
+from kvscope.harness.analysis.common import (_change_words, _derived, _ok_cells, _pct, _signed_pct,
+                                             throughput_change_statement, verdict_words)
 from kvscope.harness.analysis.explain_experiment import cell_eviction
 from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding
@@ -167,10 +168,7 @@ def speculative_claims(res: ExperimentResults, ab: pd.DataFrame) -> list[Claim]:
                     f"{once_words}.")
         worse_words = _what_gets_worse(res, t, server, base)
         sentence += (f" What gets worse: {worse_words}." if worse_words else " Nothing measured got worse.")
-        statements = [] if not math.isfinite(median) else [Statement(
-            metric="output_throughput_change", value=median, baseline=base,
-            selection=Selection(servers=(server,), workloads=tuple(dict.fromkeys(map(str, thr["workload"]))),
-                                loads=tuple(dict.fromkeys(map(str, thr["load"]))), distribution_over=("workload", "load")))]
+        statements = throughput_change_statement(server, base, thr, median)
         out.append(Claim(f"speculative:{server}", value, sentence,
                          {"better": float(better), "worse": float(worse), "comparisons": float(n),
                           "median_throughput_change": nan_to_none(median)}, worse_words, statements))
@@ -245,13 +243,17 @@ def _level(load: float) -> str:
     return f"c{load:g}"
 
 
+def recorded_point(p) -> LoadPoint:
+    """A recorded sweep level (an experiment.json ``SweepPoint``) as the capacity rule reads it."""
+    return LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell, p.ttft_p90_interval_s)
+
+
 def sweep_capacity(e) -> Capacity:
     """A sweep's answer (an experiment.json ``capacity`` entry) re-read from its recorded levels by the rule of
     :func:`~kvscope.harness.analysis.capacity.capacity_from_points`, against the SLO the sweep resolved: the
     report states what the points support, whatever rule wrote the file (an under-driven level counted toward
     the recorded capacity of files written before it stopped counting)."""
-    points = [LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell, p.ttft_p90_interval_s)
-              for p in e.points]
+    points = [recorded_point(p) for p in e.points]
     words = {"slo_ttft_p90": e.slo_ttft_p90, "slo_unloaded_ttft_p90_ms": e.slo_unloaded_ttft_p90_ms,
              "slo_unloaded_source": e.slo_unloaded_source}
     if e.slo_ttft_p90_ms is None:

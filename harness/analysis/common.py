@@ -167,6 +167,20 @@ def selected_requests(res: ExperimentResults, sel: Selection) -> pd.DataFrame:
               & ok["load"].astype(str).isin(sel.loads)]
 
 
+def throughput_change_statement(server: str, baseline: str, comparisons: pd.DataFrame, value: float
+                                ) -> list[Statement]:
+    """The statement of a sentence's "output throughput N % higher (median)": ``server`` against ``baseline`` over
+    the workload × load ``comparisons`` (rows with ``workload`` and ``load``), a distribution over them; empty
+    where the median is not a number (nothing to state)."""
+    if not math.isfinite(value):
+        return []
+    return [Statement(metric="output_throughput_change", value=float(value), baseline=str(baseline),
+                      selection=Selection(servers=(str(server),),
+                                          workloads=tuple(dict.fromkeys(map(str, comparisons["workload"]))),
+                                          loads=tuple(dict.fromkeys(map(str, comparisons["load"]))),
+                                          distribution_over=("workload", "load")))]
+
+
 def one_selection(res: ExperimentResults, server: str, workload: str, load: str) -> Selection:
     """One configuration × workload × load level, with the number of repeats that ran it."""
     c = _ok_cells(res)

@@ -54,8 +54,7 @@ from kvscope.harness.experiment.spec import (
     sweep_level,
 )
 from kvscope.harness.experiment.sweep import (
-    cell_in_flight,
-    cell_ttft_p90_interval,
+    cell_load_figures,
     plan_sweeps,
     point_from_cell,
     predict_sweep,
@@ -821,7 +820,7 @@ def _run_cell(run: RunContext, cell: Cell, backend: "Backend", srec: ServerEntry
 
 def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:
     """The cell's key figures in experiment.json, with the achieved concurrency and the preemptions."""
-    in_flight = cell_in_flight(cell_dir)
+    in_flight, interval = cell_load_figures(cell_dir, interval=level.concurrency is not None)
     short = None
     if level.concurrency is not None and in_flight is not None:
         short = bool(in_flight < SHORTFALL_TOLERANCE * level.concurrency)
@@ -830,9 +829,7 @@ def _headline(summary: Any, cell_dir: Path, level: Any) -> CellHeadline:
                         hit_rate=summary.hit_rate.server_per_request, ttft_p50_s=summary.latency.ttft_s.p50,
                         ttft_p90_s=summary.latency.ttft_s.p90, req_per_s=summary.throughput.requests_per_s,
                         preemptions=float(deltas.get("num_preemptions") or 0) if deltas else 0.0,
-                        mean_sessions_in_flight=in_flight, under_driven=short,
-                        ttft_p90_interval_s=cell_ttft_p90_interval(cell_dir) if level.concurrency is not None
-                        else None)
+                        mean_sessions_in_flight=in_flight, under_driven=short, ttft_p90_interval_s=interval)
 
 
 def _num(x: float | None) -> str:

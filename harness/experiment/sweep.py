@@ -60,7 +60,7 @@ from kvscope.harness.experiment.spec import ExperimentSpec, SweepSpec, sweep_lev
 if TYPE_CHECKING:
     from kvscope.harness.results.schemas import CalibrationFile, CellEntry
 
-__all__ = ["SweepState", "cell_in_flight", "cell_ttft_p90_interval", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
+__all__ = ["SweepState", "cell_load_figures", "plan_sweeps", "point_from_cell", "predict_sweep", "predicted_curve",
            "prediction_skipped", "sweep_speculation"]
 
 #: The prediction covers every concurrency between the lowest and the highest swept level when there are at
@@ -206,22 +206,20 @@ def plan_sweeps(spec: ExperimentSpec) -> list[SweepState]:
             for w in (spec.sweep.workloads or list(spec.workloads))]
 
 
-def cell_in_flight(cell_dir: Path) -> float | None:
-    """Mean sessions in flight of a replayed cell, from its records' send and completion times."""
+def cell_load_figures(cell_dir: Path, interval: bool = True) -> tuple[float | None, tuple[float, float] | None]:
+    """A replayed cell's mean sessions in flight (its records' send and completion times) and, with
+    ``interval``, the 95 % bootstrap interval of its TTFT p90 over its sessions (answered requests only), from
+    one read of its requests.parquet; (None, None) without records."""
     path = cell_dir / "requests.parquet"
     if not path.exists():
-        return None
-    rec = pd.read_parquet(path, columns=["session_id", "sent_s", "done_s"])
-    return mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
-
-
-def cell_ttft_p90_interval(cell_dir: Path) -> tuple[float, float] | None:
-    """95 % bootstrap interval of a replayed cell's TTFT p90 over its sessions (answered requests only)."""
-    path = cell_dir / "requests.parquet"
-    if not path.exists():
-        return None
-    rec = pd.read_parquet(path, columns=["session_id", "ttft_s"]).dropna()
-    return session_bootstrap_interval(rec["ttft_s"].to_numpy(float), rec["session_id"].astype(str).tolist(), 90)
+        return None, None
+    rec = pd.read_parquet(path, columns=["session_id", "sent_s", "done_s", "ttft_s"])
+    in_flight = mean_in_flight(rec["session_id"].tolist(), rec["sent_s"].to_numpy(float), rec["done_s"].to_numpy(float))
+    if not interval:
+        return in_flight, None
+    answered = rec.dropna(subset=["ttft_s"])
+    return in_flight, session_bootstrap_interval(answered["ttft_s"].to_numpy(float),
+                                                 answered["session_id"].astype(str).tolist(), 90)
 
 
 def point_from_cell(load: float, entry: CellEntry) -> LoadPoint | None:

@@ -114,6 +114,11 @@ def self_hosted_cost(gpu_hour_usd: float, num_gpus: int, tokens_per_s: float, to
     return out
 
 
+def self_hosted_usd_per_1000_sessions(hourly_usd: float, duration_s: float, sessions: int) -> float:
+    """A machine at ``hourly_usd`` serving ``sessions`` sessions in ``duration_s`` seconds, per 1,000 sessions."""
+    return hourly_usd * duration_s / 3600.0 / sessions * 1000.0
+
+
 def run_cost(run: str, pricing: Pricing, *, charge_writes: bool = True) -> dict:
     """Cost of a replay run dir (``requests.parquet``: prompt_tokens, cached_tokens, output_tokens,
     session_id) as if billed by a provider with ``pricing``: hits are reads, the rest writes."""

@@ -26,6 +26,7 @@ from kvscope.harness.analysis.common import (
     _derived,
     _ok_cells,
     _runs,
+    throughput_change_statement,
     verdict_words,
 )
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
@@ -33,7 +34,6 @@ from kvscope.harness.common.numbers import nan_to_none
 from kvscope.harness.results.findings_file import Finding, VerdictCell
 from kvscope.harness.results.loaders import ExperimentResults
 from kvscope.harness.results.summary import Use, compared_statistic, compared_statistics
-from kvscope.harness.results.selection import Selection, Statement
 
 
 def _names(use: Use) -> tuple[str, ...]:
@@ -197,12 +197,8 @@ def ab_findings(table: pd.DataFrame) -> list[Finding]:
                 continue
             counts = m["verdict"].value_counts()
             rel = m["relative"].median()
-            if metric == "output_tokens_per_s" and math.isfinite(rel):  # recomputable from summary.json
-                statements.append(Statement(metric="output_throughput_change", value=float(rel), baseline=str(a),
-                                            selection=Selection(servers=(str(b),),
-                                                                workloads=tuple(dict.fromkeys(map(str, m["workload"]))),
-                                                                loads=tuple(dict.fromkeys(map(str, m["load"]))),
-                                                                distribution_over=("workload", "load"))))
+            if metric == "output_tokens_per_s":  # recomputable from summary.json
+                statements += throughput_change_statement(b, a, m, rel)
             stat = compared_statistic(metric)
             # words, not keys or bare signs: "output throughput 5 % higher (median; verdicts: 1 better, …)"
             parts.append(f"{metric if stat is None else stat.display} {_change_words(rel)} (median; "

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from kvscope.harness.analysis.capacity import (SHORTFALL_TOLERANCE, LoadPoint, kv_ceiling, point_holds,
                                                point_meets_slo, predicted_point, under_driven, unloaded_point)
-from kvscope.harness.analysis.claims import capacity_claims, eviction_claim, sweep_capacity
+from kvscope.harness.analysis.claims import capacity_claims, eviction_claim, recorded_point, sweep_capacity
 from kvscope.harness.analysis.common import GPU_BLOCK_SIZE, _load_order, _ms, _ok_cells, one_selection
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.gpus import load_gpus
@@ -96,8 +96,8 @@ def predicted_vs_measured(res: ExperimentResults) -> pd.DataFrame:
                          "hit_rate": None if head is None else head.hit_rate, "preemptions": p.preemptions,
                          "preempted": bool(p.preemptions), "preemptions_p10": None, "preemptions_p90": None,
                          "sessions_in_flight": p.mean_sessions_in_flight,
-                         "under_driven": under_driven(_point(p), e.kind),
-                         "meets_slo": point_meets_slo(_point(p), e.slo_ttft_p90_ms)})
+                         "under_driven": under_driven(recorded_point(p), e.kind),
+                         "meets_slo": point_meets_slo(recorded_point(p), e.slo_ttft_p90_ms)})
         for lv in (e.predicted.levels if e.predicted is not None else []):
             point = predicted_point(lv.load, lv.ttft_p90_s,
                                     lv.preemptions if lv.preemptions_p50 is None else lv.preemptions_p50)
@@ -142,11 +142,6 @@ def _level(x: float | None) -> str:
     return "none" if x is None else f"{x:g}"
 
 
-def _point(p) -> LoadPoint:
-    """A recorded sweep level (experiment.json) as the capacity rule reads it."""
-    return LoadPoint(p.load, p.ttft_p90_s, p.preemptions, p.mean_sessions_in_flight, p.cell, p.ttft_p90_interval_s)
-
-
 def sweep_levels(res: ExperimentResults) -> pd.DataFrame:
     """One row per measured sweep level: its TTFT p90 (and its 95 % interval over the level's sessions),
     preemptions, mean sessions in flight and whether it was
@@ -155,7 +150,7 @@ def sweep_levels(res: ExperimentResults) -> pd.DataFrame:
     it meets (none past the KV ceiling) as a multiple of the sweep's unloaded figure. Empty without a sweep."""
     rows = []
     for c in getattr(res.experiment, "capacity", None) or []:
-        pts = [_point(p) for p in c.points]
+        pts = [recorded_point(p) for p in c.points]
         ceiling = kv_ceiling(pts)
         low = unloaded_point(pts)
         base_ms = c.slo_unloaded_ttft_p90_ms or (low.ttft_p90_s * 1000 if low is not None and low.ttft_p90_s else None)

@@ -22,7 +22,7 @@ from kvscope.harness.analysis.claims import sweep_capacity
 from kvscope.harness.analysis.common import _derived, _pct, _simulated, habit_pairs, hit_by_workload, one_selection
 from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.cachemodel.trace_io import load_trace
-from kvscope.harness.pricing.cost import no_cache_cost, self_hosted_cost
+from kvscope.harness.pricing.cost import no_cache_cost, self_hosted_cost, self_hosted_usd_per_1000_sessions
 from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
@@ -215,7 +215,7 @@ def self_hosted_per_session(res: ExperimentResults, hourly_usd: float, hardware:
             continue
         rows.append({"server": cell["server"], "workload": cell["workload"], "load": str(cell["load"]),
                      "sessions": n, "duration_s": float(dur), "within_capacity": cell["cell"] not in beyond,
-                     "usd_per_1000_sessions": hourly_usd * float(dur) / 3600.0 / n * 1000.0})
+                     "usd_per_1000_sessions": self_hosted_usd_per_1000_sessions(hourly_usd, float(dur), n)})
     if not rows:
         return pd.DataFrame(columns=cols)
     per = pd.DataFrame(rows).groupby(["server", "workload", "load"], sort=False).agg(

@@ -26,6 +26,7 @@ from kvscope.harness.analysis.common import (
     hit_by_workload_load,
     one_selection,
     stated,
+    throughput_change_statement,
     verdict_words,
     workload_levels,
 )
@@ -34,7 +35,7 @@ from kvscope.harness.analysis.registry import PageContext, caveat, report_page
 from kvscope.harness.pricing.provider_cache import load_preset
 from kvscope.harness.results.findings_file import Finding
 from kvscope.harness.results.loaders import ExperimentResults
-from kvscope.harness.results.selection import Selection, Statement
+from kvscope.harness.results.selection import Statement
 from kvscope.workloads.policies import Compaction, HistoryPolicy, VolatilePrefix
 from kvscope.workloads.spec import WorkloadSpec
 from kvscope.workloads.trace_schema import read_trace_file
@@ -310,12 +311,8 @@ def prefix_caching_recommendations(res: ExperimentResults, resamples: int = RESA
             decided_better += int(counts.get("better", 0))
             decided_worse += int(counts.get("worse", 0))
             rel = (m["diff"] / m["a"].where(m["a"] != 0)).median()
-            if metric == "output_tokens_per_s" and math.isfinite(rel):
-                statements.append(Statement(
-                    metric="output_throughput_change", value=float(rel), baseline=off,
-                    selection=Selection(servers=(on,), workloads=tuple(dict.fromkeys(map(str, m["workload"]))),
-                                        loads=tuple(dict.fromkeys(map(str, m["load"]))),
-                                        distribution_over=("workload", "load"))))
+            if metric == "output_tokens_per_s":
+                statements += throughput_change_statement(on, off, m, rel)
             parts.append(f"{_change_words(rel, label)} with caching on (median of {len(m)}; "
                          f"{verdict_words(counts)})")
         n = t.groupby(["workload", "load"]).ngroups
