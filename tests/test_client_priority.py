@@ -125,3 +125,25 @@ def test_a_calibration_is_timed_under_the_priority_it_is_given(tmp_path, monkeyp
                 calibrate.calibrate_server(Backend.create("vllm", endpoint=server.endpoint), tmp_path / "c.json",
                                            **kwargs)
     assert asked == ["normal", "realtime"]
+
+
+def test_a_speculative_server_is_calibrated_on_longer_decodes(tmp_path):
+    """A decode sample of a speculative server spans about as many steps as a plain server's: 64 tokens at
+    2-3 a step against 24 at one (24 were 10-13 steps there, and the fit over-predicted its TPOT); both are
+    featured from what was sent, so a wrong length would misprice every decode step."""
+    from kvscope.harness.replay.calibrate import DECODE_TOKENS, SPECULATIVE_DECODE_TOKENS, measure_samples
+    from kvscope.harness.results.schemas import CalibrationServer
+    from tests.doubles.faultserver import FaultConfig, FaultServer
+
+    lengths = {}
+    for speculation in (None, "ngram:k=4,min=2,max=4"):
+        with FaultServer(FaultConfig(model="tiny", keep_bodies=True, num_gpu_blocks=64)) as server:
+            samples = measure_samples(server.endpoint, "tiny",
+                                      CalibrationServer(block_size=16, num_gpu_blocks=64, max_num_seqs=4,
+                                                        max_model_len=1024, speculation=speculation),
+                                      prefill_lengths=[32], rounds=1)
+            lengths[speculation] = {b["max_tokens"] for b in server.bodies} - {1, 2}  # prefills and warm-up
+        decodes = [s for s in samples if s.kind == "decode"]
+        assert decodes and all(s.steps > 1 for s in decodes)
+    assert lengths == {None: {DECODE_TOKENS}, "ngram:k=4,min=2,max=4": {SPECULATIVE_DECODE_TOKENS}}
+    assert SPECULATIVE_DECODE_TOKENS >= 2 * DECODE_TOKENS

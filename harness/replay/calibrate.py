@@ -3,10 +3,10 @@
 Prefills: single requests of spread-out prompt lengths (``max_tokens=1``), sent one at a time with fresh
 random token ids (no prefix-cache hit), timed to the first streamed token, then each sent once more (every
 full block but the last hits: the shape of an agent's next turn).  Decodes: batches of 1, 2, 4, ...
-identical-shape requests sent together, each timed from send to its last streamed token (the batch's prefill
-step, its decode steps and the frontend's per-request time), at a short context (64 tokens) and a long one (up
-to 1,024, as far as the pool holds the batch), so that the cost of attending the context is measured rather
-than extrapolated.
+identical-shape requests sent together (24 tokens each; 64 on a speculative server), each timed from send to
+its last streamed token (the batch's prefill step, its decode steps and the frontend's per-request time), at a
+short context (64 tokens) and a long one (up to 1,024, as far as the pool holds the batch), so that the cost
+of attending the context is measured rather than extrapolated.
 
 Why send-to-last and not first-to-last token: on a busy CPU host vLLM's frontend sometimes delivers a whole
 answer in one burst, and then the first-to-last time is ~0 for many decode steps, and two such samples,
@@ -45,6 +45,16 @@ DECODE_BATCHES = (1, 2, 4, 8, 16)
 LONG_DECODE_BATCHES = (1, 2, 4, 8)
 #: A speculative server's short-context batches again with prompts of a repeated motif (steps that draft).
 SPECULATIVE_MOTIF_BATCHES = (1, 2, 4, 8)
+#: Tokens each decode sample generates: about 24 decode steps on a plain server.
+DECODE_TOKENS = 24
+#: The same on a speculative server, which emits 2-3 tokens a step on agent traffic: 24 tokens were only 10-13
+#: steps, so the request's own costs (frontend, prefill: ~15 ms) were a fifth to a quarter of each decode
+#: sample, and the fits over-predicted decode: on the quickstart's n-gram server (k=4, lookup 2-4), two
+#: calibrations against three concurrency-1 replays were +5 % to +23 % off the measured TPOT p50 with 24
+#: tokens, and two calibrations with 64 (20-37 steps) -5 % to +10 %, at ~2 s more per calibration
+#: (benchmarks/README.md).  How a verifying step's cost splits between the step and its drafts stays poorly
+#: identified either way (0.3 to 3.8 ms for 4 drafts over four 64-token calibrations of one server).
+SPECULATIVE_DECODE_TOKENS = 64
 #: Each shape is timed this many times and its median kept (two calibrations of one server, one pass each,
 #: gave TTFT predictions 30 % apart).
 CALIBRATION_ROUNDS = 3
@@ -90,12 +100,13 @@ def _motif_prompt(rng: random.Random, n: int) -> list[int]:
 
 
 def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, seed: int = 0,
-                    prefill_lengths: Sequence[int] | None = None, decode_tokens: int = 24,
+                    prefill_lengths: Sequence[int] | None = None, decode_tokens: int | None = None,
                     rounds: int = CALIBRATION_ROUNDS, headers: Mapping[str, str] | None = None
                     ) -> list[TimingSample]:
     """Every shape measured ``rounds`` times (interleaved, round by round): all the timings, unreduced
     (``median_of_repeats`` reduces them; ``timing_cv`` reads the host's noise off their spread). ``headers``:
-    the server's auth headers, carried by every request.
+    the server's auth headers, carried by every request.  ``decode_tokens``: what each decode sample generates
+    (default: :data:`DECODE_TOKENS`, or :data:`SPECULATIVE_DECODE_TOKENS` on a speculative server).
 
     A speculative server (``server.speculation``): each decode sample's steps are the offline model's on the
     tokens the server generated (its drafts per step), the batch timed to its last request's last token; and
@@ -105,6 +116,8 @@ def measure_samples(endpoint: str, model: str, server: CalibrationServer, *, see
     import httpx  # deferred: a heavy import that only a measurement needs
 
     rng = random.Random(seed)
+    if decode_tokens is None:
+        decode_tokens = SPECULATIVE_DECODE_TOKENS if server.speculation else DECODE_TOKENS
     url = endpoint.rstrip("/") + "/v1/completions"
     budget = server.max_num_batched_tokens
     limit = (server.max_model_len or 2048) - decode_tokens - 2
