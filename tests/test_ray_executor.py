@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 from kvscope.harness.common.errors import ConfigError
+from kvscope.harness.experiment import ray_executor
 from kvscope.harness.experiment.ray_executor import (
+    LOCAL_RAY_START_ATTEMPTS,
+    LOCAL_RAY_START_BUDGET_S,
     actor_options,
     client_actor_options,
     client_endpoint,
@@ -90,14 +93,20 @@ class _FlakyRay:
         self.shutdowns += 1
 
 
-def test_a_local_cluster_whose_raylet_missed_registration_is_started_again_but_a_remote_one_is_not():
+def test_a_local_cluster_whose_raylet_missed_registration_is_started_again_but_a_remote_one_is_not(monkeypatch):
     ray = _FlakyRay(starts_failing=1)
     init_ray(ray, "local", num_cpus=2)
     assert ray.inits == ["local", "local"] and ray.shutdowns == 1
     ray = _FlakyRay(starts_failing=99)
     with pytest.raises(Exception, match="timed out during startup"):
         init_ray(ray, None)
-    assert len(ray.inits) == 3  # LOCAL_RAY_START_ATTEMPTS, then the error is Ray's own
+    assert len(ray.inits) == LOCAL_RAY_START_ATTEMPTS  # then the error is Ray's own
+    ray = _FlakyRay(starts_failing=99)  # a host that stays busy: tries stop when the time budget is spent
+    clock = iter(range(0, 10_000, 100))
+    monkeypatch.setattr(ray_executor.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(ray, None)
+    assert 1 < len(ray.inits) < LOCAL_RAY_START_ATTEMPTS and len(ray.inits) == LOCAL_RAY_START_BUDGET_S // 100
     ray = _FlakyRay(starts_failing=1)
     with pytest.raises(Exception, match="timed out during startup"):
         init_ray(ray, "10.0.0.1:6379")  # joining a cluster: not ours to restart
